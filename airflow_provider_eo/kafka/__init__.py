@@ -1,0 +1,1 @@
+"""Kafka side: offsets and watermarks, admin, the transactional publisher, markers, the auditor."""

@@ -1,0 +1,160 @@
+"""Topic administration and offset look-ups (log start, last stable offset)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from confluent_kafka import (
+    ConsumerGroupTopicPartitions,
+    IsolationLevel,
+    KafkaException,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
+
+
+class KafkaAdminError(RuntimeError):
+    """A Kafka admin call failed; the message names the topic and what to do."""
+
+
+def admin_client(config: Mapping[str, Any]) -> AdminClient:
+    """An AdminClient from a librdkafka-style config."""
+    return AdminClient(dict(config))
+
+
+def ensure_topic(
+    config: Mapping[str, Any],
+    topic: str,
+    *,
+    partitions: int,
+    topic_config: Mapping[str, str] | None = None,
+    timeout_s: float = 30.0,
+) -> bool:
+    """Create ``topic`` unless it exists. True when this call created it."""
+    admin = admin_client(config)
+    futures = admin.create_topics(
+        [NewTopic(topic, partitions, 1, config=dict(topic_config or {}))],
+        operation_timeout=timeout_s,
+        request_timeout=timeout_s,
+    )
+    try:
+        futures[topic].result(timeout=timeout_s)
+    except KafkaException as exc:
+        if exc.args and exc.args[0].name() == "TOPIC_ALREADY_EXISTS":
+            return False
+        raise KafkaAdminError(f"creating topic {topic!r} failed: {exc}") from exc
+    return True
+
+
+def partitions_of(
+    config: Mapping[str, Any], topics: Iterable[str], timeout_s: float = 15.0
+) -> dict[str, list[int]]:
+    """Partition ids per topic; a missing topic is an error naming it."""
+    admin = admin_client(config)
+    wanted = list(topics)
+    try:
+        md = admin.list_topics(timeout=timeout_s)
+    except KafkaException as exc:
+        raise KafkaAdminError(
+            f"cannot reach Kafka at {config.get('bootstrap.servers')!r} to read metadata of "
+            f"{wanted}: {exc}. Check bootstrap.servers and that the cluster is up."
+        ) from exc
+    out: dict[str, list[int]] = {}
+    for topic in wanted:
+        meta = md.topics.get(topic)
+        if meta is None or meta.error is not None:
+            raise KafkaAdminError(
+                f"topic {topic!r} does not exist on {config.get('bootstrap.servers')!r}; "
+                f"create it (kafka-topics --create --topic {topic}) or fix the pipeline's topics."
+            )
+        out[topic] = sorted(meta.partitions)
+    return out
+
+
+def list_offsets(
+    config: Mapping[str, Any],
+    partitions: Iterable[tuple[str, int]],
+    *,
+    spec: str,
+    timeout_s: float = 15.0,
+) -> dict[tuple[str, int], int]:
+    """Offsets per partition. ``spec`` is ``earliest`` (log start) or ``latest`` (the last
+    stable offset: with read_committed isolation, open transactions are excluded)."""
+    offset_spec = OffsetSpec.earliest() if spec == "earliest" else OffsetSpec.latest()
+    pending = {TopicPartition(t, p) for t, p in partitions}
+    admin = admin_client(config)
+    out: dict[tuple[str, int], int] = {}
+    deadline = time.monotonic() + timeout_s
+    while pending:
+        futures = admin.list_offsets(
+            {tp: offset_spec for tp in pending},
+            isolation_level=IsolationLevel.READ_COMMITTED,
+            request_timeout=timeout_s,
+        )
+        retry: set[TopicPartition] = set()
+        for tp, fut in futures.items():
+            try:
+                out[(tp.topic, tp.partition)] = int(fut.result(timeout=timeout_s).offset)
+            except KafkaException as exc:
+                # A fresh topic or a leader move answers NOT_LEADER / LEADER_NOT_AVAILABLE
+                # for a moment: retriable until the deadline.
+                if exc.args[0].retriable() and time.monotonic() < deadline:
+                    retry.add(tp)
+                    continue
+                raise KafkaAdminError(
+                    f"listing {spec} offsets of {tp.topic}[{tp.partition}] failed: {exc}"
+                ) from exc
+        pending = retry
+        if pending:
+            time.sleep(0.2)
+    return out
+
+
+def offsets_for_timestamp(
+    config: Mapping[str, Any],
+    partitions: Iterable[tuple[str, int]],
+    timestamp_ms: int,
+    timeout_s: float = 15.0,
+) -> dict[tuple[str, int], int]:
+    """Per partition, the first offset with a timestamp >= ``timestamp_ms`` (else the end)."""
+    wanted = list(partitions)
+    if not wanted:
+        return {}
+    admin = admin_client(config)
+    futures = admin.list_offsets(
+        {TopicPartition(t, p): OffsetSpec.for_timestamp(timestamp_ms) for t, p in wanted},
+        isolation_level=IsolationLevel.READ_COMMITTED,
+        request_timeout=timeout_s,
+    )
+    found = {
+        (tp.topic, tp.partition): int(f.result(timeout=timeout_s).offset)
+        for tp, f in futures.items()
+    }
+    missing = [tp for tp, off in found.items() if off < 0]  # no record that late: the end
+    if missing:
+        found.update(list_offsets(config, missing, spec="latest", timeout_s=timeout_s))
+    return found
+
+
+def committed_group_offsets(
+    config: Mapping[str, Any],
+    group: str,
+    partitions: Iterable[tuple[str, int]],
+    timeout_s: float = 15.0,
+) -> dict[tuple[str, int], int]:
+    """The committed offsets of consumer group ``group`` (missing partitions are left out)."""
+    tps = [TopicPartition(t, p) for t, p in partitions]
+    if not tps:
+        return {}
+    admin = admin_client(config)
+    futures = admin.list_consumer_group_offsets(
+        [ConsumerGroupTopicPartitions(group, tps)], request_timeout=timeout_s, require_stable=True
+    )
+    result = futures[group].result(timeout=timeout_s)
+    return {
+        (tp.topic, tp.partition): int(tp.offset)
+        for tp in result.topic_partitions
+        if tp.offset is not None and tp.offset >= 0
+    }

@@ -1,0 +1,1 @@
+"""The PySpark side: builds sessions and prepares checkpoints. Never imports Airflow."""

@@ -1,0 +1,57 @@
+"""Build a SparkSession that can read and write Kafka (the connector jars on its classpath).
+
+Never imports Airflow: this module runs inside ``spark-submit``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+def connector_jars_csv() -> str:
+    """Comma-separated paths of the Kafka connector jars (fetched on first use)."""
+    from airflow_provider_eo.stack.maven import spark_kafka_jars
+
+    return ",".join(str(p) for p in spark_kafka_jars())
+
+
+def local_spark_conf(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Spark settings for a small local run: few shuffle partitions, no UI, quiet logs."""
+    conf = {
+        "spark.master": os.environ.get("EO_SPARK_MASTER", "local[2]"),
+        "spark.sql.shuffle.partitions": "4",
+        "spark.ui.enabled": "false",
+        "spark.driver.memory": "1g",
+        "spark.sql.session.timeZone": "UTC",
+        # Local runs stay on loopback (no other interface is ever contacted).
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.bindAddress": "127.0.0.1",
+        # Spark's Kafka source caches consumers per task; one local JVM needs few.
+        "spark.kafka.consumer.cache.capacity": "16",
+    }
+    conf.update(extra or {})
+    return conf
+
+
+def get_spark(app_name: str = "eo", conf: Mapping[str, str] | None = None) -> SparkSession:
+    """A SparkSession with the Kafka connector jars; reuses the active one when it exists."""
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    builder = SparkSession.builder.appName(app_name)
+    settings = local_spark_conf(conf)
+    if "spark.jars" not in settings:
+        settings["spark.jars"] = connector_jars_csv()
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(os.environ.get("EO_SPARK_LOG_LEVEL", "WARN"))
+    return spark

@@ -1,0 +1,285 @@
+"""A real single-node Apache Kafka broker (KRaft, transactions on) on 127.0.0.1.
+
+Started from Maven Central jars by ``eo dev up``, the demo and the test fixtures; the
+state (config, data, logs, pid, ports) lives under ``<state_dir>/kafka``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from airflow_provider_eo.stack.errors import StackError
+from airflow_provider_eo.stack.maven import kafka_broker_jars
+from airflow_provider_eo.stack.paths import state_dir
+
+KAFKA_VERSION = "4.1.1"
+LOG4J_CONFIG = Path(__file__).resolve().parent / "log4j2.properties"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def port_in_use(port: int) -> bool:
+    """True when something accepts connections on 127.0.0.1:``port``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child still answers kill(0); look at its state where /proc exists.
+    stat = Path(f"/proc/{pid}/stat")
+    if stat.is_file():
+        try:
+            return stat.read_text().split(") ", 1)[1][0] != "Z"
+        except (OSError, IndexError):
+            return True
+    return True
+
+
+@dataclass(frozen=True)
+class BrokerInfo:
+    """What ``up`` started: enough for ``down`` to stop exactly that process."""
+
+    pid: int
+    port: int
+    controller_port: int
+    version: str
+
+    @property
+    def bootstrap(self) -> str:
+        """``host:port`` for ``bootstrap.servers``."""
+        return f"127.0.0.1:{self.port}"
+
+
+class LocalKafka:
+    """Start, find and stop the local broker.
+
+    :param home: state folder for this broker (default ``<state_dir>/kafka``).
+    :param port: client port; ``None`` picks a free one on first start and keeps it.
+    :param version: Apache Kafka version fetched from Maven Central.
+    """
+
+    def __init__(
+        self, *, home: Path | None = None, port: int | None = None, version: str = KAFKA_VERSION
+    ) -> None:
+        self.home = home or state_dir() / "kafka"
+        self.requested_port = port
+        self.version = version
+
+    # -- state files -----------------------------------------------------------------
+    @property
+    def _info_file(self) -> Path:
+        return self.home / "broker.json"
+
+    def info(self) -> BrokerInfo | None:
+        """The running broker this folder started, or ``None``."""
+        try:
+            raw = json.loads(self._info_file.read_text())
+        except (OSError, ValueError):
+            return None
+        info = BrokerInfo(**raw)
+        return info if _pid_alive(info.pid) else None
+
+    def _ports(self) -> tuple[int, int]:
+        ports_file = self.home / "ports.json"
+        if self.requested_port is not None:
+            port = self.requested_port
+            controller = free_port()
+        elif ports_file.is_file():
+            saved = json.loads(ports_file.read_text())
+            port, controller = int(saved["port"]), int(saved["controller_port"])
+            if port_in_use(port) or port_in_use(controller):
+                port, controller = free_port(), free_port()
+        else:
+            port, controller = free_port(), free_port()
+        while controller == port:
+            controller = free_port()
+        for p, what in ((port, "client"), (controller, "controller")):
+            if port_in_use(p):
+                raise StackError(
+                    f"port {p} on 127.0.0.1 (Kafka {what} listener) is already in use by another "
+                    f"process; stop it or choose another port with `eo dev up --port N`."
+                )
+        ports_file.write_text(json.dumps({"port": port, "controller_port": controller}))
+        return port, controller
+
+    def _write_config(self, port: int, controller: int) -> Path:
+        data = self.home / "data"
+        props = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.voters": f"1@127.0.0.1:{controller}",
+            "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "log.dirs": str(data),
+            "num.partitions": "1",
+            # A single node: the internal topics cannot have more than one replica.
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "10",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.num.partitions": "10",
+            "share.coordinator.state.topic.replication.factor": "1",
+            "share.coordinator.state.topic.min.isr": "1",
+            # Consumers join at once instead of waiting 3 s for more members.
+            "group.initial.rebalance.delay.ms": "0",
+            # A missing topic must be an error the pipeline reports, not created silently.
+            "auto.create.topics.enable": "false",
+            "delete.topic.enable": "true",
+        }
+        path = self.home / "server.properties"
+        path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+        return path
+
+    # -- lifecycle -------------------------------------------------------------------
+    def up(self, *, timeout_s: float = 90.0) -> BrokerInfo:
+        """Start the broker unless it already runs; wait until it answers. Idempotent."""
+        self.home.mkdir(parents=True, exist_ok=True)
+        running = self.info()
+        if running is not None:
+            self.wait_ready(running, timeout_s=timeout_s)
+            return running
+        java = shutil.which("java")
+        if java is None:
+            raise StackError(
+                "`java` was not found on PATH; the local Kafka broker needs Java 17+ "
+                "(Debian: apt-get install -y openjdk-17-jre-headless)."
+            )
+        jars = kafka_broker_jars(self.version)
+        classpath = os.pathsep.join(str(j) for j in jars)
+        port, controller = self._ports()
+        config = self._write_config(port, controller)
+        logs = self.home / "logs"
+        logs.mkdir(exist_ok=True)
+        jvm = [
+            java,
+            "-Xms256m",
+            "-Xmx1g",
+            "-XX:+UseG1GC",
+            "-XX:MaxGCPauseMillis=20",
+            "-Djava.awt.headless=true",
+            f"-Dkafka.logs.dir={logs}",
+            f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
+            "-cp",
+            classpath,
+        ]
+        if not (self.home / "data" / "meta.properties").is_file():
+            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+            fmt = subprocess.run(
+                [*jvm, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            if fmt.returncode != 0:
+                raise StackError(
+                    f"formatting Kafka storage under {self.home / 'data'} failed "
+                    f"(exit {fmt.returncode}); delete that folder and retry.\n"
+                    f"{fmt.stdout}{fmt.stderr}"
+                )
+        out = (logs / "stdout.log").open("ab")
+        proc = subprocess.Popen(
+            [*jvm, "kafka.Kafka", str(config)],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # survives the CLI; `down` signals exactly this pid
+        )
+        out.close()
+        info = BrokerInfo(pid=proc.pid, port=port, controller_port=controller, version=self.version)
+        self._info_file.write_text(json.dumps(info.__dict__))
+        try:
+            self.wait_ready(info, timeout_s=timeout_s, proc=proc)
+        except StackError:
+            self.down()
+            raise
+        return info
+
+    def wait_ready(
+        self, info: BrokerInfo, *, timeout_s: float, proc: subprocess.Popen[bytes] | None = None
+    ) -> None:
+        """Poll until the broker lists its metadata, or fail with the log's tail."""
+        from confluent_kafka.admin import AdminClient
+
+        deadline = time.monotonic() + timeout_s
+        admin = AdminClient({"bootstrap.servers": info.bootstrap, "log_level": 0})
+        last_error = "no answer"
+        while time.monotonic() < deadline:
+            if (proc is not None and proc.poll() is not None) or not _pid_alive(info.pid):
+                raise StackError(
+                    f"the Kafka broker (pid {info.pid}) exited during start-up; see "
+                    f"{self.home / 'logs'}:\n{self._log_tail()}"
+                )
+            try:
+                md = admin.list_topics(timeout=2)
+                if md.brokers:
+                    return
+            except Exception as exc:  # KafkaException while the listener is not up yet
+                last_error = str(exc)
+            time.sleep(0.3)
+        raise StackError(
+            f"the Kafka broker on {info.bootstrap} did not answer within {timeout_s:.0f}s "
+            f"({last_error}); see {self.home / 'logs'}:\n{self._log_tail()}"
+        )
+
+    def _log_tail(self, lines: int = 20) -> str:
+        chunks = []
+        for name in ("stdout.log", "server.log"):
+            path = self.home / "logs" / name
+            if path.is_file():
+                text = path.read_text(errors="replace").splitlines()[-lines:]
+                chunks.append(f"--- {name}\n" + "\n".join(text))
+        return "\n".join(chunks)
+
+    def down(self, *, timeout_s: float = 30.0) -> bool:
+        """Stop the broker this folder started (SIGTERM, then SIGKILL). False if none ran."""
+        info = self.info()
+        self._info_file.unlink(missing_ok=True)
+        if info is None:
+            return False
+        try:
+            os.killpg(info.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return False
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and _pid_alive(info.pid):
+            time.sleep(0.2)
+        if _pid_alive(info.pid):
+            with_kill = True
+            try:
+                os.killpg(info.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                with_kill = False
+            if with_kill:
+                print(f"eo: broker pid {info.pid} ignored SIGTERM; killed", file=sys.stderr)
+        return True
+
+    def wipe(self) -> None:
+        """Stop the broker and delete its data (keeps the cached jars)."""
+        self.down()
+        shutil.rmtree(self.home, ignore_errors=True)

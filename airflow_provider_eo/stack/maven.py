@@ -1,0 +1,91 @@
+"""Fetch jars from Maven Central with the poms kept in this package, cached after the first run."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from airflow_provider_eo.stack.errors import StackError
+from airflow_provider_eo.stack.paths import state_dir
+
+POM_DIR = Path(__file__).resolve().parent / "maven"
+
+
+def _require(tool: str, how: str) -> str:
+    path = shutil.which(tool)
+    if path is None:
+        raise StackError(f"`{tool}` was not found on PATH; {how}")
+    return path
+
+
+def _copy_dependencies(pom: str, out: Path, props: dict[str, str], what: str) -> list[Path]:
+    """Run ``mvn dependency:copy-dependencies`` once into ``out``; later calls reuse it."""
+    done = out / ".complete"
+    if done.is_file():
+        return sorted(out.glob("*.jar"))
+    mvn = _require("mvn", "install Maven (Debian: apt-get install -y maven) and retry.")
+    _require(
+        "java", "install a Java 17+ runtime (Debian: apt-get install -y openjdk-17-jre-headless)."
+    )
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    cmd = [
+        mvn,
+        "-B",
+        "-q",
+        "-f",
+        str(POM_DIR / pom / "pom.xml"),
+        "dependency:copy-dependencies",
+        f"-DoutputDirectory={tmp}",
+        "-DincludeScope=runtime",
+        *(f"-D{k}={v}" for k, v in props.items()),
+    ]
+    print(
+        f"eo: fetching {what} from Maven Central (first run only) ...", file=sys.stderr, flush=True
+    )
+    started = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+        raise StackError(
+            f"Maven could not fetch {what} (exit {proc.returncode}). Check that Maven Central is "
+            f"reachable and ~/.m2/settings.xml is sane, then retry.\n{tail}"
+        )
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    done.write_text(f"{time.time()}\n")
+    jars = sorted(out.glob("*.jar"))
+    print(
+        f"eo: fetched {len(jars)} jars for {what} in {time.monotonic() - started:.1f}s",
+        file=sys.stderr,
+        flush=True,
+    )
+    return jars
+
+
+def kafka_broker_jars(kafka_version: str) -> list[Path]:
+    """The Kafka broker's classpath (server, clients, Scala, log4j2), fetched once."""
+    out = state_dir() / "jars" / f"kafka-{kafka_version}"
+    return _copy_dependencies(
+        "kafka-broker", out, {"kafka.version": kafka_version}, f"Apache Kafka {kafka_version}"
+    )
+
+
+def installed_spark_version() -> str:
+    """The installed pyspark's version (the connector must match it exactly)."""
+    import pyspark
+
+    return str(pyspark.__version__)
+
+
+def spark_kafka_jars(spark_version: str | None = None) -> list[Path]:
+    """``spark-sql-kafka-0-10_2.13`` at the installed pyspark version, with the runtime
+    dependencies Spark does not already ship."""
+    version = spark_version or installed_spark_version()
+    out = state_dir() / "jars" / f"spark-sql-kafka-{version}"
+    return _copy_dependencies(
+        "spark-kafka", out, {"spark.version": version}, f"spark-sql-kafka-0-10 {version}"
+    )

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Set up everything the demo and the tests need, from a fresh clone: Java + Maven (Debian
+# packages, when missing), the virtualenv in .venv/ with the pinned dependencies, and the
+# Kafka / Spark-connector jars from Maven Central. Safe to run again: each step is skipped
+# when already done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+t0=$(date +%s)
+say() { printf 'bootstrap: %s\n' "$*" >&2; }
+
+missing=()
+command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jdk-headless)
+command -v mvn >/dev/null 2>&1 || missing+=(maven)
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    say "installing ${missing[*]} (Debian packages)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  else
+    say "missing: ${missing[*]}; install them (Java 17+ and Maven) and rerun"; exit 1
+  fi
+fi
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  say "creating .venv with $($PY --version)"
+  "$PY" -m venv .venv
+fi
+stamp=$(sha256sum pyproject.toml | cut -c1-16)
+if [ "$(cat .venv/.eo-installed 2>/dev/null || true)" != "$stamp" ]; then
+  say "installing the package and its pinned dependencies into .venv (first run takes ~1-2 min)"
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -e '.[dev]'
+  echo "$stamp" > .venv/.eo-installed
+fi
+
+say "fetching jars (cached under .eo/jars after the first run)"
+.venv/bin/python - <<'PY'
+from airflow_provider_eo.stack.kafka import KAFKA_VERSION
+from airflow_provider_eo.stack.maven import kafka_broker_jars, spark_kafka_jars
+kafka_broker_jars(KAFKA_VERSION)
+spark_kafka_jars()
+PY
+say "ready in $(( $(date +%s) - t0 ))s"

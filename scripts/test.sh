@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The README's test command runs this: lint, types, then every test against the real
+# local services (Kafka broker, Spark, PostgreSQL, Airflow), which the fixtures start and stop.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/bootstrap.sh
+echo "== ruff" >&2
+.venv/bin/ruff check airflow_provider_eo tests dags bench
+echo "== mypy" >&2
+.venv/bin/mypy
+echo "== pytest" >&2
+# pytest exits 5 when it collects nothing; set -e turns that into a failure too.
+.venv/bin/pytest -q --timeout=1200 "$@"
