@@ -128,10 +128,7 @@ def offsets_for_timestamp(
         isolation_level=IsolationLevel.READ_COMMITTED,
         request_timeout=timeout_s,
     )
-    found = {
-        (tp.topic, tp.partition): int(f.result(timeout=timeout_s).offset)
-        for tp, f in futures.items()
-    }
+    found = {(tp.topic, tp.partition): int(f.result(timeout=timeout_s).offset) for tp, f in futures.items()}
     missing = [tp for tp, off in found.items() if off < 0]  # no record that late: the end
     if missing:
         found.update(list_offsets(config, missing, spec="latest", timeout_s=timeout_s))

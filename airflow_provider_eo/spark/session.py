@@ -6,6 +6,7 @@ Never imports Airflow: this module runs inside ``spark-submit``.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -46,6 +47,10 @@ def get_spark(app_name: str = "eo", conf: Mapping[str, str] | None = None) -> Sp
     if active is not None:
         return active
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    # Python workers must run the driver's interpreter (the venv with pandas/pyarrow and
+    # this package), not whatever `python3` is first on PATH.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
     settings = local_spark_conf(conf)
     if "spark.jars" not in settings:

@@ -1,0 +1,36 @@
+"""Test-only fault injection: crash or pause the current process at a named protocol step.
+
+Set ``EO_FAULT=<step>`` (and optionally ``EO_FAULT_ACTION=kill|pause|exit``) in a child
+process's environment. Unset, every call is a no-op dictionary lookup.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+STEPS = frozenset(
+    {
+        "prepare.after_write",  # staged files written, manifest not yet
+        "prepare.before_ledger",  # manifest written, ledger still PLANNED
+        "commit.after_begin",  # a transaction is open, some records produced
+        "commit.before_commit_txn",  # everything produced, commit_transaction not called
+        "commit.after_commit_txn",  # Kafka committed, ledger not yet COMMITTED
+        "commit.before_ledger",  # every shard committed, ledger update not done
+    }
+)
+
+
+def fault_point(step: str) -> None:
+    """Crash (SIGKILL), pause (SIGSTOP) or exit(3) here when ``EO_FAULT`` names ``step``."""
+    if os.environ.get("EO_FAULT") != step:
+        return
+    action = os.environ.get("EO_FAULT_ACTION", "kill")
+    print(f"eo: injected fault at {step}: {action}", file=sys.stderr, flush=True)
+    if action == "pause":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    elif action == "exit":
+        raise SystemExit(3)
+    else:
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,68 @@
+"""One full cycle of a pipeline: resume the unfinished checkpoint, else plan, prepare, commit."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_provider_eo.core.commit import commit_checkpoint
+from airflow_provider_eo.core.plan import plan_checkpoint
+from airflow_provider_eo.ledger import Actor, CheckpointRecord, CheckpointState, Ledger
+from airflow_provider_eo.pipeline import Pipeline
+
+
+@dataclass
+class CycleResult:
+    """What ``run_once`` did (printed by ``eo run-once --json``)."""
+
+    pipeline: str
+    checkpoint: CheckpointRecord | None
+    steps: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        """Summary: checkpoint id, state, records, ranges."""
+        cp = self.checkpoint
+        return {
+            "pipeline": self.pipeline,
+            "checkpoint": cp.checkpoint_id if cp else None,
+            "state": cp.state.value if cp else None,
+            "records": cp.records if cp else 0,
+            "ranges": [r.compact() for r in cp.ranges] if cp else [],
+            "steps": self.steps,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def run_once(
+    pipeline: Pipeline, *, ledger: Ledger | None = None, spark: Any = None, actor: Actor | None = None
+) -> CycleResult:
+    """Resume the unfinished checkpoint (else plan the next), prepare it, commit it."""
+    from airflow_provider_eo.spark.prepare import prepare_checkpoint
+    from airflow_provider_eo.spark.session import get_spark
+
+    started = time.monotonic()
+    own = ledger is None
+    ledger = ledger or Ledger(pipeline.ledger_url)
+    actor = actor or Actor.here()
+    try:
+        result = CycleResult(pipeline.name, None)
+        cp = plan_checkpoint(pipeline, ledger, actor=actor)
+        if cp is None:
+            result.steps.append("nothing new")
+            return result
+        result.steps.append(f"plan:{cp.checkpoint_id}:{cp.state.value}")
+        if cp.state is CheckpointState.PLANNED:
+            spark = spark or get_spark(f"eo-{pipeline.name}", pipeline.spark_conf)
+            prepared = prepare_checkpoint(spark, pipeline, ledger, cp.checkpoint_id, actor=actor)
+            cp = prepared.checkpoint
+            result.steps.append(f"prepare:{prepared.records}")
+        committed = commit_checkpoint(pipeline, ledger, cp.checkpoint_id, actor=actor)
+        result.steps.append(f"commit:{committed.published}")
+        result.checkpoint = committed.checkpoint
+        return result
+    finally:
+        result.seconds = time.monotonic() - started
+        if own:
+            ledger.close()

@@ -1,0 +1,1 @@
+"""Example transforms and pipelines used by the demo, the example DAGs and the README."""

@@ -1,0 +1,116 @@
+"""Airflow hook for the checkpoint ledger: turns an Airflow connection into a Ledger."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy.engine import URL
+
+try:  # Airflow 3
+    from airflow.sdk.bases.hook import BaseHook
+except ImportError:  # pragma: no cover - Airflow 2 layout
+    from airflow.hooks.base import BaseHook  # type: ignore[no-redef,attr-defined]
+
+from airflow_provider_eo.ledger.urls import redact_url
+
+if TYPE_CHECKING:
+    from airflow_provider_eo.ledger.store import Ledger
+
+_SQLITE_TYPES = {"sqlite", "eo_ledger_sqlite"}
+
+
+class LedgerHook(BaseHook):
+    """Open the checkpoint ledger named by an Airflow connection.
+
+    The URL comes from, in order: the ``sqlalchemy_url`` argument; the connection's extra
+    ``sqlalchemy_url``; else the connection's fields. With extra ``{"dialect": "sqlite"}``
+    (or a host that is a ``.db`` file path and no port) ``host`` holds the SQLite file
+    path; otherwise host/port/schema/login/password make a ``postgresql+psycopg`` URL.
+
+    :param eo_ledger_conn_id: Airflow connection id.
+    :param sqlalchemy_url: a raw SQLAlchemy URL; when set, no connection is looked up.
+    :param create: passed to :class:`~airflow_provider_eo.ledger.Ledger`.
+    """
+
+    conn_name_attr = "eo_ledger_conn_id"
+    default_conn_name = "eo_ledger_default"
+    conn_type = "eo_ledger"
+    hook_name = "EO checkpoint ledger"
+
+    def __init__(
+        self,
+        eo_ledger_conn_id: str = default_conn_name,
+        *,
+        sqlalchemy_url: str | None = None,
+        create: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.eo_ledger_conn_id = eo_ledger_conn_id
+        self.sqlalchemy_url = sqlalchemy_url
+        self.create = create
+        self._ledger: Ledger | None = None
+
+    @classmethod
+    def get_ui_field_behaviour(cls) -> dict[str, Any]:
+        return {
+            "hidden_fields": [],
+            "relabeling": {
+                "host": "Host (or SQLite file path)",
+                "schema": "Database",
+            },
+            "placeholders": {
+                "host": "127.0.0.1  or  /opt/airflow/eo/ledger.db",
+                "port": "5432",
+                "schema": "eo",
+                "extra": '{"sqlalchemy_url": "postgresql+psycopg://user:pw@host:5432/eo"}',
+            },
+        }
+
+    def get_url(self) -> str:
+        """The SQLAlchemy URL of the ledger (with password: never log it, log
+        :func:`~airflow_provider_eo.ledger.redact_url` of it)."""
+        if self.sqlalchemy_url:
+            return self.sqlalchemy_url
+        conn = self.get_connection(self.eo_ledger_conn_id)
+        extra = conn.extra_dejson or {}
+        if extra.get("sqlalchemy_url"):
+            return str(extra["sqlalchemy_url"])
+        dialect = str(extra.get("dialect") or "").lower()
+        host = conn.host or ""
+        looks_like_file = not conn.port and (host.startswith(("/", ".")) or host.endswith(".db"))
+        if dialect in _SQLITE_TYPES or (not dialect and looks_like_file):
+            if not host:
+                raise ValueError(
+                    f"connection {self.eo_ledger_conn_id!r}: a SQLite ledger needs the file "
+                    "path in the host field"
+                )
+            return f"sqlite:///{host}"
+        driver = str(extra.get("driver") or "postgresql+psycopg")
+        return URL.create(
+            drivername=driver,
+            username=conn.login or None,
+            password=conn.password or None,
+            host=host or None,
+            port=conn.port or None,
+            database=conn.schema or None,
+        ).render_as_string(hide_password=False)
+
+    def get_ledger(self) -> Ledger:
+        """The Ledger, created on first use and reused afterwards."""
+        if self._ledger is None:
+            from airflow_provider_eo.ledger.store import Ledger
+
+            url = self.get_url()
+            self.log.info("opening the checkpoint ledger at %s", redact_url(url))
+            self._ledger = Ledger(url, create=self.create)
+        return self._ledger
+
+    def test_connection(self) -> tuple[bool, str]:
+        """Used by the Airflow UI's "Test" button."""
+        try:
+            ledger = self.get_ledger()
+            revision = ledger.current_revision()
+        except Exception as exc:
+            return False, str(exc)
+        return True, f"ledger at {ledger.url} reachable, schema revision {revision}"

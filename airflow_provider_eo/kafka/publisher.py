@@ -1,0 +1,134 @@
+"""The transactional publisher of one commit shard, with Kafka errors sorted.
+
+Error classes (DESIGN.md §3a):
+
+1. ``retriable()``: repeat the same call (``send_offsets_to_transaction`` with identical
+   offsets: retriable but not resumable).
+2. ``txn_requires_abort()``: abort the transaction and redo the whole shard.
+3. fatal / fenced: destroy the producer and fail with the reason.
+4. anything else: fail loudly, saying whether data may be affected.
+
+A fresh producer (and ``init_transactions``) is used per checkpoint shard and after any
+ambiguous failure: librdkafka lacks KIP-890's per-transaction epoch bump, so a producer
+is never reused across an indefinite error (KAFKA-17754).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from airflow_provider_eo.errors import CommitError, CommitFenced
+
+T = TypeVar("T")
+
+
+class Abortable(Exception):
+    """The open transaction must be aborted and the shard redone."""
+
+
+class ProducerLost(Exception):
+    """An indefinite failure: this producer may not be used again; re-init and decide by marker."""
+
+
+def _classify(err: KafkaError) -> str:
+    if err.fatal() or err.code() in (
+        KafkaError._FENCED,
+        KafkaError.PRODUCER_FENCED,
+        KafkaError.INVALID_PRODUCER_EPOCH,
+        KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    ):
+        return "fatal"
+    if err.txn_requires_abort():
+        return "abort"
+    if err.retriable():
+        return "retry"
+    return "unknown"
+
+
+def kafka_call(what: str, fn: Callable[..., T], *args: Any, deadline_s: float = 120.0, where: str = "") -> T:
+    """Call a transactional producer method, repeating it while Kafka says *retriable*.
+
+    Raises :class:`Abortable`, :class:`CommitFenced`, :class:`ProducerLost` (retries ran out:
+    the outcome is unknown) or :class:`CommitError` (unclassified).
+    """
+    deadline = time.monotonic() + deadline_s
+    while True:
+        try:
+            return fn(*args)
+        except KafkaException as exc:
+            err: KafkaError = exc.args[0]
+            kind = _classify(err)
+            if kind == "retry":
+                if time.monotonic() < deadline:
+                    time.sleep(0.2)
+                    continue
+                raise ProducerLost(f"{what} kept failing with a retriable error: {err}") from exc
+            if kind == "abort":
+                raise Abortable(f"{what}: {err}") from exc
+            if kind == "fatal":
+                raise CommitFenced(
+                    f"{where}{what} failed fatally: {err.name()} ({err.str()}). Another committer "
+                    "with the same transactional id took over, or the producer was fenced after "
+                    "a pause past transaction.timeout.ms; this process stops. Its open "
+                    "transaction is aborted by the broker: no data from it becomes visible."
+                ) from exc
+            raise CommitError(
+                f"{where}{what} failed with an unclassified Kafka error {err.name()} "
+                f"({err.str()}). The open transaction was not committed by this call; the retry "
+                "decides by the commit marker, so no data is duplicated."
+            ) from exc
+
+
+def new_producer(config: Mapping[str, Any], transactional_id: str, timeout_ms: int) -> Producer:
+    """A fresh transactional producer for one shard."""
+    message_timeout = int(config.get("message.timeout.ms", 0) or 0) or max(1000, timeout_ms - 5000)
+    return Producer(
+        {
+            **config,
+            "transactional.id": transactional_id,
+            "transaction.timeout.ms": timeout_ms,
+            # Must stay below the transaction timeout, else a stuck message outlives its txn.
+            "message.timeout.ms": min(message_timeout, timeout_ms - 1),
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": int(config.get("linger.ms", 10)),
+            "queue.buffering.max.messages": int(config.get("queue.buffering.max.messages", 500_000)),
+            "queue.buffering.max.kbytes": int(config.get("queue.buffering.max.kbytes", 262_144)),
+        }
+    )
+
+
+def group_metadata(config: Mapping[str, Any], group: str) -> Any:
+    """Consumer-group metadata for ``send_offsets_to_transaction`` (a standalone group:
+    never joins, never consumes)."""
+    consumer = Consumer(
+        {
+            **{k: v for k, v in config.items() if not k.startswith(("linger", "queue."))},
+            "group.id": group,
+            "enable.auto.commit": False,  # offsets move only inside the transaction
+        }
+    )
+    try:
+        return consumer.consumer_group_metadata()
+    finally:
+        consumer.close()
+
+
+def produce(producer: Producer, topic: str, **kwargs: Any) -> None:
+    """``produce()`` with back-pressure: when the local queue is full, serve delivery
+    reports and try again (``produce_batch`` would drop headers)."""
+    while True:
+        try:
+            producer.produce(topic, **kwargs)
+            return
+        except BufferError:
+            producer.poll(0.05)
+
+
+def offsets(items: Mapping[tuple[str, int], int]) -> list[TopicPartition]:
+    """TopicPartition list for ``send_offsets_to_transaction``."""
+    return [TopicPartition(t, p, o) for (t, p), o in sorted(items.items())]

@@ -1,0 +1,64 @@
+"""The checkpoint ledger: SQL record of every checkpoint, its offsets, and its transitions."""
+
+from __future__ import annotations
+
+from airflow_provider_eo.ledger.errors import (
+    CheckpointConflict,
+    CheckpointNotFound,
+    CommitLeaseHeld,
+    InvariantViolation,
+    LedgerError,
+    LedgerUnavailable,
+    PipelineFingerprintMismatch,
+    SavepointNotFound,
+)
+from airflow_provider_eo.ledger.records import (
+    Actor,
+    CheckpointRecord,
+    EventRecord,
+    PipelineRecord,
+    RangeSpec,
+    SavepointRecord,
+    ShardRecord,
+    TopicPartition,
+)
+from airflow_provider_eo.ledger.states import (
+    ALLOWED_TRANSITIONS,
+    TERMINAL_STATES,
+    UNFINISHED_STATES,
+    CheckpointState,
+    ShardState,
+    can_transition,
+)
+from airflow_provider_eo.ledger.store import Ledger, make_engine
+from airflow_provider_eo.ledger.urls import DEFAULT_LEDGER_URL, default_ledger_url, redact_url
+
+__all__ = [
+    "ALLOWED_TRANSITIONS",
+    "DEFAULT_LEDGER_URL",
+    "TERMINAL_STATES",
+    "UNFINISHED_STATES",
+    "Actor",
+    "CheckpointConflict",
+    "CheckpointNotFound",
+    "CheckpointRecord",
+    "CheckpointState",
+    "CommitLeaseHeld",
+    "EventRecord",
+    "InvariantViolation",
+    "Ledger",
+    "LedgerError",
+    "LedgerUnavailable",
+    "PipelineFingerprintMismatch",
+    "PipelineRecord",
+    "RangeSpec",
+    "SavepointNotFound",
+    "SavepointRecord",
+    "ShardRecord",
+    "ShardState",
+    "TopicPartition",
+    "can_transition",
+    "default_ledger_url",
+    "make_engine",
+    "redact_url",
+]

@@ -1,0 +1,54 @@
+"""Errors the ledger raises. Each message says what happened, to what, and what to do next."""
+
+from __future__ import annotations
+
+
+class LedgerError(Exception):
+    """Base class of every ledger error."""
+
+
+class CheckpointConflict(LedgerError):
+    """A conditional transition matched no row: someone else moved the checkpoint first."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        pipeline: str = "",
+        checkpoint_id: int | None = None,
+        expected: str | None = None,
+        actual: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.pipeline = pipeline
+        self.checkpoint_id = checkpoint_id
+        self.expected = expected
+        self.actual = actual
+
+
+class CheckpointNotFound(LedgerError):
+    """No checkpoint (or pipeline, or savepoint) with that id."""
+
+
+class InvariantViolation(LedgerError):
+    """A request would break a ledger invariant (gap, overlap, too many pending, order)."""
+
+
+class PipelineFingerprintMismatch(LedgerError):
+    """The pipeline's settings changed since its checkpoints were recorded."""
+
+
+class CommitLeaseHeld(LedgerError):
+    """Another committer holds an unexpired commit lease on the checkpoint."""
+
+    def __init__(self, message: str, *, owner: str | None = None) -> None:
+        super().__init__(message)
+        self.owner = owner
+
+
+class LedgerUnavailable(LedgerError):
+    """The ledger database cannot be reached; nothing was changed, retry later."""
+
+
+class SavepointNotFound(CheckpointNotFound):
+    """No savepoint with that name for the pipeline."""

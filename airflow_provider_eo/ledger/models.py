@@ -1,0 +1,257 @@
+"""SQLAlchemy 2.x models of the checkpoint ledger.
+
+Table names carry an ``eo_`` prefix so the ledger can share a database (even Airflow's
+metadata database) without clashing; Alembic's version table is ``eo_alembic_version``
+for the same reason. Offsets are ``BigInteger``: Kafka offsets are 64-bit.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    CheckConstraint,
+    DateTime,
+    ForeignKey,
+    ForeignKeyConstraint,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_N_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+VERSION_TABLE = "eo_alembic_version"
+
+# SQLite has no 64-bit autoincrement type other than INTEGER PRIMARY KEY.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+_STATES = "'PLANNED', 'PREPARED', 'COMMITTED', 'ABORTED'"
+
+
+class UTCDateTime(TypeDecorator[dt.datetime]):
+    """A timezone-aware UTC timestamp on every backend (SQLite drops the zone otherwise)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: dt.datetime | None, dialect: Dialect) -> Any:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value!r}: pass an aware UTC datetime")
+        value = value.astimezone(dt.timezone.utc)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=dt.timezone.utc)  # type: ignore[no-any-return]
+        return value.astimezone(dt.timezone.utc)  # type: ignore[no-any-return]
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class Pipeline(Base):
+    __tablename__ = "eo_pipelines"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    # Hash of the settings that must not change silently (source topics, sink, transform).
+    fingerprint: Mapped[str] = mapped_column(String(200))
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+    # Bumped by every restore/reset; contiguity is only checked inside one lineage.
+    current_lineage: Mapped[int] = mapped_column(Integer, default=1)
+    # Highest checkpoint id handed out: the compare-and-set that serializes planners.
+    last_checkpoint_id: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class Lineage(Base):
+    """One lineage of a pipeline: lineage 1 at creation, one more per restore/reset."""
+
+    __tablename__ = "eo_lineages"
+
+    pipeline_id: Mapped[int] = mapped_column(
+        ForeignKey("eo_pipelines.id", ondelete="CASCADE"), primary_key=True
+    )
+    lineage: Mapped[int] = mapped_column(Integer, primary_key=True)
+    started_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+    # Offsets the lineage starts from: [[topic, partition, offset], ...]; [] = anywhere.
+    offsets: Mapped[list[Any]] = mapped_column(JSON)
+    reason: Mapped[str] = mapped_column(Text, default="")
+
+
+class Checkpoint(Base):
+    __tablename__ = "eo_checkpoints"
+    __table_args__ = (
+        # unfinished() and last_committed(): an index seek at any table size.
+        Index("ix_eo_checkpoints_pipeline_state_id", "pipeline_id", "state", "checkpoint_id"),
+        CheckConstraint(f"state IN ({_STATES})", name="state"),
+    )
+
+    pipeline_id: Mapped[int] = mapped_column(
+        ForeignKey("eo_pipelines.id", ondelete="CASCADE"), primary_key=True
+    )
+    # 1, 2, 3... per pipeline, handed out by Pipeline.last_checkpoint_id.
+    checkpoint_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    state: Mapped[str] = mapped_column(String(16))
+    lineage: Mapped[int] = mapped_column(Integer)
+    # Attempt id (e.g. Spark attempt folder) whose output won PLANNED -> PREPARED.
+    prepared_attempt: Mapped[str | None] = mapped_column(String(200))
+    staging_location: Mapped[str | None] = mapped_column(Text)
+    # Manifest stats: records actually read/written (never end - start) and staged bytes.
+    records: Mapped[int | None] = mapped_column(BigInteger)
+    bytes: Mapped[int | None] = mapped_column(BigInteger)
+    # {"<shard>": <records>} from the manifest.
+    shard_counts: Mapped[dict[str, int] | None] = mapped_column(JSON)
+    planned_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+    prepared_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
+    committed_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
+    aborted_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
+    # Airflow task instance that last moved this checkpoint (each event keeps its own).
+    dag_id: Mapped[str | None] = mapped_column(String(250))
+    run_id: Mapped[str | None] = mapped_column(String(250))
+    task_id: Mapped[str | None] = mapped_column(String(250))
+    try_number: Mapped[int | None] = mapped_column(Integer)
+    spark_app_id: Mapped[str | None] = mapped_column(String(200))
+    # Commit lease: only this owner may publish until commit_lease_until (CAS-acquired).
+    commit_owner: Mapped[str | None] = mapped_column(String(250))
+    commit_lease_until: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
+    abort_reason: Mapped[str | None] = mapped_column(Text)
+
+
+class CheckpointRange(Base):
+    __tablename__ = "eo_checkpoint_ranges"
+    __table_args__ = (
+        ForeignKeyConstraint(
+            ["pipeline_id", "checkpoint_id"],
+            ["eo_checkpoints.pipeline_id", "eo_checkpoints.checkpoint_id"],
+            ondelete="CASCADE",
+            name="fk_eo_checkpoint_ranges_checkpoint",
+        ),
+        # Backfill / audit: which checkpoints covered this partition, in order.
+        Index(
+            "ix_eo_checkpoint_ranges_partition",
+            "pipeline_id",
+            "topic",
+            "partition",
+            "checkpoint_id",
+        ),
+        CheckConstraint("start_offset <= end_offset", name="bounds"),
+    )
+
+    pipeline_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    checkpoint_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    topic: Mapped[str] = mapped_column(String(249), primary_key=True)
+    partition: Mapped[int] = mapped_column(Integer, primary_key=True)
+    # [start_offset, end_offset): start inclusive, end exclusive.
+    start_offset: Mapped[int] = mapped_column(BigInteger)
+    end_offset: Mapped[int] = mapped_column(BigInteger)
+    # Record timestamps (ms since epoch) seen at prepare; NULL until then or when empty.
+    min_timestamp: Mapped[int | None] = mapped_column(BigInteger)
+    max_timestamp: Mapped[int | None] = mapped_column(BigInteger)
+    # on_data_loss=skip: the start retention forced us past; [skipped_from, start) is lost.
+    skipped_from: Mapped[int | None] = mapped_column(BigInteger)
+
+
+class PartitionHead(Base):
+    """Where the next checkpoint of a partition must start, kept in step with every write.
+
+    Derived state (a cache of "end of the latest non-aborted checkpoint in the lineage, else
+    the restore offset, else the start of an aborted checkpoint to replan"), maintained in
+    the same transaction as the writes so planning costs O(partitions) at any ledger size.
+    """
+
+    __tablename__ = "eo_partition_heads"
+
+    pipeline_id: Mapped[int] = mapped_column(
+        ForeignKey("eo_pipelines.id", ondelete="CASCADE"), primary_key=True
+    )
+    topic: Mapped[str] = mapped_column(String(249), primary_key=True)
+    partition: Mapped[int] = mapped_column(Integer, primary_key=True)
+    lineage: Mapped[int] = mapped_column(Integer)
+    next_start: Mapped[int] = mapped_column(BigInteger)
+    # Checkpoint that set next_start (NULL when a restore or an abort set it).
+    checkpoint_id: Mapped[int | None] = mapped_column(Integer)
+
+
+class CommitShard(Base):
+    __tablename__ = "eo_commit_shards"
+    __table_args__ = (
+        ForeignKeyConstraint(
+            ["pipeline_id", "checkpoint_id"],
+            ["eo_checkpoints.pipeline_id", "eo_checkpoints.checkpoint_id"],
+            ondelete="CASCADE",
+            name="fk_eo_commit_shards_checkpoint",
+        ),
+        CheckConstraint("state IN ('PENDING', 'COMMITTED')", name="state"),
+    )
+
+    pipeline_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    checkpoint_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    shard: Mapped[int] = mapped_column(Integer, primary_key=True)
+    transactional_id: Mapped[str] = mapped_column(String(250))
+    # Producer id/epoch after init_transactions: tells which incarnation published.
+    producer_id: Mapped[int | None] = mapped_column(BigInteger)
+    producer_epoch: Mapped[int | None] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16))
+    records: Mapped[int] = mapped_column(BigInteger)
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+
+
+class Savepoint(Base):
+    __tablename__ = "eo_savepoints"
+    __table_args__ = (UniqueConstraint("pipeline_id", "name"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    pipeline_id: Mapped[int] = mapped_column(ForeignKey("eo_pipelines.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(200))
+    # The committed checkpoint the offsets come from (NULL: offsets given by hand).
+    checkpoint_id: Mapped[int | None] = mapped_column(Integer)
+    # {"topic": {"partition": next_offset}}: JSON object keys are strings.
+    offsets: Mapped[dict[str, dict[str, int]]] = mapped_column(JSON)
+    note: Mapped[str] = mapped_column(Text, default="")
+    created_by: Mapped[str] = mapped_column(String(250), default="")
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+
+
+class Event(Base):
+    """Append-only: one row per transition, lease, restore, pipeline change."""
+
+    __tablename__ = "eo_events"
+    __table_args__ = (Index("ix_eo_events_pipeline_checkpoint", "pipeline_id", "checkpoint_id"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    pipeline_id: Mapped[int] = mapped_column(ForeignKey("eo_pipelines.id", ondelete="CASCADE"))
+    checkpoint_id: Mapped[int | None] = mapped_column(Integer)
+    # transition | restore | lease | pipeline_created | fingerprint_changed | savepoint
+    kind: Mapped[str] = mapped_column(String(32))
+    from_state: Mapped[str | None] = mapped_column(String(16))
+    to_state: Mapped[str | None] = mapped_column(String(16))
+    # Free text: "dag/run/task#try@host:pid" or whatever the caller passed.
+    actor: Mapped[str] = mapped_column(String(500), default="")
+    dag_id: Mapped[str | None] = mapped_column(String(250))
+    run_id: Mapped[str | None] = mapped_column(String(250))
+    task_id: Mapped[str | None] = mapped_column(String(250))
+    try_number: Mapped[int | None] = mapped_column(Integer)
+    at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+    details: Mapped[dict[str, Any]] = mapped_column(JSON)

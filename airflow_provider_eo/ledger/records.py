@@ -1,0 +1,182 @@
+"""Plain frozen values the ledger returns: detached from any database session."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_provider_eo.ledger.states import CheckpointState, ShardState
+
+TopicPartition = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class RangeSpec:
+    """The offsets ``[start, end)`` of one topic-partition that one checkpoint reads.
+
+    :param skipped_from: set only when ``on_data_loss=skip`` moved ``start`` forward past
+        offsets that retention deleted; the original start, so ``[skipped_from, start)`` is
+        recorded as lost rather than silently skipped.
+    """
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+    skipped_from: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.topic:
+            raise ValueError("RangeSpec.topic must be a non-empty topic name")
+        if self.partition < 0:
+            raise ValueError(f"{self.topic}[{self.partition}]: partition must be >= 0")
+        if self.start < 0 or self.start > self.end:
+            raise ValueError(
+                f"{self.topic}[{self.partition}]: need 0 <= start <= end, "
+                f"got start={self.start} end={self.end}"
+            )
+        if self.skipped_from is not None and not 0 <= self.skipped_from < self.start:
+            raise ValueError(
+                f"{self.topic}[{self.partition}]: skipped_from={self.skipped_from} must be "
+                f"below start={self.start} (it is the offset retention forced us past)"
+            )
+
+    @property
+    def key(self) -> TopicPartition:
+        return (self.topic, self.partition)
+
+    def compact(self) -> str:
+        """``topic[p]:start-end`` as shown by ``eo checkpoints``."""
+        skipped = f" (skipped from {self.skipped_from})" if self.skipped_from is not None else ""
+        return f"{self.topic}[{self.partition}]:{self.start}-{self.end}{skipped}"
+
+
+@dataclass(frozen=True)
+class Actor:
+    """Who moves a checkpoint: an Airflow task instance, a CLI user, a test. All optional."""
+
+    dag_id: str | None = None
+    run_id: str | None = None
+    task_id: str | None = None
+    try_number: int | None = None
+    hostname: str | None = None
+    pid: int | None = None
+
+    @classmethod
+    def here(cls, **airflow: Any) -> Actor:
+        """An actor for this process (hostname, pid) plus any Airflow ids given."""
+        return cls(hostname=socket.gethostname(), pid=os.getpid(), **airflow)
+
+    def label(self) -> str:
+        """``dag/run/task#try@host:pid``, leaving out what is unknown."""
+        parts = [p for p in (self.dag_id, self.run_id, self.task_id) if p]
+        text = "/".join(parts)
+        if self.try_number is not None:
+            text += f"#{self.try_number}"
+        where = self.hostname or ""
+        if self.pid is not None:
+            where += f":{self.pid}"
+        if where:
+            text += f"@{where}"
+        return text
+
+
+@dataclass(frozen=True)
+class ShardRecord:
+    shard: int
+    transactional_id: str
+    producer_id: int | None
+    producer_epoch: int | None
+    state: ShardState
+    records: int
+    updated_at: dt.datetime
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    pipeline: str
+    checkpoint_id: int
+    state: CheckpointState
+    lineage: int
+    ranges: tuple[RangeSpec, ...]
+    planned_at: dt.datetime
+    prepared_at: dt.datetime | None = None
+    committed_at: dt.datetime | None = None
+    aborted_at: dt.datetime | None = None
+    prepared_attempt: str | None = None
+    staging_location: str | None = None
+    records: int | None = None
+    bytes: int | None = None
+    shard_counts: Mapping[int, int] = field(default_factory=dict)
+    #: (min, max) record timestamp per partition, filled at prepare.
+    range_stats: Mapping[TopicPartition, tuple[int | None, int | None]] = field(
+        default_factory=dict
+    )
+    shards: tuple[ShardRecord, ...] = ()
+    dag_id: str | None = None
+    run_id: str | None = None
+    task_id: str | None = None
+    try_number: int | None = None
+    spark_app_id: str | None = None
+    commit_owner: str | None = None
+    commit_lease_until: dt.datetime | None = None
+    abort_reason: str | None = None
+
+    @property
+    def offsets(self) -> dict[TopicPartition, tuple[int, int]]:
+        """``{(topic, partition): (start, end)}``."""
+        return {r.key: (r.start, r.end) for r in self.ranges}
+
+    @property
+    def end_offsets(self) -> dict[str, dict[int, int]]:
+        """``{"topic": {partition: end}}``: what a savepoint of this checkpoint holds."""
+        out: dict[str, dict[int, int]] = {}
+        for r in self.ranges:
+            out.setdefault(r.topic, {})[r.partition] = r.end
+        return out
+
+    @property
+    def finished(self) -> bool:
+        return self.state in (CheckpointState.COMMITTED, CheckpointState.ABORTED)
+
+
+@dataclass(frozen=True)
+class PipelineRecord:
+    name: str
+    fingerprint: str
+    current_lineage: int
+    last_checkpoint_id: int
+    created_at: dt.datetime
+    updated_at: dt.datetime
+
+
+@dataclass(frozen=True)
+class SavepointRecord:
+    pipeline: str
+    name: str
+    checkpoint_id: int | None
+    offsets: Mapping[str, Mapping[int, int]]
+    note: str
+    created_by: str
+    created_at: dt.datetime
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    id: int
+    pipeline: str
+    checkpoint_id: int | None
+    kind: str
+    from_state: CheckpointState | None
+    to_state: CheckpointState | None
+    actor: str
+    at: dt.datetime
+    details: Mapping[str, Any]
+    dag_id: str | None = None
+    run_id: str | None = None
+    task_id: str | None = None
+    try_number: int | None = None

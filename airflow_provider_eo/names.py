@@ -1,0 +1,54 @@
+"""Every name the protocol derives: transactional ids, marker groups, staging paths.
+
+One module so that a rename can never make two parts disagree.
+"""
+
+from __future__ import annotations
+
+import os
+
+from airflow_provider_eo.pipeline import Pipeline
+
+
+def transactional_id(pipeline: Pipeline, shard: int) -> str:
+    """The stable ``transactional.id`` of a commit shard: ``{prefix}.{pipeline}.{shard}``.
+
+    Stable per shard so ``init_transactions`` fences the previous attempt's producer; the
+    broker keeps state per distinct id, so ids are never made unique per attempt.
+    """
+    return f"{pipeline.transactional_id_prefix}.{pipeline.name}.{shard}"
+
+
+def marker_group(pipeline: Pipeline) -> str:
+    """The provider-owned consumer group holding the commit markers (never a real consumer)."""
+    return f"eo-marker.{pipeline.name}"
+
+
+def checkpoint_dir(pipeline: Pipeline, checkpoint_id: int) -> str:
+    """The staging folder of one checkpoint (holds one sub-folder per prepare attempt)."""
+    return os.path.join(pipeline.staging_dir, pipeline.name, f"cp-{checkpoint_id:010d}")
+
+
+def attempt_dir(pipeline: Pipeline, checkpoint_id: int, attempt: str) -> str:
+    """The attempt-scoped staging folder a prepare writes into."""
+    return os.path.join(checkpoint_dir(pipeline, checkpoint_id), f"attempt-{attempt}")
+
+
+MANIFEST = "_eo_manifest.json"
+"""Written last into an attempt folder: its presence means the staged output is complete."""
+
+# Provenance headers on every published record (read by the auditor).
+HEADER_SOURCE = "eo.src"  # "topic:partition:offset" of the input record
+HEADER_CHECKPOINT = "eo.ckpt"  # "pipeline:checkpoint_id"
+HEADER_POSITION = "eo.pos"  # "shard_partition:index" inside the staged output (unique)
+
+
+def shard_count(pipeline: Pipeline, sink_partitions: int) -> int:
+    """Commit shards actually used: at most one per sink partition (a shard's marker lives
+    on the sink partition with its number)."""
+    return max(1, min(pipeline.commit_shards, sink_partitions))
+
+
+def shard_of(pipeline: Pipeline, sink_partition: int, sink_partitions: int) -> int:
+    """The commit shard that publishes ``sink_partition``."""
+    return sink_partition % shard_count(pipeline, sink_partitions)

@@ -1,0 +1,256 @@
+"""The user's description of one exactly-once pipeline: ``Pipeline(...)``."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+StartupMode = Literal["earliest", "latest", "group", "timestamp", "offsets"]
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+# Client settings that would break the protocol if a user set them.
+_FORBIDDEN_CLIENT_KEYS = {
+    "transactional.id": "it is derived per commit shard as {prefix}.{pipeline}.{shard}",
+    "enable.idempotence": "transactions require it and set it themselves",
+    "isolation.level": "the pipeline always reads with read_committed",
+    "enable.auto.commit": "offsets move only inside the commit transaction",
+    "group.id": "use Pipeline(consumer_group=...)",
+}
+_SECRET_KEYS = ("password", "secret", "sasl.oauthbearer.config", "ssl.key", "token")
+# The broker's default transaction.max.timeout.ms (15 minutes).
+BROKER_MAX_TRANSACTION_TIMEOUT_MS = 900_000
+
+
+class PipelineConfigError(ValueError):
+    """An impossible or unsafe pipeline setting; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class Startup:
+    """Where a pipeline starts when the ledger has no checkpoint for a partition.
+
+    :param mode: ``earliest`` | ``latest`` | ``group`` (the consumer group's committed
+        offsets, falling back to ``fallback``) | ``timestamp`` | ``offsets``.
+    :param timestamp_ms: for ``timestamp``: the first record at or after this time.
+    :param offsets: for ``offsets``: ``{"topic": {partition: offset}}``.
+    :param fallback: for ``group``: ``earliest`` or ``latest`` when the group has no offset.
+    """
+
+    mode: StartupMode = "earliest"
+    timestamp_ms: int | None = None
+    offsets: Mapping[str, Mapping[int, int]] | None = None
+    fallback: Literal["earliest", "latest"] = "earliest"
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("earliest", "latest", "group", "timestamp", "offsets"):
+            raise PipelineConfigError(
+                f"startup mode {self.mode!r} is unknown; use earliest, latest, group, "
+                "timestamp or offsets"
+            )
+        if self.mode == "timestamp" and self.timestamp_ms is None:
+            raise PipelineConfigError("startup mode 'timestamp' needs timestamp_ms=<epoch ms>")
+        if self.mode == "offsets" and not self.offsets:
+            raise PipelineConfigError(
+                "startup mode 'offsets' needs offsets={'topic': {partition: offset}}"
+            )
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """One exactly-once Kafka -> PySpark -> Kafka pipeline.
+
+    :param name: unique pipeline name (letters, digits, ``.``, ``_``, ``-``).
+    :param kafka: librdkafka-style client config (``bootstrap.servers`` at least); used for
+        the source, the sink and the admin calls.
+    :param source_topics: topics to read.
+    :param sink_topic: topic the output is published to, exactly once.
+    :param transform: ``"module:function"`` taking and returning a Spark DataFrame. It gets
+        the Kafka source columns (key, value, topic, partition, offset, timestamp, headers)
+        and returns at least ``value``, optionally ``key``, ``headers``, ``partition``.
+        ``None`` copies key and value unchanged.
+    :param ledger_url: SQLAlchemy URL of the checkpoint ledger.
+    :param staging_dir: where prepared output is staged until it is committed.
+    :param max_records_per_checkpoint: cap of offsets planned per checkpoint (all partitions).
+    :param startup: where to start partitions the ledger has never seen.
+    :param consumer_group: the group whose offsets the commit moves (for lag monitoring).
+    :param transactional_id_prefix: prefix of the stable ``{prefix}.{pipeline}.{shard}`` ids.
+    :param commit_shards: number of commit transactions per checkpoint (each owns a set of
+        sink partitions); 1 makes the whole checkpoint one transaction.
+    :param transaction_timeout_ms: ``transaction.timeout.ms`` of the commit producers.
+    :param on_data_loss: ``fail`` (default) or ``skip`` when retention deleted planned offsets.
+    :param spark_conf: extra Spark settings (``spark.master`` etc.).
+    :param sink_max_message_bytes: the sink's ``max.message.bytes`` when it cannot be read
+        from the broker (records larger than this are refused at prepare time).
+    :param keep_committed_staging: how many committed checkpoints' staging folders to keep.
+    :param dead_letter_topic: reserved; must be ``None`` for now.
+    """
+
+    name: str
+    kafka: Mapping[str, Any]
+    source_topics: Sequence[str]
+    sink_topic: str
+    transform: str | None = None
+    ledger_url: str = "sqlite:///.eo/ledger.db"
+    staging_dir: str = ".eo/staging"
+    max_records_per_checkpoint: int = 100_000
+    startup: Startup = field(default_factory=Startup)
+    consumer_group: str | None = None
+    transactional_id_prefix: str = "eo"
+    commit_shards: int = 1
+    transaction_timeout_ms: int = 60_000
+    on_data_loss: Literal["fail", "skip"] = "fail"
+    spark_conf: Mapping[str, str] = field(default_factory=dict)
+    sink_max_message_bytes: int = 1_048_588
+    keep_committed_staging: int = 0
+    max_pending: int = 1
+    dead_letter_topic: str | None = None
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.name or ""):
+            raise PipelineConfigError(
+                f"pipeline name {self.name!r} is invalid: use 1-100 letters, digits, '.', '_' "
+                "or '-' (it becomes part of transactional ids and group names)"
+            )
+        if isinstance(self.source_topics, str):
+            raise PipelineConfigError(
+                f"pipeline {self.name!r}: source_topics must be a list, e.g. [{self.source_topics!r}]"
+            )
+        if not self.source_topics:
+            raise PipelineConfigError(f"pipeline {self.name!r}: source_topics is empty")
+        if self.sink_topic in self.source_topics:
+            raise PipelineConfigError(
+                f"pipeline {self.name!r}: sink_topic {self.sink_topic!r} is also a source topic; "
+                "a pipeline that reads its own output never finishes a checkpoint"
+            )
+        if not self.kafka.get("bootstrap.servers"):
+            raise PipelineConfigError(
+                f"pipeline {self.name!r}: kafka config needs 'bootstrap.servers'"
+            )
+        for key, why in _FORBIDDEN_CLIENT_KEYS.items():
+            if key in self.kafka:
+                raise PipelineConfigError(
+                    f"pipeline {self.name!r}: remove {key!r} from the kafka config: {why}"
+                )
+        if self.max_records_per_checkpoint < 1:
+            raise PipelineConfigError(
+                f"pipeline {self.name!r}: max_records_per_checkpoint must be >= 1"
+            )
+        if self.commit_shards < 1:
+            raise PipelineConfigError(f"pipeline {self.name!r}: commit_shards must be >= 1")
+        if self.max_pending < 1:
+            raise PipelineConfigError(f"pipeline {self.name!r}: max_pending must be >= 1")
+        if not 1_000 <= self.transaction_timeout_ms <= BROKER_MAX_TRANSACTION_TIMEOUT_MS:
+            raise PipelineConfigError(
+                f"pipeline {self.name!r}: transaction_timeout_ms={self.transaction_timeout_ms} "
+                f"must be between 1000 and the broker's transaction.max.timeout.ms "
+                f"(default {BROKER_MAX_TRANSACTION_TIMEOUT_MS})"
+            )
+        message_timeout = int(self.kafka.get("message.timeout.ms", 0) or 0)
+        if message_timeout and message_timeout >= self.transaction_timeout_ms:
+            raise PipelineConfigError(
+                f"pipeline {self.name!r}: message.timeout.ms ({message_timeout}) must be below "
+                f"transaction_timeout_ms ({self.transaction_timeout_ms})"
+            )
+        if self.on_data_loss not in ("fail", "skip"):
+            raise PipelineConfigError(
+                f"pipeline {self.name!r}: on_data_loss must be 'fail' or 'skip'"
+            )
+        if self.transform is not None and ":" not in self.transform:
+            raise PipelineConfigError(
+                f"pipeline {self.name!r}: transform {self.transform!r} must be 'module:function'"
+            )
+        if self.dead_letter_topic is not None:
+            raise PipelineConfigError(
+                f"pipeline {self.name!r}: dead_letter_topic is not supported yet; leave it None"
+            )
+
+    @property
+    def group_id(self) -> str:
+        """The consumer group whose offsets each commit moves."""
+        return self.consumer_group or f"eo.{self.name}"
+
+    def fingerprint(self) -> str:
+        """Hash of the settings that must not change silently between checkpoints."""
+        doc = {
+            "source_topics": sorted(self.source_topics),
+            "sink_topic": self.sink_topic,
+            "transform": self.transform,
+        }
+        return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:32]
+
+    def redacted_kafka(self) -> dict[str, Any]:
+        """The client config with every secret value replaced (safe to log or store)."""
+        return {
+            k: ("***" if any(s in k.lower() for s in _SECRET_KEYS) else v)
+            for k, v in self.kafka.items()
+        }
+
+    def to_json(self) -> str:
+        """Serialize for a spark-submit argument (secrets included: never log this)."""
+        doc = {
+            "name": self.name,
+            "kafka": dict(self.kafka),
+            "source_topics": list(self.source_topics),
+            "sink_topic": self.sink_topic,
+            "transform": self.transform,
+            "ledger_url": self.ledger_url,
+            "staging_dir": self.staging_dir,
+            "max_records_per_checkpoint": self.max_records_per_checkpoint,
+            "startup": {
+                "mode": self.startup.mode,
+                "timestamp_ms": self.startup.timestamp_ms,
+                "offsets": {
+                    t: {str(p): o for p, o in parts.items()}
+                    for t, parts in (self.startup.offsets or {}).items()
+                },
+                "fallback": self.startup.fallback,
+            },
+            "consumer_group": self.consumer_group,
+            "transactional_id_prefix": self.transactional_id_prefix,
+            "commit_shards": self.commit_shards,
+            "transaction_timeout_ms": self.transaction_timeout_ms,
+            "on_data_loss": self.on_data_loss,
+            "spark_conf": dict(self.spark_conf),
+            "sink_max_message_bytes": self.sink_max_message_bytes,
+            "keep_committed_staging": self.keep_committed_staging,
+            "max_pending": self.max_pending,
+        }
+        return json.dumps(doc)
+
+    @classmethod
+    def from_json(cls, text: str) -> Pipeline:
+        """Inverse of :meth:`to_json`."""
+        doc = json.loads(text)
+        st = doc.pop("startup")
+        offsets = st.get("offsets") or None
+        startup = Startup(
+            mode=st["mode"],
+            timestamp_ms=st.get("timestamp_ms"),
+            offsets={t: {int(p): int(o) for p, o in ps.items()} for t, ps in offsets.items()}
+            if offsets
+            else None,
+            fallback=st.get("fallback", "earliest"),
+        )
+        return cls(startup=startup, **doc)
+
+
+def load_pipeline(ref: str) -> Pipeline:
+    """Import ``module:attr`` and return the :class:`Pipeline` there (or a callable's result)."""
+    if ":" not in ref:
+        raise PipelineConfigError(f"{ref!r} is not MODULE:ATTR (e.g. mypkg.pipelines:ORDERS)")
+    module_name, attr = ref.split(":", 1)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise PipelineConfigError(f"cannot import {module_name!r} for {ref!r}: {exc}") from exc
+    obj = getattr(module, attr, None)
+    if callable(obj) and not isinstance(obj, Pipeline):
+        obj = obj()
+    if not isinstance(obj, Pipeline):
+        raise PipelineConfigError(f"{ref!r} is not a Pipeline (got {type(obj).__name__})")
+    return obj

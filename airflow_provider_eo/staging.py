@@ -1,0 +1,188 @@
+"""The staging area: attempt folders of Parquet files and the manifest written last.
+
+Paths may be local folders or any URI pyarrow's filesystems understand (s3://, gs://, hdfs://).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from airflow_provider_eo.errors import StagingError
+from airflow_provider_eo.names import MANIFEST
+
+MANIFEST_VERSION = 1
+
+
+def _fs(path: str) -> tuple[pafs.FileSystem, str]:
+    if "://" in path:
+        fs, rel = pafs.FileSystem.from_uri(path)
+        return fs, rel
+    import os
+
+    return pafs.LocalFileSystem(), os.path.abspath(path)
+
+
+@dataclass(frozen=True)
+class StagedFile:
+    """One Parquet file of a sink partition."""
+
+    path: str  # relative to the attempt folder
+    records: int
+    bytes: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What a prepare attempt staged: per sink partition, its files, counts and checksums."""
+
+    pipeline: str
+    checkpoint_id: int
+    attempt: str
+    sink_topic: str
+    sink_partitions: int
+    files: dict[int, list[StagedFile]]  # sink partition -> files in publish order
+    records_read: int
+    ranges: list[dict[str, Any]]
+
+    @property
+    def records(self) -> int:
+        """Output records staged (what the commit publishes)."""
+        return sum(f.records for fs in self.files.values() for f in fs)
+
+    @property
+    def bytes(self) -> int:
+        """Bytes of staged Parquet."""
+        return sum(f.bytes for fs in self.files.values() for f in fs)
+
+    def partition_counts(self) -> dict[int, int]:
+        """Output records per sink partition."""
+        return {p: sum(f.records for f in fs) for p, fs in self.files.items()}
+
+    def to_json(self) -> str:
+        """The manifest file's content."""
+        return json.dumps(
+            {
+                "version": MANIFEST_VERSION,
+                "pipeline": self.pipeline,
+                "checkpoint_id": self.checkpoint_id,
+                "attempt": self.attempt,
+                "sink_topic": self.sink_topic,
+                "sink_partitions": self.sink_partitions,
+                "records_read": self.records_read,
+                "ranges": self.ranges,
+                "files": {str(p): [f.__dict__ for f in fs] for p, fs in sorted(self.files.items())},
+            },
+            indent=1,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> Manifest:
+        """Parse a manifest file's content."""
+        doc = json.loads(text)
+        return cls(
+            pipeline=doc["pipeline"],
+            checkpoint_id=int(doc["checkpoint_id"]),
+            attempt=doc["attempt"],
+            sink_topic=doc["sink_topic"],
+            sink_partitions=int(doc["sink_partitions"]),
+            files={int(p): [StagedFile(**f) for f in fs] for p, fs in doc["files"].items()},
+            records_read=int(doc["records_read"]),
+            ranges=list(doc["ranges"]),
+        )
+
+
+def sha256_of(fs: pafs.FileSystem, path: str) -> str:
+    """Streaming SHA-256 of a file."""
+    digest = hashlib.sha256()
+    with fs.open_input_stream(path) as stream:
+        while chunk := stream.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def describe_attempt(attempt_path: str) -> dict[int, list[StagedFile]]:
+    """List the Parquet files Spark wrote (``data/sink_partition=P/*.parquet``) with counts,
+    sizes and checksums, in publish order."""
+    fs, root = _fs(attempt_path)
+    data = f"{root}/data"
+    out: dict[int, list[StagedFile]] = {}
+    infos = fs.get_file_info(pafs.FileSelector(data, recursive=True, allow_not_found=True))
+    for info in sorted(infos, key=lambda i: i.path):
+        if info.type != pafs.FileType.File or not info.path.endswith(".parquet"):
+            continue
+        rel = info.path[len(root) + 1 :]
+        part_dir = rel.split("/")[1]
+        partition = int(part_dir.split("=", 1)[1])
+        records = pq.ParquetFile(fs.open_input_file(info.path)).metadata.num_rows
+        out.setdefault(partition, []).append(
+            StagedFile(path=rel, records=records, bytes=info.size, sha256=sha256_of(fs, info.path))
+        )
+    return out
+
+
+def write_manifest(attempt_path: str, manifest: Manifest) -> None:
+    """Write the manifest last (temp name, then rename where the filesystem supports it)."""
+    fs, root = _fs(attempt_path)
+    tmp = f"{root}/{MANIFEST}.tmp"
+    with fs.open_output_stream(tmp) as out:
+        out.write(manifest.to_json().encode())
+    fs.move(tmp, f"{root}/{MANIFEST}")
+
+
+def read_manifest(attempt_path: str) -> Manifest:
+    """Read an attempt's manifest; a missing one is a :class:`StagingError`."""
+    fs, root = _fs(attempt_path)
+    try:
+        with fs.open_input_stream(f"{root}/{MANIFEST}") as stream:
+            return Manifest.from_json(stream.read().decode())
+    except (FileNotFoundError, OSError) as exc:
+        raise StagingError(
+            f"the manifest of {attempt_path} is missing or unreadable: {exc}"
+        ) from exc
+
+
+def verify(attempt_path: str, manifest: Manifest) -> None:
+    """Check every staged file against the manifest (exists, size, SHA-256, row count)."""
+    fs, root = _fs(attempt_path)
+    for partition, files in manifest.files.items():
+        for f in files:
+            full = f"{root}/{f.path}"
+            info = fs.get_file_info(full)
+            if info.type != pafs.FileType.File:
+                raise StagingError(
+                    f"checkpoint {manifest.checkpoint_id} of pipeline {manifest.pipeline!r}: "
+                    f"staged file {f.path} (sink partition {partition}) is missing"
+                )
+            if info.size != f.bytes or sha256_of(fs, full) != f.sha256:
+                raise StagingError(
+                    f"checkpoint {manifest.checkpoint_id} of pipeline {manifest.pipeline!r}: "
+                    f"staged file {f.path} (sink partition {partition}) does not match its "
+                    f"manifest (size {info.size} vs {f.bytes} or checksum differs)"
+                )
+
+
+def iter_batches(
+    attempt_path: str, files: list[StagedFile], batch_size: int = 8192
+) -> Iterator[Any]:
+    """Stream a sink partition's staged rows as Arrow record batches (bounded memory)."""
+    fs, root = _fs(attempt_path)
+    for f in files:
+        pf = pq.ParquetFile(fs.open_input_file(f"{root}/{f.path}"))
+        yield from pf.iter_batches(batch_size=batch_size)
+
+
+def remove(path: str) -> None:
+    """Delete a staging folder and everything under it (missing is fine)."""
+    fs, root = _fs(path)
+    try:
+        fs.delete_dir(root)
+    except FileNotFoundError:
+        pass

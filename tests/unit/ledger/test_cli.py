@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+import json
+
+from rich.console import Console
+from typer.testing import CliRunner
+
+from airflow_provider_eo.ledger import Ledger, RangeSpec
+from airflow_provider_eo.ledger.cli import app, render_checkpoints_table
+
+
+def _seed(ledger: Ledger) -> None:
+    ledger.plan("orders", [RangeSpec("t", 0, 0, 10), RangeSpec("t", 1, 3, 5)])
+    ledger.mark_prepared("orders", 1, attempt="a", staging_location="/s", records=12,
+                         bytes_=10, shard_counts={0: 12})
+    ledger.mark_committed("orders", 1)
+    ledger.plan("orders", [RangeSpec("t", 0, 10, 20)])
+
+
+def test_checkpoints_table_and_json(ledger: Ledger) -> None:
+    _seed(ledger)
+    runner = CliRunner()
+    url = ledger._url
+    result = runner.invoke(app, ["checkpoints", "orders", "--ledger-url", url], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "COMMITTED" in result.output and "t[0]:0-10, t[1]:3-5" in result.output
+    assert "PLANNED" in result.output
+    result = runner.invoke(app, ["checkpoints", "orders", "--ledger-url", url, "--json"])
+    rows = [json.loads(line) for line in result.output.splitlines()]
+    assert [(r["checkpoint_id"], r["state"], r["records"]) for r in rows] == [
+        (1, "COMMITTED", 12), (2, "PLANNED", None)
+    ]
+    result = runner.invoke(app, ["pipelines", "--ledger-url", url], env={"COLUMNS": "200"})
+    assert result.exit_code == 0 and "orders" in result.output
+
+
+def test_cli_errors_are_readable(ledger: Ledger) -> None:
+    result = CliRunner().invoke(app, ["checkpoints", "nope", "--ledger-url", ledger._url])
+    assert result.exit_code == 1
+    assert "pipeline 'nope' is not in the ledger" in result.output
+
+
+def test_upgrade_cmd_uses_env_url(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    url = f"sqlite:///{tmp_path / 'new.db'}"
+    monkeypatch.setenv("EO_LEDGER_URL", url)
+    result = CliRunner().invoke(app, ["upgrade"])
+    assert result.exit_code == 0, result.output
+    assert Ledger(url, create=False).current_revision() == "0001"
+
+
+def test_render_table(ledger: Ledger) -> None:
+    _seed(ledger)
+    console = Console(width=200, record=True)
+    console.print(render_checkpoints_table(ledger.list_checkpoints("orders")))
+    text = console.export_text()
+    assert "plan→prepare" in text and "t[0]:10-20" in text
