@@ -15,11 +15,51 @@ def get_provider_info() -> dict[str, Any]:
         "description": "Exactly-once Kafka -> PySpark -> Kafka pipelines with checkpoints, "
         "two-phase commit, a queryable ledger, savepoints, backfills and an audit.",
         "versions": [__version__],
-        "hooks": [],
-        "operators": [],
-        "sensors": [],
-        "triggers": [],
-        "connection-types": [],
+        "integrations": [
+            {
+                "integration-name": "Exactly-once Kafka/Spark (eo)",
+                "tags": ["software"],
+            }
+        ],
+        "hooks": [
+            {
+                "integration-name": "Exactly-once Kafka/Spark (eo)",
+                "python-modules": [
+                    "airflow_provider_eo.hooks.ledger",
+                    "airflow_provider_eo.hooks.kafka",
+                ],
+            }
+        ],
+        "operators": [
+            {
+                "integration-name": "Exactly-once Kafka/Spark (eo)",
+                "python-modules": [
+                    "airflow_provider_eo.operators.plan",
+                    "airflow_provider_eo.operators.submit",
+                    "airflow_provider_eo.operators.commit",
+                ],
+            }
+        ],
+        "sensors": [
+            {
+                "integration-name": "Exactly-once Kafka/Spark (eo)",
+                "python-modules": ["airflow_provider_eo.sensors.checkpoint"],
+            }
+        ],
+        "triggers": [
+            {
+                "integration-name": "Exactly-once Kafka/Spark (eo)",
+                "python-modules": ["airflow_provider_eo.triggers.checkpoint"],
+            }
+        ],
+        # EoKafkaHook reads the apache-kafka provider's "kafka" connections; registering
+        # that type here too would clash when both providers are installed.
+        "connection-types": [
+            {
+                "hook-class-name": "airflow_provider_eo.hooks.ledger.LedgerHook",
+                "connection-type": "eo_ledger",
+            }
+        ],
         "config": {
             "eo": {
                 "description": "Settings of the exactly-once provider.",

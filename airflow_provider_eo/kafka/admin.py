@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -19,9 +20,22 @@ class KafkaAdminError(RuntimeError):
     """A Kafka admin call failed; the message names the topic and what to do."""
 
 
+_CLIENTS: dict[tuple[tuple[str, str], ...], AdminClient] = {}
+_CLIENTS_LOCK = threading.Lock()
+
+
 def admin_client(config: Mapping[str, Any]) -> AdminClient:
-    """An AdminClient from a librdkafka-style config."""
-    return AdminClient(dict(config))
+    """A shared AdminClient per distinct config.
+
+    Kept for the life of the process: destroying AdminClients while librdkafka still has
+    background events queued crashed the interpreter (seen here with confluent-kafka 2.16).
+    """
+    key = tuple(sorted((str(k), str(v)) for k, v in config.items()))
+    with _CLIENTS_LOCK:
+        client = _CLIENTS.get(key)
+        if client is None:
+            client = _CLIENTS[key] = AdminClient({"log_level": 4, **dict(config)})
+        return client
 
 
 def ensure_topic(
@@ -146,10 +160,28 @@ def committed_group_offsets(
     if not tps:
         return {}
     admin = admin_client(config)
+    # require_stable=False on purpose: with True, a pending transactional offset makes the
+    # broker answer UNSTABLE_OFFSET_COMMIT and librdkafka (2.16) then dereferences the admin
+    # client's missing consumer-group handle and crashes (rd_kafka_handle_OffsetFetch ->
+    # rd_kafka_cgrp_op, seen here under gdb). Pending offsets are never returned as committed
+    # anyway; the commit path reads markers only after init_transactions has completed any
+    # earlier transaction of that shard, so what is read is final.
     futures = admin.list_consumer_group_offsets(
-        [ConsumerGroupTopicPartitions(group, tps)], request_timeout=timeout_s, require_stable=True
+        [ConsumerGroupTopicPartitions(group, tps)], request_timeout=timeout_s, require_stable=False
     )
-    result = futures[group].result(timeout=timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            result = futures[group].result(timeout=timeout_s)
+            break
+        except KafkaException as exc:
+            # COORDINATOR_LOAD_IN_PROGRESS / NOT_COORDINATOR right after a broker start.
+            if not exc.args[0].retriable() or time.monotonic() >= deadline:
+                raise KafkaAdminError(f"reading offsets of group {group!r} failed: {exc}") from exc
+            time.sleep(0.3)
+            futures = admin.list_consumer_group_offsets(
+                [ConsumerGroupTopicPartitions(group, tps)], request_timeout=timeout_s, require_stable=False
+            )
     return {
         (tp.topic, tp.partition): int(tp.offset)
         for tp in result.topic_partitions

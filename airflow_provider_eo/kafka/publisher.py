@@ -15,6 +15,7 @@ is never reused across an indefinite error (KAFKA-17754).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -102,20 +103,28 @@ def new_producer(config: Mapping[str, Any], transactional_id: str, timeout_ms: i
     )
 
 
+_GROUP_CONSUMERS: dict[tuple[Any, ...], Consumer] = {}
+_GROUP_LOCK = threading.Lock()
+
+
 def group_metadata(config: Mapping[str, Any], group: str) -> Any:
-    """Consumer-group metadata for ``send_offsets_to_transaction`` (a standalone group:
-    never joins, never consumes)."""
-    consumer = Consumer(
-        {
-            **{k: v for k, v in config.items() if not k.startswith(("linger", "queue."))},
-            "group.id": group,
-            "enable.auto.commit": False,  # offsets move only inside the transaction
-        }
-    )
-    try:
+    """Consumer-group metadata for ``send_offsets_to_transaction``.
+
+    It comes from a standalone consumer (never subscribes, never consumes) kept for the
+    life of the process: closing a consumer right after creating it, while its group
+    coordinator lookup is still in flight, crashed librdkafka (seen here, 2.16).
+    """
+    conf = {
+        **{k: v for k, v in config.items() if not k.startswith(("linger", "queue."))},
+        "group.id": group,
+        "enable.auto.commit": False,  # offsets move only inside the transaction
+    }
+    key = tuple(sorted((str(k), str(v)) for k, v in conf.items()))
+    with _GROUP_LOCK:
+        consumer = _GROUP_CONSUMERS.get(key)
+        if consumer is None:
+            consumer = _GROUP_CONSUMERS[key] = Consumer(conf)
         return consumer.consumer_group_metadata()
-    finally:
-        consumer.close()
 
 
 def produce(producer: Producer, topic: str, **kwargs: Any) -> None:

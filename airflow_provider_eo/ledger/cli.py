@@ -17,7 +17,7 @@ from rich.table import Table
 
 from airflow_provider_eo.ledger.errors import LedgerError
 from airflow_provider_eo.ledger.records import CheckpointRecord
-from airflow_provider_eo.ledger.urls import ENV_LEDGER_URL, default_ledger_url, redact_url
+from airflow_provider_eo.ledger.urls import DEFAULT_LEDGER_URL, ENV_LEDGER_URL, redact_url
 
 app = typer.Typer(help="The checkpoint ledger: pipelines, checkpoints, schema.", no_args_is_help=True)
 
@@ -60,9 +60,7 @@ def _duration(start: dt.datetime | None, end: dt.datetime | None) -> str:
 _STATE_STYLE = {"PLANNED": "cyan", "PREPARED": "yellow", "COMMITTED": "green", "ABORTED": "red"}
 
 
-def render_checkpoints_table(
-    records: Sequence[CheckpointRecord], *, title: str | None = None
-) -> Table:
+def render_checkpoints_table(records: Sequence[CheckpointRecord], *, title: str | None = None) -> Table:
     """A rich table of checkpoints: id, state, lineage, records, ranges, durations."""
     table = Table(title=title, header_style="bold")
     table.add_column("id", justify="right")
@@ -113,13 +111,11 @@ def _as_json(r: CheckpointRecord) -> dict[str, Any]:
         "aborted_at": ts(r.aborted_at),
         "prepared_attempt": r.prepared_attempt,
         "abort_reason": r.abort_reason,
-        "shards": [
-            {"shard": s.shard, "state": s.state.value, "records": s.records} for s in r.shards
-        ],
+        "shards": [{"shard": s.shard, "state": s.state.value, "records": s.records} for s in r.shards],
     }
 
 
-def pipelines_cmd(url: UrlOption = default_ledger_url()) -> None:
+def pipelines_cmd(url: UrlOption = DEFAULT_LEDGER_URL) -> None:
     """List the pipelines in the ledger."""
     try:
         ledger = _open(url)
@@ -143,7 +139,7 @@ def pipelines_cmd(url: UrlOption = default_ledger_url()) -> None:
 
 def checkpoints_cmd(
     pipeline: Annotated[str, typer.Argument(help="Pipeline name.")],
-    url: UrlOption = default_ledger_url(),
+    url: UrlOption = DEFAULT_LEDGER_URL,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON lines instead.")] = False,
     limit: Annotated[int | None, typer.Option(help="Only the latest N checkpoints.")] = None,
 ) -> None:
@@ -160,7 +156,7 @@ def checkpoints_cmd(
     _out.print(render_checkpoints_table(records, title=f"checkpoints of {pipeline}"))
 
 
-def upgrade_cmd(url: UrlOption = default_ledger_url()) -> None:
+def upgrade_cmd(url: UrlOption = DEFAULT_LEDGER_URL) -> None:
     """Create or migrate the ledger schema to the version this package needs."""
     try:
         ledger = _open(url)

@@ -62,8 +62,8 @@ class UTCDateTime(TypeDecorator[dt.datetime]):
         if value is None:
             return None
         if value.tzinfo is None:
-            return value.replace(tzinfo=dt.timezone.utc)  # type: ignore[no-any-return]
-        return value.astimezone(dt.timezone.utc)  # type: ignore[no-any-return]
+            return value.replace(tzinfo=dt.timezone.utc)
+        return value.astimezone(dt.timezone.utc)
 
 
 class Base(DeclarativeBase):

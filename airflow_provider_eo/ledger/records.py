@@ -113,9 +113,7 @@ class CheckpointRecord:
     bytes: int | None = None
     shard_counts: Mapping[int, int] = field(default_factory=dict)
     #: (min, max) record timestamp per partition, filled at prepare.
-    range_stats: Mapping[TopicPartition, tuple[int | None, int | None]] = field(
-        default_factory=dict
-    )
+    range_stats: Mapping[TopicPartition, tuple[int | None, int | None]] = field(default_factory=dict)
     shards: tuple[ShardRecord, ...] = ()
     dag_id: str | None = None
     run_id: str | None = None

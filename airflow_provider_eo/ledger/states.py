@@ -17,14 +17,10 @@ class CheckpointState(str, enum.Enum):
         return self.value
 
 
-TERMINAL_STATES: frozenset[CheckpointState] = frozenset(
-    {CheckpointState.COMMITTED, CheckpointState.ABORTED}
-)
+TERMINAL_STATES: frozenset[CheckpointState] = frozenset({CheckpointState.COMMITTED, CheckpointState.ABORTED})
 
 #: Not terminal: a pipeline may hold at most ``max_pending`` checkpoints in these states.
-UNFINISHED_STATES: frozenset[CheckpointState] = frozenset(
-    {CheckpointState.PLANNED, CheckpointState.PREPARED}
-)
+UNFINISHED_STATES: frozenset[CheckpointState] = frozenset({CheckpointState.PLANNED, CheckpointState.PREPARED})
 
 ALLOWED_TRANSITIONS: frozenset[tuple[CheckpointState, CheckpointState]] = frozenset(
     {

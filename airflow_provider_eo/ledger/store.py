@@ -24,7 +24,7 @@ import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from alembic import command
 from alembic.config import Config
@@ -32,7 +32,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, create_engine, delete, event, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import CursorResult, Result, make_url
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import StaticPool
@@ -85,6 +85,11 @@ _C = CheckpointState.COMMITTED.value
 _A = CheckpointState.ABORTED.value
 
 
+def _rowcount(result: Result[Any]) -> int:
+    """Rows matched by an UPDATE/DELETE (the conditional transitions rely on it)."""
+    return int(cast("CursorResult[Any]", result).rowcount)
+
+
 def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
@@ -123,9 +128,7 @@ def make_engine(url: str) -> Engine:
             )
         else:
             Path(database).expanduser().resolve().parent.mkdir(parents=True, exist_ok=True)
-            engine = create_engine(
-                parsed, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}
-            )
+            engine = create_engine(parsed, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
         _install_sqlite_pragmas(engine, wal=not memory)
         return engine
     return create_engine(parsed, pool_pre_ping=True)
@@ -259,9 +262,7 @@ class Ledger:
                 if self.dialect == "postgresql":
                     # Two processes creating a fresh ledger at once: the second waits, then
                     # finds the schema at head and does nothing.
-                    conn.exec_driver_sql(
-                        f"SELECT pg_advisory_xact_lock({zlib.crc32(b'eo-ledger-migrate')})"
-                    )
+                    conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({zlib.crc32(b'eo-ledger-migrate')})")
                 fn(self._alembic_config(conn), revision)
         except OperationalError as exc:
             raise self._unavailable(exc) from exc
@@ -335,9 +336,7 @@ class Ledger:
                                 reason="pipeline created",
                             )
                         )
-                        self._event(s, row.id, None, "pipeline_created", details={
-                            "fingerprint": fingerprint
-                        })
+                        self._event(s, row.id, None, "pipeline_created", details={"fingerprint": fingerprint})
                     elif row.fingerprint != fingerprint:
                         if not allow_fingerprint_change:
                             raise PipelineFingerprintMismatch(
@@ -348,9 +347,13 @@ class Ledger:
                                 "pipeline name, or accept the change explicitly with "
                                 "allow_fingerprint_change=True (after a savepoint)."
                             )
-                        self._event(s, row.id, None, "fingerprint_changed", details={
-                            "old": row.fingerprint, "new": fingerprint
-                        })
+                        self._event(
+                            s,
+                            row.id,
+                            None,
+                            "fingerprint_changed",
+                            details={"old": row.fingerprint, "new": fingerprint},
+                        )
                         row.fingerprint = fingerprint
                         row.updated_at = now
                     return self._pipeline_record(row)
@@ -406,12 +409,9 @@ class Ledger:
             state=CheckpointState(row.state),
             lineage=row.lineage,
             ranges=tuple(
-                RangeSpec(r.topic, r.partition, r.start_offset, r.end_offset, r.skipped_from)
-                for r in ranges
+                RangeSpec(r.topic, r.partition, r.start_offset, r.end_offset, r.skipped_from) for r in ranges
             ),
-            range_stats={
-                (r.topic, r.partition): (r.min_timestamp, r.max_timestamp) for r in ranges
-            },
+            range_stats={(r.topic, r.partition): (r.min_timestamp, r.max_timestamp) for r in ranges},
             shards=tuple(
                 ShardRecord(
                     shard=sh.shard,
@@ -466,12 +466,29 @@ class Ledger:
         return row
 
     def _lowest_unfinished(self, s: Session, pid: int, below: int | None = None) -> Checkpoint | None:
-        stmt = select(Checkpoint).where(
-            Checkpoint.pipeline_id == pid, Checkpoint.state.in_(_UNFINISHED)
+        # One equality seek per state on (pipeline_id, state, checkpoint_id): with
+        # ``state IN (...)`` SQLite's planner walks the primary key instead (O(rows)).
+        lowest: int | None = None
+        for state in _UNFINISHED:
+            stmt = select(func.min(Checkpoint.checkpoint_id)).where(
+                Checkpoint.pipeline_id == pid, Checkpoint.state == state
+            )
+            if below is not None:
+                stmt = stmt.where(Checkpoint.checkpoint_id < below)
+            found = s.execute(stmt).scalar_one_or_none()
+            if found is not None and (lowest is None or found < lowest):
+                lowest = found
+        return None if lowest is None else self._row(s, pid, lowest)
+
+    def _count_unfinished(self, s: Session, pid: int) -> int:
+        return sum(
+            s.execute(
+                select(func.count())
+                .select_from(Checkpoint)
+                .where(Checkpoint.pipeline_id == pid, Checkpoint.state == state)
+            ).scalar_one()
+            for state in _UNFINISHED
         )
-        if below is not None:
-            stmt = stmt.where(Checkpoint.checkpoint_id < below)
-        return s.execute(stmt.order_by(Checkpoint.checkpoint_id).limit(1)).scalar_one_or_none()
 
     def unfinished(self, pipeline: str) -> CheckpointRecord | None:
         """The lowest-id PLANNED or PREPARED checkpoint: the one a retry must resume."""
@@ -616,11 +633,7 @@ class Ledger:
             p = self._pipeline(s, pipeline, lock=True)
             n, lineage = p.last_checkpoint_id, p.current_lineage
             new_id = n + 1
-            pending = s.execute(
-                select(func.count())
-                .select_from(Checkpoint)
-                .where(Checkpoint.pipeline_id == p.id, Checkpoint.state.in_(_UNFINISHED))
-            ).scalar_one()
+            pending = self._count_unfinished(s, p.id)
             if pending >= max_pending:
                 low = self._lowest_unfinished(s, p.id)
                 assert low is not None
@@ -633,16 +646,18 @@ class Ledger:
             self._check_contiguous(s, pipeline, p.id, new_id, ranges)
             # The compare-and-set that serializes planners: only one can move n -> n+1.
             now = utcnow()
-            moved = s.execute(
-                update(Pipeline)
-                .where(
-                    Pipeline.id == p.id,
-                    Pipeline.last_checkpoint_id == n,
-                    Pipeline.current_lineage == lineage,
+            moved = _rowcount(
+                s.execute(
+                    update(Pipeline)
+                    .where(
+                        Pipeline.id == p.id,
+                        Pipeline.last_checkpoint_id == n,
+                        Pipeline.current_lineage == lineage,
+                    )
+                    .values(last_checkpoint_id=new_id, updated_at=now)
+                    .execution_options(synchronize_session=False)
                 )
-                .values(last_checkpoint_id=new_id, updated_at=now)
-                .execution_options(synchronize_session=False)
-            ).rowcount
+            )
             if moved != 1:
                 raise CheckpointConflict(
                     f"pipeline '{pipeline}': another planner recorded checkpoint {new_id} "
@@ -709,9 +724,7 @@ class Ledger:
                 continue  # on_data_loss=skip: the loss [skipped_from, start) is recorded
             got = r.skipped_from if r.skipped_from is not None else r.start
             what = f"gap of {got - expected}" if got > expected else f"overlap of {expected - got}"
-            problems.append(
-                f"{r.topic}[{r.partition}] must start at {expected}, got {got} ({what} offsets)"
-            )
+            problems.append(f"{r.topic}[{r.partition}] must start at {expected}, got {got} ({what} offsets)")
         if problems:
             raise InvariantViolation(
                 f"pipeline '{pipeline}', checkpoint {new_id}: ranges not contiguous with the "
@@ -742,9 +755,7 @@ class Ledger:
 
     # -- transitions -----------------------------------------------------------------------
 
-    def _conflict(
-        self, pipeline: str, row: Checkpoint, expected: str, action: str
-    ) -> CheckpointConflict:
+    def _conflict(self, pipeline: str, row: Checkpoint, expected: str, action: str) -> CheckpointConflict:
         actual = row.state
         if actual == _C:
             hint = "it is committed already: nothing to do"
@@ -788,7 +799,7 @@ class Ledger:
             .values(state=target, **values)
             .execution_options(synchronize_session=False)
         )
-        return bool(result.rowcount == 1)
+        return _rowcount(result) == 1
 
     def mark_prepared(
         self,
@@ -839,17 +850,19 @@ class Ledger:
                 raise self._conflict(pipeline, row, _P, "prepare")
             if range_stats:
                 for (topic, partition), (lo, hi) in range_stats.items():
-                    hit = s.execute(
-                        update(CheckpointRange)
-                        .where(
-                            CheckpointRange.pipeline_id == pid,
-                            CheckpointRange.checkpoint_id == checkpoint_id,
-                            CheckpointRange.topic == topic,
-                            CheckpointRange.partition == partition,
+                    hit = _rowcount(
+                        s.execute(
+                            update(CheckpointRange)
+                            .where(
+                                CheckpointRange.pipeline_id == pid,
+                                CheckpointRange.checkpoint_id == checkpoint_id,
+                                CheckpointRange.topic == topic,
+                                CheckpointRange.partition == partition,
+                            )
+                            .values(min_timestamp=lo, max_timestamp=hi)
+                            .execution_options(synchronize_session=False)
                         )
-                        .values(min_timestamp=lo, max_timestamp=hi)
-                        .execution_options(synchronize_session=False)
-                    ).rowcount
+                    )
                     if hit != 1:
                         raise InvariantViolation(
                             f"pipeline '{pipeline}', checkpoint {checkpoint_id}: range_stats "
@@ -922,7 +935,7 @@ class Ledger:
                 .execution_options(synchronize_session=False)
             )
             row = self._require(s, pipeline, pid, checkpoint_id)
-            if result.rowcount != 1:
+            if _rowcount(result) != 1:
                 if row.state != _R:
                     raise self._conflict(pipeline, row, _R, "lease for commit")
                 until = row.commit_lease_until
@@ -964,7 +977,7 @@ class Ledger:
                 .values(commit_lease_until=None)
                 .execution_options(synchronize_session=False)
             )
-            return bool(result.rowcount == 1)
+            return _rowcount(result) == 1
 
     def record_shard(
         self,
@@ -1001,7 +1014,9 @@ class Ledger:
             ins = insert_fn(CommitShard.__table__).values(**values)
             stmt = ins.on_conflict_do_update(
                 index_elements=["pipeline_id", "checkpoint_id", "shard"],
-                set_={k: ins.excluded[k] for k in values if k not in ("pipeline_id", "checkpoint_id", "shard")},
+                set_={
+                    k: ins.excluded[k] for k in values if k not in ("pipeline_id", "checkpoint_id", "shard")
+                },
                 where=or_(
                     CommitShard.__table__.c.state != ShardState.COMMITTED.value,
                     ins.excluded.state == ShardState.COMMITTED.value,
@@ -1033,13 +1048,17 @@ class Ledger:
             if row.state != _R:
                 raise self._conflict(pipeline, row, _R, "commit")
             self._check_order(s, pipeline, pid, checkpoint_id, "commit")
-            pending = s.execute(
-                select(CommitShard.shard).where(
-                    CommitShard.pipeline_id == pid,
-                    CommitShard.checkpoint_id == checkpoint_id,
-                    CommitShard.state != ShardState.COMMITTED.value,
+            pending = (
+                s.execute(
+                    select(CommitShard.shard).where(
+                        CommitShard.pipeline_id == pid,
+                        CommitShard.checkpoint_id == checkpoint_id,
+                        CommitShard.state != ShardState.COMMITTED.value,
+                    )
                 )
-            ).scalars().all()
+                .scalars()
+                .all()
+            )
             if pending:
                 raise InvariantViolation(
                     f"pipeline '{pipeline}', checkpoint {checkpoint_id}: shards {sorted(pending)} "
@@ -1047,7 +1066,12 @@ class Ledger:
                 )
             now = utcnow()
             moved = self._transition(
-                s, pipeline, pid, checkpoint_id, _R, _C,
+                s,
+                pipeline,
+                pid,
+                checkpoint_id,
+                _R,
+                _C,
                 {"committed_at": now, **_actor_columns(actor)},
             )
             row = self._require(s, pipeline, pid, checkpoint_id)
@@ -1056,8 +1080,15 @@ class Ledger:
                     return self._records(s, pipeline, [row])[0]
                 raise self._conflict(pipeline, row, _R, "commit")
             self._event(
-                s, pid, checkpoint_id, "transition", from_state=_R, to_state=_C, actor=actor,
-                at=now, details={"commit_owner": row.commit_owner},
+                s,
+                pid,
+                checkpoint_id,
+                "transition",
+                from_state=_R,
+                to_state=_C,
+                actor=actor,
+                at=now,
+                details={"commit_owner": row.commit_owner},
             )
             return self._records(s, pipeline, [row])[0]
 
@@ -1079,30 +1110,46 @@ class Ledger:
                 return self._records(s, pipeline, [row])[0]
             if row.state == _C:
                 raise self._conflict(pipeline, row, "PLANNED or PREPARED", "abort")
-            later = s.execute(
-                select(Checkpoint)
-                .where(
-                    Checkpoint.pipeline_id == p.id,
-                    Checkpoint.checkpoint_id > checkpoint_id,
-                    Checkpoint.state.in_(_UNFINISHED),
+            later = (
+                s.execute(
+                    select(Checkpoint)
+                    .where(
+                        Checkpoint.pipeline_id == p.id,
+                        Checkpoint.checkpoint_id > checkpoint_id,
+                        Checkpoint.state.in_(_UNFINISHED),
+                    )
+                    .order_by(Checkpoint.checkpoint_id)
                 )
-                .order_by(Checkpoint.checkpoint_id)
-            ).scalars().all()
+                .scalars()
+                .all()
+            )
             now = utcnow()
             targets = [(row.checkpoint_id, row.state)] + [(r.checkpoint_id, r.state) for r in later]
             for cp, source in targets:
                 cascade = cp != checkpoint_id
                 why = reason if not cascade else f"checkpoint {checkpoint_id} aborted: {reason}"
                 moved = self._transition(
-                    s, pipeline, p.id, cp, source, _A,
+                    s,
+                    pipeline,
+                    p.id,
+                    cp,
+                    source,
+                    _A,
                     {"aborted_at": now, "abort_reason": why, **_actor_columns(actor)},
                 )
                 if not moved:
                     current = self._require(s, pipeline, p.id, cp)
                     raise self._conflict(pipeline, current, source, "abort")
                 self._event(
-                    s, p.id, cp, "transition", from_state=source, to_state=_A, actor=actor,
-                    at=now, details={"reason": why, **({"cascade_from": checkpoint_id} if cascade else {})},
+                    s,
+                    p.id,
+                    cp,
+                    "transition",
+                    from_state=source,
+                    to_state=_A,
+                    actor=actor,
+                    at=now,
+                    details={"reason": why, **({"cascade_from": checkpoint_id} if cascade else {})},
                 )
             # Replan from the same start: each partition's head goes back to the start of
             # the earliest aborted checkpoint that reads it.
@@ -1154,9 +1201,7 @@ class Ledger:
         """
         if not name:
             raise ValueError("savepoint name must be non-empty")
-        clean = {
-            str(t): {str(int(p)): int(o) for p, o in parts.items()} for t, parts in offsets.items()
-        }
+        clean = {str(t): {str(int(p)): int(o) for p, o in parts.items()} for t, parts in offsets.items()}
         if any(o < 0 for parts in clean.values() for o in parts.values()):
             raise ValueError(f"savepoint '{name}': offsets must be >= 0")
         try:
@@ -1187,7 +1232,10 @@ class Ledger:
                 s.add(row)
                 s.flush()
                 self._event(
-                    s, pid, checkpoint_id, "savepoint",
+                    s,
+                    pid,
+                    checkpoint_id,
+                    "savepoint",
                     details={"name": name, "offsets": clean, "created_by": created_by},
                 )
                 return self._savepoint_record(pipeline, row)
@@ -1252,12 +1300,14 @@ class Ledger:
                 )
             old = p.current_lineage
             now = utcnow()
-            moved = s.execute(
-                update(Pipeline)
-                .where(Pipeline.id == p.id, Pipeline.current_lineage == old)
-                .values(current_lineage=old + 1, updated_at=now)
-                .execution_options(synchronize_session=False)
-            ).rowcount
+            moved = _rowcount(
+                s.execute(
+                    update(Pipeline)
+                    .where(Pipeline.id == p.id, Pipeline.current_lineage == old)
+                    .values(current_lineage=old + 1, updated_at=now)
+                    .execution_options(synchronize_session=False)
+                )
+            )
             if moved != 1:
                 raise CheckpointConflict(
                     f"pipeline '{pipeline}': another restore moved lineage {old} concurrently; "
@@ -1281,13 +1331,22 @@ class Ledger:
             )
             s.add_all(
                 PartitionHead(
-                    pipeline_id=p.id, topic=t, partition=part, lineage=new, next_start=o,
+                    pipeline_id=p.id,
+                    topic=t,
+                    partition=part,
+                    lineage=new,
+                    next_start=o,
                     checkpoint_id=None,
                 )
                 for (t, part), o in clean.items()
             )
             self._event(
-                s, p.id, None, "restore", actor=actor, at=now,
+                s,
+                p.id,
+                None,
+                "restore",
+                actor=actor,
+                at=now,
                 details={
                     "reason": reason,
                     "from_lineage": old,

@@ -135,7 +135,22 @@ def load_transform(ref: str | None) -> Callable[[DataFrame], DataFrame]:
     return fn  # type: ignore[no-any-return]
 
 
-def _staged_frame(out: DataFrame, sink_partitions: int, checkpoint: CheckpointRecord) -> DataFrame:
+def _expr_id(df: DataFrame, name: str) -> int | None:
+    """The analyzed plan's expression id of column ``name`` (None when unknown)."""
+    try:
+        output = df._jdf.queryExecution().analyzed().output()
+        for i in range(output.size()):
+            attr = output.apply(i)
+            if attr.name() == name:
+                return int(attr.exprId().id())
+    except Exception:  # not a classic (py4j) DataFrame
+        return None
+    return None
+
+
+def _staged_frame(
+    out: DataFrame, sink_partitions: int, checkpoint: CheckpointRecord, source: DataFrame | None = None
+) -> DataFrame:
     """Validate the transform's output and shape it into the staged columns."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import (
@@ -148,6 +163,12 @@ def _staged_frame(out: DataFrame, sink_partitions: int, checkpoint: CheckpointRe
     )
 
     cols = set(out.columns)
+    if "partition" in cols and source is not None:
+        # The source's own `partition` column passed through untouched is the *source*
+        # partition, not a request for a sink partition: keys are hashed like Java then.
+        source_id = _expr_id(source, "partition")
+        if source_id is not None and source_id == _expr_id(out, "partition"):
+            cols.discard("partition")
     where = f"pipeline {checkpoint.pipeline!r}, checkpoint {checkpoint.checkpoint_id}"
     if "value" not in cols:
         raise PrepareError(
@@ -349,7 +370,7 @@ def prepare_checkpoint(
         raise
     except Exception as exc:
         raise TransformError(f"{where}: transform {pipeline.transform!r} raised: {exc!r}") from exc
-    staged = _staged_frame(out, sink_partitions, cp)
+    staged = _staged_frame(out, sink_partitions, cp, source)
     tasks = max(1, min(sink_partitions, spark.sparkContext.defaultParallelism * 2))
     try:
         (

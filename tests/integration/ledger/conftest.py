@@ -24,13 +24,10 @@ def _parse(stdout: str) -> dict[str, str]:
 def pg_server() -> Iterator[str]:
     """URL of the maintenance database of the local PostgreSQL; stopped at the end when
     this session started it."""
-    proc = subprocess.run(
-        ["bash", str(SCRIPT), "start"], capture_output=True, text=True, timeout=600
-    )
+    proc = subprocess.run(["bash", str(SCRIPT), "start"], capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         message = (
-            f"could not start PostgreSQL with {SCRIPT} start (exit {proc.returncode}):\n"
-            f"{proc.stderr[-3000:]}"
+            f"could not start PostgreSQL with {SCRIPT} start (exit {proc.returncode}):\n{proc.stderr[-3000:]}"
         )
         if os.environ.get("CI") == "true":
             pytest.fail(message)

@@ -19,8 +19,15 @@ def main() -> None:
         cmd = json.loads(line)
         try:
             if cmd["op"] == "prepare":
-                ledger.mark_prepared("race", cmd["cp"], attempt=name, staging_location=name,
-                                     records=1, bytes_=1, shard_counts={0: 1})
+                ledger.mark_prepared(
+                    "race",
+                    cmd["cp"],
+                    attempt=name,
+                    staging_location=name,
+                    records=1,
+                    bytes_=1,
+                    shard_counts={0: 1},
+                )
             elif cmd["op"] == "plan":
                 ledger.plan("race", [RangeSpec(*r) for r in cmd["ranges"]])
             elif cmd["op"] == "lease":

@@ -12,9 +12,7 @@ from airflow_provider_eo.ledger.models import VERSION_TABLE, Base
 
 def _drift(ledger: Ledger) -> list[object]:
     with ledger.engine.connect() as conn:
-        ctx = MigrationContext.configure(
-            conn, opts={"compare_type": True, "version_table": VERSION_TABLE}
-        )
+        ctx = MigrationContext.configure(conn, opts={"compare_type": True, "version_table": VERSION_TABLE})
         return list(compare_metadata(ctx, Base.metadata))
 
 
@@ -28,7 +26,8 @@ def test_upgrade_downgrade_upgrade(ledger_url: str) -> None:
     ledger.plan("p", [RangeSpec("t", 0, 0, 1)])
     ledger.downgrade("base")
     assert ledger.current_revision() is None
-    assert not [t for t in inspect(ledger.engine).get_table_names() if t.startswith("eo_") and t != VERSION_TABLE]
+    left = [t for t in inspect(ledger.engine).get_table_names() if t.startswith("eo_")]
+    assert left in ([], [VERSION_TABLE])
     ledger.upgrade()
     assert _drift(ledger) == []
     assert ledger.list_pipelines() == []

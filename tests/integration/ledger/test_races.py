@@ -24,7 +24,9 @@ class Workers:
         self.procs = [
             subprocess.Popen(
                 [sys.executable, str(WORKER), url, f"w{i}"],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
             )
             for i in range(PROCS)
         ]
@@ -103,8 +105,9 @@ def test_plan_race(race: tuple[Ledger, Workers]) -> None:
         if rnd % 2:
             ledger.abort("race", cp, reason="replan")
         else:
-            ledger.mark_prepared("race", cp, attempt="main", staging_location="s", records=5,
-                                 bytes_=5, shard_counts={0: 5})
+            ledger.mark_prepared(
+                "race", cp, attempt="main", staging_location="s", records=5, bytes_=5, shard_counts={0: 5}
+            )
             ledger.mark_committed("race", cp)
     committed = [c for c in ledger.list_checkpoints("race") if c.state.value == "COMMITTED"]
     assert [c.ranges[0].start for c in committed] == [5 * i for i in range(len(committed))]

@@ -19,9 +19,7 @@ def ledger_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def make_ledger(
-    ledger_template: Path, tmp_path: Path
-) -> Iterator[Callable[[], Ledger]]:
+def make_ledger(ledger_template: Path, tmp_path: Path) -> Iterator[Callable[[], Ledger]]:
     made: list[Ledger] = []
     counter = iter(range(10_000))
 

@@ -11,8 +11,9 @@ from airflow_provider_eo.ledger.cli import app, render_checkpoints_table
 
 def _seed(ledger: Ledger) -> None:
     ledger.plan("orders", [RangeSpec("t", 0, 0, 10), RangeSpec("t", 1, 3, 5)])
-    ledger.mark_prepared("orders", 1, attempt="a", staging_location="/s", records=12,
-                         bytes_=10, shard_counts={0: 12})
+    ledger.mark_prepared(
+        "orders", 1, attempt="a", staging_location="/s", records=12, bytes_=10, shard_counts={0: 12}
+    )
     ledger.mark_committed("orders", 1)
     ledger.plan("orders", [RangeSpec("t", 0, 10, 20)])
 
@@ -28,7 +29,8 @@ def test_checkpoints_table_and_json(ledger: Ledger) -> None:
     result = runner.invoke(app, ["checkpoints", "orders", "--ledger-url", url, "--json"])
     rows = [json.loads(line) for line in result.output.splitlines()]
     assert [(r["checkpoint_id"], r["state"], r["records"]) for r in rows] == [
-        (1, "COMMITTED", 12), (2, "PLANNED", None)
+        (1, "COMMITTED", 12),
+        (2, "PLANNED", None),
     ]
     result = runner.invoke(app, ["pipelines", "--ledger-url", url], env={"COLUMNS": "200"})
     assert result.exit_code == 0 and "orders" in result.output

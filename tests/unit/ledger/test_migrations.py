@@ -12,16 +12,20 @@ from airflow_provider_eo.ledger import Ledger
 from airflow_provider_eo.ledger.models import VERSION_TABLE, Base
 
 TABLES = {
-    "eo_pipelines", "eo_lineages", "eo_checkpoints", "eo_checkpoint_ranges",
-    "eo_partition_heads", "eo_commit_shards", "eo_savepoints", "eo_events",
+    "eo_pipelines",
+    "eo_lineages",
+    "eo_checkpoints",
+    "eo_checkpoint_ranges",
+    "eo_partition_heads",
+    "eo_commit_shards",
+    "eo_savepoints",
+    "eo_events",
 }
 
 
 def _diff(ledger: Ledger) -> list[object]:
     with ledger.engine.connect() as conn:
-        ctx = MigrationContext.configure(
-            conn, opts={"compare_type": True, "version_table": VERSION_TABLE}
-        )
+        ctx = MigrationContext.configure(conn, opts={"compare_type": True, "version_table": VERSION_TABLE})
         return list(compare_metadata(ctx, Base.metadata))
 
 
@@ -30,7 +34,7 @@ def test_upgrade_downgrade_upgrade(tmp_path: Path) -> None:
     assert ledger.current_revision() is None
     ledger.upgrade()
     assert ledger.current_revision() == ledger.head_revision() == "0001"
-    assert TABLES <= set(inspect(ledger.engine).get_table_names())
+    assert set(inspect(ledger.engine).get_table_names()) >= TABLES
     assert _diff(ledger) == []
     ledger.ensure_pipeline("p", "f")
     ledger.downgrade("base")

@@ -55,8 +55,9 @@ class LedgerMachine(RuleBasedStateMachine):
         fresh_start=st.integers(0, 50),
         max_pending=st.integers(1, 3),
     )
-    def plan(self, keys: set[tuple[str, int]], length: int, mode: str, fresh_start: int,
-             max_pending: int) -> None:
+    def plan(
+        self, keys: set[tuple[str, int]], length: int, mode: str, fresh_start: int, max_pending: int
+    ) -> None:
         specs = []
         wrong = False
         for key in sorted(keys):
@@ -91,8 +92,9 @@ class LedgerMachine(RuleBasedStateMachine):
         cp = self._pick(data)
         state = self.states.get(cp)
         try:
-            self.ledger.mark_prepared(P, cp, attempt=attempt, staging_location="s", records=1,
-                                      bytes_=1, shard_counts={0: 1})
+            self.ledger.mark_prepared(
+                P, cp, attempt=attempt, staging_location="s", records=1, bytes_=1, shard_counts={0: 1}
+            )
         except CheckpointConflict:
             assert state is not None and not (state == "PREPARED" and self.attempts[cp] == attempt)
             assert state != "PLANNED"

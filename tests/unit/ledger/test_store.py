@@ -29,8 +29,13 @@ S = CheckpointState
 
 def prepare(ledger: Ledger, cp: int, attempt: str = "a1") -> None:
     ledger.mark_prepared(
-        P, cp, attempt=attempt, staging_location=f"/stage/{cp}/{attempt}", records=10,
-        bytes_=100, shard_counts={0: 6, 1: 4},
+        P,
+        cp,
+        attempt=attempt,
+        staging_location=f"/stage/{cp}/{attempt}",
+        records=10,
+        bytes_=100,
+        shard_counts={0: 6, 1: 4},
     )
 
 
@@ -75,16 +80,31 @@ def test_full_life_records_every_transition(ledger: Ledger) -> None:
     assert ledger.last_committed(P) is None
 
     prepared = ledger.mark_prepared(
-        P, 1, attempt="att-1", staging_location="/s/1", records=13, bytes_=1300,
-        shard_counts={0: 13}, range_stats={("t", 0): (1000, 2000)}, spark_app_id="app-1",
+        P,
+        1,
+        attempt="att-1",
+        staging_location="/s/1",
+        records=13,
+        bytes_=1300,
+        shard_counts={0: 13},
+        range_stats={("t", 0): (1000, 2000)},
+        spark_app_id="app-1",
     )
     assert prepared.state == S.PREPARED and prepared.prepared_attempt == "att-1"
     assert prepared.range_stats[("t", 0)] == (1000, 2000)
     assert prepared.range_stats[("t", 1)] == (None, None)
     assert prepared.shard_counts == {0: 13} and prepared.spark_app_id == "app-1"
 
-    ledger.record_shard(P, 1, 0, transactional_id="eo.orders.0", producer_id=5,
-                        producer_epoch=1, state="COMMITTED", records=13)
+    ledger.record_shard(
+        P,
+        1,
+        0,
+        transactional_id="eo.orders.0",
+        producer_id=5,
+        producer_epoch=1,
+        state="COMMITTED",
+        records=13,
+    )
     done = ledger.mark_committed(P, 1)
     assert done.state == S.COMMITTED
     assert done.planned_at <= done.prepared_at <= done.committed_at  # type: ignore[operator]
@@ -309,8 +329,9 @@ def test_pipelines_are_independent(ledger: Ledger) -> None:
 def test_savepoints(ledger: Ledger) -> None:
     cp = run_one(ledger, RangeSpec("t", 0, 0, 10), RangeSpec("t", 1, 0, 4))
     offsets = ledger.get(P, cp).end_offsets
-    sp = ledger.create_savepoint(P, "before-upgrade", checkpoint_id=cp, offsets=offsets,
-                                 note="n", created_by="alice")
+    sp = ledger.create_savepoint(
+        P, "before-upgrade", checkpoint_id=cp, offsets=offsets, note="n", created_by="alice"
+    )
     assert sp.offsets == {"t": {0: 10, 1: 4}} and sp.checkpoint_id == cp
     assert ledger.get_savepoint(P, "before-upgrade") == sp
     with pytest.raises(InvariantViolation, match="savepoint 'before-upgrade' already exists"):
@@ -360,26 +381,46 @@ def test_commit_lease_cas(ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> No
 def test_shards_gate_the_commit(ledger: Ledger) -> None:
     ledger.plan(P, [RangeSpec("t", 0, 0, 10)])
     with pytest.raises(CheckpointConflict, match="expected state PREPARED, found PLANNED"):
-        ledger.record_shard(P, 1, 0, transactional_id="x", producer_id=None,
-                            producer_epoch=None, state="PENDING", records=0)
+        ledger.record_shard(
+            P, 1, 0, transactional_id="x", producer_id=None, producer_epoch=None, state="PENDING", records=0
+        )
     prepare(ledger, 1)
     for shard in (0, 1):
-        ledger.record_shard(P, 1, shard, transactional_id=f"eo.orders.{shard}", producer_id=1,
-                            producer_epoch=0, state="PENDING", records=5)
-    ledger.record_shard(P, 1, 0, transactional_id="eo.orders.0", producer_id=1,
-                        producer_epoch=0, state="COMMITTED", records=5)
+        ledger.record_shard(
+            P,
+            1,
+            shard,
+            transactional_id=f"eo.orders.{shard}",
+            producer_id=1,
+            producer_epoch=0,
+            state="PENDING",
+            records=5,
+        )
+    ledger.record_shard(
+        P, 1, 0, transactional_id="eo.orders.0", producer_id=1, producer_epoch=0, state="COMMITTED", records=5
+    )
     with pytest.raises(InvariantViolation, match=r"shards \[1\] are not recorded COMMITTED"):
         ledger.mark_committed(P, 1)
     with pytest.raises(InvariantViolation, match="cannot go back to PENDING"):
-        ledger.record_shard(P, 1, 0, transactional_id="eo.orders.0", producer_id=1,
-                            producer_epoch=0, state="PENDING", records=5)
-    ledger.record_shard(P, 1, 1, transactional_id="eo.orders.1", producer_id=2,
-                        producer_epoch=3, state="COMMITTED", records=5)
+        ledger.record_shard(
+            P,
+            1,
+            0,
+            transactional_id="eo.orders.0",
+            producer_id=1,
+            producer_epoch=0,
+            state="PENDING",
+            records=5,
+        )
+    ledger.record_shard(
+        P, 1, 1, transactional_id="eo.orders.1", producer_id=2, producer_epoch=3, state="COMMITTED", records=5
+    )
     done = ledger.mark_committed(P, 1)
     assert [(s.shard, s.producer_epoch) for s in done.shards] == [(0, 0), (1, 3)]
     with pytest.raises(ValueError):
-        ledger.record_shard(P, 1, 2, transactional_id="x", producer_id=None,
-                            producer_epoch=None, state="DONE", records=0)
+        ledger.record_shard(
+            P, 1, 2, transactional_id="x", producer_id=None, producer_epoch=None, state="DONE", records=0
+        )
 
 
 # -- reading ------------------------------------------------------------------------------
@@ -413,3 +454,33 @@ def test_new_sqlite_file_is_created_and_upgraded(tmp_path) -> None:  # type: ign
         assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
         assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 30000
     ledger.close()
+
+
+def test_hot_queries_seek_an_index(ledger: Ledger) -> None:
+    """unfinished()/last_committed() must not scan: their cost must not grow with the table."""
+    from sqlalchemy import event
+
+    run_one(ledger, RangeSpec("t", 0, 0, 10))
+    ledger.plan(P, [RangeSpec("t", 0, 10, 20)])
+    statements: list[tuple[str, object]] = []
+
+    def capture(_c: object, _cur: object, statement: str, params: object, *_a: object) -> None:
+        if statement.lstrip().upper().startswith("SELECT"):
+            statements.append((statement, params))
+
+    event.listen(ledger.engine, "before_cursor_execute", capture)
+    try:
+        ledger.unfinished(P)
+        ledger.last_committed(P)
+    finally:
+        event.remove(ledger.engine, "before_cursor_execute", capture)
+    assert statements
+    with ledger.engine.connect() as conn:
+        for sql, params in statements:
+            plan = " ".join(
+                str(row[-1])
+                for row in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + sql, params)  # type: ignore[arg-type]
+            )
+            assert "SCAN" not in plan, (sql, plan)
+            if "FROM eo_checkpoints" in sql and "eo_checkpoints.state = " in sql:
+                assert "ix_eo_checkpoints_pipeline_state_id" in plan, (sql, plan)

@@ -140,18 +140,14 @@ def upgrade() -> None:
         sa.Column("state", sa.String(16), nullable=False),
         sa.Column("records", sa.BigInteger(), nullable=False),
         sa.Column("updated_at", UTCDateTime(), nullable=False),
-        sa.CheckConstraint(
-            "state IN ('PENDING', 'COMMITTED')", name="ck_eo_commit_shards_state"
-        ),
+        sa.CheckConstraint("state IN ('PENDING', 'COMMITTED')", name="ck_eo_commit_shards_state"),
         sa.ForeignKeyConstraint(
             ["pipeline_id", "checkpoint_id"],
             ["eo_checkpoints.pipeline_id", "eo_checkpoints.checkpoint_id"],
             name="fk_eo_commit_shards_checkpoint",
             ondelete="CASCADE",
         ),
-        sa.PrimaryKeyConstraint(
-            "pipeline_id", "checkpoint_id", "shard", name="pk_eo_commit_shards"
-        ),
+        sa.PrimaryKeyConstraint("pipeline_id", "checkpoint_id", "shard", name="pk_eo_commit_shards"),
     )
     op.create_table(
         "eo_savepoints",
@@ -195,9 +191,7 @@ def upgrade() -> None:
         ),
         sa.PrimaryKeyConstraint("id", name="pk_eo_events"),
     )
-    op.create_index(
-        "ix_eo_events_pipeline_checkpoint", "eo_events", ["pipeline_id", "checkpoint_id"]
-    )
+    op.create_index("ix_eo_events_pipeline_checkpoint", "eo_events", ["pipeline_id", "checkpoint_id"])
 
 
 def downgrade() -> None:

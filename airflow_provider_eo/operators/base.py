@@ -1,0 +1,73 @@
+"""What every eo operator and sensor shares: resolving the pipeline at execute time.
+
+A pipeline is referenced by its import path ``"module:ATTR"`` so that parsing a DAG
+imports nothing heavy and touches no Kafka, Spark or ledger. At execute time the
+reference is loaded and, when connection ids are given, the Kafka config of a ``kafka``
+connection is merged over the pipeline's and the ledger URL of an ``eo_ledger``
+connection replaces the pipeline's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from airflow_provider_eo.ledger import Actor, Ledger
+from airflow_provider_eo.pipeline import Pipeline, load_pipeline
+from airflow_provider_eo.version_compat import AirflowSkipException, Context, task_identity
+
+# The Spark job loads the pipeline by reference too; settings that came from Airflow
+# connections reach it through this environment variable (JSON: kafka, ledger_url).
+PIPELINE_OVERRIDES_ENV = "EO_PIPELINE_OVERRIDES_JSON"
+
+
+def resolve_pipeline(
+    ref: str, *, kafka_conn_id: str | None = None, ledger_conn_id: str | None = None
+) -> Pipeline:
+    """Load ``ref`` and apply the Airflow connections (when given) over its settings."""
+    pipeline = load_pipeline(ref)
+    if kafka_conn_id:
+        from airflow_provider_eo.hooks.kafka import EoKafkaHook
+
+        pipeline = EoKafkaHook(kafka_config_id=kafka_conn_id).apply_to(pipeline)
+    if ledger_conn_id:
+        from airflow_provider_eo.hooks.ledger import LedgerHook
+
+        url = LedgerHook(eo_ledger_conn_id=ledger_conn_id).get_url()
+        pipeline = dataclasses.replace(pipeline, ledger_url=url)
+    return pipeline
+
+
+def pipeline_overrides(
+    pipeline: Pipeline, *, kafka_conn_id: str | None, ledger_conn_id: str | None
+) -> str | None:
+    """JSON of the settings that came from connections (secrets included: never log it)."""
+    doc: dict[str, Any] = {}
+    if kafka_conn_id:
+        doc["kafka"] = dict(pipeline.kafka)
+    if ledger_conn_id:
+        doc["ledger_url"] = pipeline.ledger_url
+    return json.dumps(doc) if doc else None
+
+
+def open_ledger(pipeline: Pipeline) -> Ledger:
+    """The pipeline's ledger (SQLite files are created and migrated on first use)."""
+    return Ledger(pipeline.ledger_url)
+
+
+def actor_for(context: Context | dict[str, Any]) -> Actor:
+    """The ledger's lineage record for the running task instance (plus host and pid)."""
+    return Actor.here(**task_identity(context))
+
+
+def parse_checkpoint_id(value: Any, *, task_id: str) -> int:
+    """The checkpoint id given (often a rendered template); skip when the plan had none."""
+    if value is None or (isinstance(value, str) and value.strip() in ("", "None")):
+        raise AirflowSkipException(f"{task_id}: no checkpoint to work on (the plan found nothing new)")
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"{task_id}: checkpoint_id must be an integer (or a template rendering one), got {value!r}"
+        ) from None

@@ -1,0 +1,222 @@
+"""Prepare a checkpoint with ``spark-submit`` (the provider's PySpark application)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+from airflow_provider_eo.ledger import CheckpointState
+from airflow_provider_eo.operators.base import (
+    PIPELINE_OVERRIDES_ENV,
+    open_ledger,
+    parse_checkpoint_id,
+    pipeline_overrides,
+    resolve_pipeline,
+)
+from airflow_provider_eo.version_compat import (
+    AirflowException,
+    AirflowFailException,
+    Context,
+    task_identity,
+)
+
+PREPARE_MODULE = "airflow_provider_eo.spark.prepare"
+
+
+class PrepareNotRecorded(AirflowException):
+    """spark-submit returned but the ledger does not show the checkpoint PREPARED."""
+
+
+def prepare_application() -> str:
+    """File path of the PySpark application ``airflow_provider_eo/spark/prepare.py``."""
+    spec = importlib.util.find_spec(PREPARE_MODULE)
+    if spec is None or not spec.origin:
+        raise AirflowException(f"cannot locate {PREPARE_MODULE}; is airflow-provider-eo installed?")
+    return spec.origin
+
+
+def module_root(pipeline_ref: str) -> str | None:
+    """The ``sys.path`` entry the pipeline's module is imported from (e.g. the DAGs folder),
+    so the Spark driver can import the same reference."""
+    module = pipeline_ref.split(":", 1)[0]
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin or not os.path.isfile(spec.origin):
+        return None
+    levels = module.count(".") + (1 if Path(spec.origin).name == "__init__.py" else 0)
+    return str(Path(spec.origin).parents[levels])
+
+
+def _merge_csv(*values: str | None) -> str | None:
+    seen: list[str] = []
+    for value in values:
+        for item in (value or "").split(","):
+            item = item.strip()
+            if item and item not in seen:
+                seen.append(item)
+    return ",".join(seen) or None
+
+
+def local_driver_env(pipeline_ref: str) -> dict[str, str]:
+    """Environment of a client-mode spark-submit: this interpreter for the driver and the
+    Python workers (the venv with pyspark, pyarrow and this package), its ``bin`` first
+    on PATH (for ``spark-submit``), and the pipeline module's root on PYTHONPATH."""
+    python = sys.executable
+    env = {
+        "PYSPARK_PYTHON": python,
+        "PYSPARK_DRIVER_PYTHON": python,
+        "PATH": os.pathsep.join([os.path.dirname(python), os.environ.get("PATH", "")]),
+    }
+    root = module_root(pipeline_ref)
+    paths = [p for p in (root, os.environ.get("PYTHONPATH")) if p]
+    if paths:
+        env["PYTHONPATH"] = os.pathsep.join(paths)
+    return env
+
+
+class EoSubmitOperator(SparkSubmitOperator):
+    """Run the provider's prepare job for one checkpoint with ``spark-submit``.
+
+    A :class:`SparkSubmitOperator` (any ``spark`` connection, client or cluster deploy
+    mode) whose application is ``airflow_provider_eo/spark/prepare.py`` and whose
+    arguments name the pipeline, the checkpoint and this task instance (recorded in the
+    ledger). The Kafka connector jars are added to ``jars`` at execute time.
+
+    Idempotent: when the checkpoint is already PREPARED or COMMITTED nothing is
+    submitted (a retry after the job finished, a cleared task). A retry after a failed
+    job prepares the same checkpoint again in a new attempt folder.
+
+    In client mode the task runs the driver and returns when the checkpoint is PREPARED.
+    In cluster mode it returns once the application is submitted (no waiting for
+    completion); the checkpoint sensor downstream waits for the ledger instead.
+
+    :param pipeline: import path ``"module:ATTR"`` of the pipeline. (templated)
+    :param checkpoint_id: the checkpoint to prepare, usually the plan's XCom, e.g.
+        ``"{{ ti.xcom_pull(task_ids='eo.plan')['checkpoint_id'] }}"``. (templated)
+    :param kafka_conn_id: optional ``kafka`` connection merged over the pipeline's config;
+        passed to the client-mode driver through its environment. (templated)
+    :param ledger_conn_id: optional ``eo_ledger`` connection replacing the pipeline's
+        ledger URL (same path as ``kafka_conn_id``). (templated)
+    :param conn_id: the Spark connection (``spark_default``); see
+        :class:`SparkSubmitOperator` for every other argument (``conf``, ``jars``,
+        ``env_vars``, ``deploy_mode``, ...).
+    """
+
+    template_fields: Sequence[str] = (
+        *SparkSubmitOperator.template_fields,
+        "pipeline",
+        "checkpoint_id",
+        "kafka_conn_id",
+        "ledger_conn_id",
+    )
+    ui_color = "#fdf2e8"
+
+    def __init__(
+        self,
+        *,
+        pipeline: str,
+        checkpoint_id: int | str,
+        kafka_conn_id: str | None = None,
+        ledger_conn_id: str | None = None,
+        conn_id: str = "spark_default",
+        name: str = "eo-prepare",
+        **kwargs: Any,
+    ) -> None:
+        kwargs.setdefault("application", "")
+        super().__init__(conn_id=conn_id, name=name, **kwargs)
+        self.pipeline = pipeline
+        self.checkpoint_id = checkpoint_id
+        self.kafka_conn_id = kafka_conn_id
+        self.ledger_conn_id = ledger_conn_id
+
+    def execute(self, context: Context) -> dict[str, Any]:  # type: ignore[override]
+        checkpoint_id = parse_checkpoint_id(self.checkpoint_id, task_id=self.task_id)
+        pipeline = resolve_pipeline(
+            self.pipeline, kafka_conn_id=self.kafka_conn_id, ledger_conn_id=self.ledger_conn_id
+        )
+        with open_ledger(pipeline) as ledger:
+            cp = ledger.get(pipeline.name, checkpoint_id)
+        summary: dict[str, Any] = {"pipeline": pipeline.name, "checkpoint_id": checkpoint_id}
+        if cp.state in (CheckpointState.PREPARED, CheckpointState.COMMITTED):
+            self.log.info(
+                "pipeline %s: checkpoint %s is already %s; nothing to submit",
+                pipeline.name,
+                checkpoint_id,
+                cp.state.value,
+            )
+            return {**summary, "state": cp.state.value, "submitted": False}
+        if cp.state is CheckpointState.ABORTED:
+            raise AirflowFailException(
+                f"pipeline {pipeline.name!r}: checkpoint {checkpoint_id} was ABORTED"
+                f"{f' ({cp.abort_reason})' if cp.abort_reason else ''}; the next DAG run replans "
+                "its range"
+            )
+        self.application = self.application or prepare_application()
+        self.application_args = [
+            "--pipeline",
+            self.pipeline,
+            "--checkpoint",
+            str(checkpoint_id),
+            "--actor-json",
+            json.dumps(task_identity(context)),
+        ]
+        # Computed here, not in __init__: the first call may download the jars.
+        from airflow_provider_eo.spark.session import connector_jars_csv
+
+        self.jars = _merge_csv(self.jars, connector_jars_csv())
+        probe = self._get_hook()  # resolves the connection: master and deploy mode
+        cluster = probe._connection["deploy_mode"] == "cluster"
+        overrides = pipeline_overrides(
+            pipeline, kafka_conn_id=self.kafka_conn_id, ledger_conn_id=self.ledger_conn_id
+        )
+        if cluster:
+            if overrides:
+                raise AirflowFailException(
+                    f"pipeline {pipeline.name!r}: kafka_conn_id/ledger_conn_id cannot reach a "
+                    "cluster-mode driver (it would carry secrets in Spark conf); let the pipeline "
+                    "module read its settings on the cluster, or use client deploy mode"
+                )
+            return {**summary, **self._submit_only(probe)}
+        env = {**local_driver_env(self.pipeline), **(self.env_vars or {})}
+        if overrides:
+            env[PIPELINE_OVERRIDES_ENV] = overrides
+        self.env_vars = env
+        self._hook = self._get_hook()
+        super().execute(context)
+        with open_ledger(pipeline) as ledger:
+            cp = ledger.get(pipeline.name, checkpoint_id)
+        if cp.state not in (CheckpointState.PREPARED, CheckpointState.COMMITTED):
+            raise PrepareNotRecorded(
+                f"pipeline {pipeline.name!r}: spark-submit finished but checkpoint {checkpoint_id} "
+                f"is {cp.state.value}; see the driver log above, then retry this task"
+            )
+        return {
+            **summary,
+            "state": cp.state.value,
+            "submitted": True,
+            "records": cp.records,
+            "attempt": cp.prepared_attempt,
+            "spark_app_id": cp.spark_app_id,
+        }
+
+    def _submit_only(self, probe: Any) -> dict[str, Any]:
+        """Cluster mode: submit and return; the sensor waits on the ledger."""
+        conf = dict(self.conf or {})
+        if probe._is_yarn:
+            conf.setdefault("spark.yarn.submit.waitAppCompletion", "false")
+        if probe._is_kubernetes:
+            conf.setdefault("spark.kubernetes.submission.waitAppCompletion", "false")
+        self.conf = conf
+        self._hook = self._get_hook()
+        external_id = self._hook.submit(self.application) or getattr(self._hook, "_yarn_application_id", None)
+        self.log.info("prepare job submitted in cluster mode: %s", external_id)
+        return {"state": CheckpointState.PLANNED.value, "submitted": True, "external_id": external_id}

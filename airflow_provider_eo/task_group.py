@@ -1,0 +1,111 @@
+"""One call puts a pipeline's four steps in a DAG: ``plan >> prepare >> wait >> commit``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+from airflow_provider_eo.version_compat import TaskGroup
+
+
+def eo_pipeline_group(
+    pipeline_ref: str,
+    *,
+    group_id: str = "eo",
+    spark_conn_id: str = "spark_default",
+    kafka_conn_id: str | None = None,
+    ledger_conn_id: str | None = None,
+    deferrable: bool = True,
+    poke_interval: float = 5.0,
+    timeout: float = 3600.0,
+    retries: int = 2,
+    retry_delay: timedelta = timedelta(seconds=30),
+    spark_conf: Mapping[str, Any] | None = None,
+    deploy_mode: str | None = None,
+    plan_kwargs: Mapping[str, Any] | None = None,
+    prepare_kwargs: Mapping[str, Any] | None = None,
+    wait_kwargs: Mapping[str, Any] | None = None,
+    commit_kwargs: Mapping[str, Any] | None = None,
+    **group_kwargs: Any,
+) -> TaskGroup:
+    """A TaskGroup running one checkpoint of ``pipeline_ref`` per DAG run.
+
+    ``plan`` (:class:`~airflow_provider_eo.operators.plan.EoPlanOperator`) plans or resumes
+    the checkpoint; ``prepare`` (:class:`~airflow_provider_eo.operators.submit.EoSubmitOperator`)
+    runs the Spark job; ``wait``
+    (:class:`~airflow_provider_eo.sensors.checkpoint.EoCheckpointSensor`) waits until the
+    ledger shows it PREPARED; ``commit``
+    (:class:`~airflow_provider_eo.operators.commit.EoCommitOperator`) publishes it exactly
+    once. Every step is idempotent, so a retried or cleared task, or the next DAG run,
+    continues the same unfinished checkpoint. Nothing is imported or contacted at parse
+    time: the pipeline is loaded by each task when it runs.
+
+    Call it inside ``with DAG(...)`` (or pass ``dag=``). Schedule the DAG with
+    ``max_active_runs=1``: two runs planning at once are refused by the ledger.
+
+    :param pipeline_ref: ``"module:ATTR"`` of the Pipeline (or of a callable returning one).
+    :param group_id: the TaskGroup id (task ids become ``{group_id}.plan`` ...).
+    :param spark_conn_id: Spark connection of the prepare job.
+    :param kafka_conn_id: optional ``kafka`` connection merged over the pipeline's config.
+    :param ledger_conn_id: optional ``eo_ledger`` connection replacing the ledger URL.
+    :param deferrable: the sensor waits in the triggerer (default) or pokes.
+    :param poke_interval: seconds between ledger reads of the sensor/trigger.
+    :param timeout: seconds the sensor waits for PREPARED.
+    :param retries: retries of every step (a retry resumes the same checkpoint).
+    :param retry_delay: delay between retries.
+    :param spark_conf: extra ``--conf`` of the spark-submit.
+    :param deploy_mode: ``client`` or ``cluster`` (overrides the Spark connection's).
+    :param plan_kwargs: extra arguments of the plan operator.
+    :param prepare_kwargs: extra arguments of the submit operator (``env_vars``, ``jars`` ...).
+    :param wait_kwargs: extra arguments of the sensor (``mode``, ``check_before_defer`` ...).
+    :param commit_kwargs: extra arguments of the commit operator.
+    :param group_kwargs: passed to :class:`TaskGroup` (``dag``, ``tooltip``, ``parent_group`` ...).
+    """
+    from airflow_provider_eo.operators.commit import EoCommitOperator
+    from airflow_provider_eo.operators.plan import EoPlanOperator
+    from airflow_provider_eo.operators.submit import EoSubmitOperator
+    from airflow_provider_eo.sensors.checkpoint import EoCheckpointSensor
+
+    group_kwargs.setdefault("tooltip", f"exactly-once checkpoint of {pipeline_ref}")
+    common: dict[str, Any] = {"retries": retries, "retry_delay": retry_delay}
+    with TaskGroup(group_id=group_id, **group_kwargs) as group:
+        plan = EoPlanOperator(
+            task_id="plan",
+            pipeline=pipeline_ref,
+            kafka_conn_id=kafka_conn_id,
+            ledger_conn_id=ledger_conn_id,
+            **{**common, **(plan_kwargs or {})},
+        )
+        checkpoint = f"{{{{ ti.xcom_pull(task_ids='{plan.task_id}')['checkpoint_id'] }}}}"
+        prepare = EoSubmitOperator(
+            task_id="prepare",
+            pipeline=pipeline_ref,
+            checkpoint_id=checkpoint,
+            kafka_conn_id=kafka_conn_id,
+            ledger_conn_id=ledger_conn_id,
+            conn_id=spark_conn_id,
+            conf=dict(spark_conf or {}),
+            deploy_mode=deploy_mode,
+            **{**common, **(prepare_kwargs or {})},
+        )
+        wait = EoCheckpointSensor(
+            task_id="wait",
+            pipeline=pipeline_ref,
+            checkpoint_id=checkpoint,
+            ledger_conn_id=ledger_conn_id,
+            deferrable=deferrable,
+            poke_interval=poke_interval,
+            timeout=timeout,
+            **{**common, **(wait_kwargs or {})},
+        )
+        commit = EoCommitOperator(
+            task_id="commit",
+            pipeline=pipeline_ref,
+            checkpoint_id=checkpoint,
+            kafka_conn_id=kafka_conn_id,
+            ledger_conn_id=ledger_conn_id,
+            **{**common, **(commit_kwargs or {})},
+        )
+        plan >> prepare >> wait >> commit
+    return group

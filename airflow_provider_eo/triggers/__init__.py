@@ -1,0 +1,1 @@
+"""Triggers of the exactly-once provider (they only read)."""

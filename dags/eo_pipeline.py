@@ -1,0 +1,43 @@
+"""Example: an exactly-once Kafka -> PySpark -> Kafka pipeline, one checkpoint a minute.
+
+``plan >> prepare (spark-submit) >> wait (deferrable) >> commit``, from one call to
+:func:`~airflow_provider_eo.task_group.eo_pipeline_group`. The pipeline itself
+(``dags/eo_demo_pipelines.py``) reads the demo topic and writes an enriched one with
+``airflow_provider_eo.examples.transforms:enrich``.
+
+Restart-from-checkpoint is a DAG retry: a retried or cleared task, or the next run,
+continues the same unfinished checkpoint. ``max_active_runs=1`` keeps one run at a time.
+
+Connections: ``spark_default`` (e.g. host ``local[2]``), optionally a ``kafka``
+connection named by ``EO_KAFKA_CONN_ID`` and an ``eo_ledger`` one by ``EO_LEDGER_CONN_ID``.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime, timedelta
+
+from airflow.sdk import DAG
+
+from airflow_provider_eo.task_group import eo_pipeline_group
+
+with DAG(
+    dag_id="eo_pipeline",
+    schedule=timedelta(minutes=1),
+    start_date=datetime(2025, 1, 1),
+    catchup=False,
+    max_active_runs=1,
+    tags=["eo", "example"],
+    doc_md=__doc__,
+) as dag:
+    eo_pipeline_group(
+        "eo_demo_pipelines:demo_pipeline",
+        group_id="eo",
+        spark_conn_id=os.environ.get("EO_SPARK_CONN_ID", "spark_default"),
+        kafka_conn_id=os.environ.get("EO_KAFKA_CONN_ID") or None,
+        ledger_conn_id=os.environ.get("EO_LEDGER_CONN_ID") or None,
+        poke_interval=5,
+        timeout=30 * 60,
+        retries=2,
+        retry_delay=timedelta(seconds=float(os.environ.get("EO_RETRY_DELAY_S", "30"))),
+    )
