@@ -201,7 +201,12 @@ def commit_cmd(
         _fail(str(exc))
         return
     _emit(
-        {**_checkpoint_summary(result.checkpoint), "published": result.published, "note": result.note},
+        {
+            **_checkpoint_summary(result.checkpoint),
+            "published": result.published,
+            "seconds": round(result.seconds, 3),
+            "note": result.note,
+        },
         as_json,
     )
 

@@ -7,7 +7,6 @@ import time
 import uuid
 
 from rich.console import Console
-from rich.table import Table
 
 console = Console(stderr=False, highlight=False)
 
@@ -46,12 +45,22 @@ def _produce_sample(bootstrap: str, topic: str) -> tuple[int, int]:
     return committed, aborted
 
 
-def run_demo(*, keep_broker: bool = False) -> int:
-    """Bring up the stack, produce sample events, read a bounded range back through
-    Spark's Kafka source (read_committed) and print it. Returns the exit code."""
-    from airflow_provider_eo.kafka.admin import ensure_topic, list_offsets
+def run_demo(*, keep_broker: bool = False, checkpoints: int = 3) -> int:
+    """The main job on the embedded defaults: a real broker, Spark local, a SQLite ledger.
+
+    Produces sample events (with an aborted transaction among them), runs the pipeline for
+    ``checkpoints`` checkpoints (plan -> prepare -> commit, exactly once), then prints the
+    ledger's checkpoint table and the audit of the sink. Returns the exit code.
+    """
+    from airflow_provider_eo.core.runner import run_once
+    from airflow_provider_eo.kafka.admin import ensure_topic
+    from airflow_provider_eo.kafka.audit import audit_pipeline
+    from airflow_provider_eo.ledger import Ledger
+    from airflow_provider_eo.ledger.cli import render_checkpoints_table
+    from airflow_provider_eo.pipeline import Pipeline
     from airflow_provider_eo.spark.session import get_spark
     from airflow_provider_eo.stack.kafka import LocalKafka
+    from airflow_provider_eo.stack.paths import state_dir
 
     started = time.monotonic()
     kafka = LocalKafka()
@@ -62,58 +71,54 @@ def run_demo(*, keep_broker: bool = False) -> int:
     )
     spark = None
     try:
+        run = uuid.uuid4().hex[:6]
+        source, sink = f"{DEMO_TOPIC}-{run}", f"{DEMO_TOPIC}-enriched-{run}"
         conf = {"bootstrap.servers": info.bootstrap}
-        ensure_topic(conf, DEMO_TOPIC, partitions=3)
-        parts = [(DEMO_TOPIC, p) for p in range(3)]
-        before = list_offsets(conf, parts, spec="latest")
-        committed, aborted = _produce_sample(info.bootstrap, DEMO_TOPIC)
-        after = list_offsets(conf, parts, spec="latest")
+        ensure_topic(conf, source, partitions=3)
+        ensure_topic(conf, sink, partitions=3)
+        demo_dir = state_dir() / "demo" / run
+        pipeline = Pipeline(
+            name=f"demo-{run}",
+            kafka=conf,
+            source_topics=[source],
+            sink_topic=sink,
+            transform="airflow_provider_eo.examples.transforms:enrich",
+            ledger_url=f"sqlite:///{demo_dir / 'ledger.db'}",
+            staging_dir=str(demo_dir / "staging"),
+            max_records_per_checkpoint=25,
+        )
+        demo_dir.mkdir(parents=True, exist_ok=True)
+        committed, aborted = _produce_sample(info.bootstrap, source)
         console.print(
             f"[green]✓[/] produced {committed} committed and {aborted} aborted events into "
-            f"{DEMO_TOPIC!r} (3 partitions)"
+            f"{source!r}; pipeline {pipeline.name!r} -> {sink!r}, "
+            f"max {pipeline.max_records_per_checkpoint} offsets per checkpoint"
         )
-        starting = {DEMO_TOPIC: {str(p): before[(DEMO_TOPIC, p)] for _, p in parts}}
-        ending = {DEMO_TOPIC: {str(p): after[(DEMO_TOPIC, p)] for _, p in parts}}
-        console.print(f"  bounded range: startingOffsets={json.dumps(starting)}")
-        console.print(f"                 endingOffsets={json.dumps(ending)}")
-        with console.status("starting Spark (local) and reading the range ..."):
+        with console.status("starting Spark (local) ..."):
             spark = get_spark("eo-demo")
-            df = (
-                spark.read.format("kafka")
-                .option("kafka.bootstrap.servers", info.bootstrap)
-                .option("kafka.isolation.level", "read_committed")
-                .option("subscribe", DEMO_TOPIC)
-                .option("startingOffsets", json.dumps(starting))
-                .option("endingOffsets", json.dumps(ending))
-                .load()
+        ledger = Ledger(pipeline.ledger_url)
+        for n in range(1, checkpoints + 1):
+            with console.status(f"checkpoint {n}/{checkpoints}: plan -> prepare (Spark) -> commit ..."):
+                result = run_once(pipeline, ledger=ledger, spark=spark)
+            cp = result.checkpoint
+            if cp is None:
+                console.print("  nothing new to read")
+                break
+            console.print(
+                f"[green]✓[/] checkpoint {cp.checkpoint_id} {cp.state.value}: {cp.records} records, "
+                f"{', '.join(r.compact() for r in cp.ranges)}  ({result.seconds:.1f}s)"
             )
-            rows = (
-                df.selectExpr(
-                    "partition",
-                    "offset",
-                    "CAST(key AS STRING) AS key",
-                    "CAST(value AS STRING) AS value",
-                )
-                .orderBy("partition", "offset")
-                .collect()
-            )
-        table = Table(title=f"Spark read {len(rows)} records of {DEMO_TOPIC} (read_committed)")
-        for col in ("partition", "offset", "key", "value"):
-            table.add_column(col)
-        for row in rows[:12]:
-            table.add_row(str(row.partition), str(row.offset), row.key, row.value)
-        if len(rows) > 12:
-            table.add_row("…", "…", "…", f"{len(rows) - 12} more")
-        console.print(table)
-        from_aborted = sum(1 for r in rows if json.loads(r.value)["batch"] == 1)
-        ok = len(rows) == committed and from_aborted == 0
-        mark = "[green]✓[/]" if ok else "[red]✗[/]"
+        console.print(render_checkpoints_table(ledger.list_checkpoints(pipeline.name)))
+        report = audit_pipeline(pipeline, ledger)
+        from airflow_provider_eo.cli import print_audit
+
+        print_audit(report)
+        ledger.close()
         console.print(
-            f"{mark} round trip: {len(rows)} records read, {committed} committed expected, "
-            f"{from_aborted} from the aborted transaction (expected 0)  "
-            f"[{time.monotonic() - started:.1f}s]"
+            f"ledger: {pipeline.ledger_url}  —  try: .venv/bin/eo checkpoints {pipeline.name} "
+            f"--ledger-url {pipeline.ledger_url}   [{time.monotonic() - started:.1f}s]"
         )
-        return 0 if ok else 1
+        return 0 if report.ok and report.checkpoints else 1
     finally:
         if spark is not None:
             spark.stop()

@@ -49,15 +49,12 @@ class Startup:
     def __post_init__(self) -> None:
         if self.mode not in ("earliest", "latest", "group", "timestamp", "offsets"):
             raise PipelineConfigError(
-                f"startup mode {self.mode!r} is unknown; use earliest, latest, group, "
-                "timestamp or offsets"
+                f"startup mode {self.mode!r} is unknown; use earliest, latest, group, timestamp or offsets"
             )
         if self.mode == "timestamp" and self.timestamp_ms is None:
             raise PipelineConfigError("startup mode 'timestamp' needs timestamp_ms=<epoch ms>")
         if self.mode == "offsets" and not self.offsets:
-            raise PipelineConfigError(
-                "startup mode 'offsets' needs offsets={'topic': {partition: offset}}"
-            )
+            raise PipelineConfigError("startup mode 'offsets' needs offsets={'topic': {partition: offset}}")
 
 
 @dataclass(frozen=True)
@@ -128,18 +125,14 @@ class Pipeline:
                 "a pipeline that reads its own output never finishes a checkpoint"
             )
         if not self.kafka.get("bootstrap.servers"):
-            raise PipelineConfigError(
-                f"pipeline {self.name!r}: kafka config needs 'bootstrap.servers'"
-            )
+            raise PipelineConfigError(f"pipeline {self.name!r}: kafka config needs 'bootstrap.servers'")
         for key, why in _FORBIDDEN_CLIENT_KEYS.items():
             if key in self.kafka:
                 raise PipelineConfigError(
                     f"pipeline {self.name!r}: remove {key!r} from the kafka config: {why}"
                 )
         if self.max_records_per_checkpoint < 1:
-            raise PipelineConfigError(
-                f"pipeline {self.name!r}: max_records_per_checkpoint must be >= 1"
-            )
+            raise PipelineConfigError(f"pipeline {self.name!r}: max_records_per_checkpoint must be >= 1")
         if self.commit_shards < 1:
             raise PipelineConfigError(f"pipeline {self.name!r}: commit_shards must be >= 1")
         if self.max_pending < 1:
@@ -157,9 +150,7 @@ class Pipeline:
                 f"transaction_timeout_ms ({self.transaction_timeout_ms})"
             )
         if self.on_data_loss not in ("fail", "skip"):
-            raise PipelineConfigError(
-                f"pipeline {self.name!r}: on_data_loss must be 'fail' or 'skip'"
-            )
+            raise PipelineConfigError(f"pipeline {self.name!r}: on_data_loss must be 'fail' or 'skip'")
         if self.transform is not None and ":" not in self.transform:
             raise PipelineConfigError(
                 f"pipeline {self.name!r}: transform {self.transform!r} must be 'module:function'"
@@ -185,10 +176,7 @@ class Pipeline:
 
     def redacted_kafka(self) -> dict[str, Any]:
         """The client config with every secret value replaced (safe to log or store)."""
-        return {
-            k: ("***" if any(s in k.lower() for s in _SECRET_KEYS) else v)
-            for k, v in self.kafka.items()
-        }
+        return {k: ("***" if any(s in k.lower() for s in _SECRET_KEYS) else v) for k, v in self.kafka.items()}
 
     def to_json(self) -> str:
         """Serialize for a spark-submit argument (secrets included: never log this)."""

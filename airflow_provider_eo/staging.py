@@ -144,9 +144,7 @@ def read_manifest(attempt_path: str) -> Manifest:
         with fs.open_input_stream(f"{root}/{MANIFEST}") as stream:
             return Manifest.from_json(stream.read().decode())
     except (FileNotFoundError, OSError) as exc:
-        raise StagingError(
-            f"the manifest of {attempt_path} is missing or unreadable: {exc}"
-        ) from exc
+        raise StagingError(f"the manifest of {attempt_path} is missing or unreadable: {exc}") from exc
 
 
 def verify(attempt_path: str, manifest: Manifest) -> None:
@@ -169,9 +167,7 @@ def verify(attempt_path: str, manifest: Manifest) -> None:
                 )
 
 
-def iter_batches(
-    attempt_path: str, files: list[StagedFile], batch_size: int = 8192
-) -> Iterator[Any]:
+def iter_batches(attempt_path: str, files: list[StagedFile], batch_size: int = 8192) -> Iterator[Any]:
     """Stream a sink partition's staged rows as Arrow record batches (bounded memory)."""
     fs, root = _fs(attempt_path)
     for f in files:

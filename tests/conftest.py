@@ -34,8 +34,15 @@ def kafka_bootstrap() -> Iterator[str]:
     if external:
         yield external
         return
-    home = ROOT / ".eo" / "test-kafka"
-    kafka = LocalKafka(home=home)
+    # One folder per test session: concurrent sessions (a developer's and an agent's,
+    # or two CI shards) must never stop each other's broker. Folders of sessions that
+    # died are cleaned here.
+    parent = ROOT / ".eo" / "test-kafka"
+    parent.mkdir(parents=True, exist_ok=True)
+    for old in parent.iterdir():
+        if old.is_dir() and LocalKafka(home=old).info() is None:
+            LocalKafka(home=old).wipe()
+    kafka = LocalKafka(home=parent / str(os.getpid()))
     kafka.wipe()  # a fresh log every session: tests count records exactly
     info = kafka.up(timeout_s=120)
     try:

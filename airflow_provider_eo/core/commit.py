@@ -145,6 +145,9 @@ def _publish_shard(
                     producer.poll(0)
                     if produced and produced == len(values):
                         fault_point("commit.after_begin")
+            # Everything acknowledged by the broker before the commit step (commit would
+            # flush anyway; this makes the crash point below well-defined).
+            producer.flush(timeout_s)
             fault_point("commit.before_commit_txn")
             marker = {(pipeline.sink_topic, shard): cp.checkpoint_id}
             kafka_call(

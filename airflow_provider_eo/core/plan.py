@@ -74,6 +74,7 @@ def plan_checkpoint(
         return unfinished
     config = librdkafka_config(pipeline.kafka)
     topics = admin.partitions_of(config, pipeline.source_topics)
+    admin.partitions_of(config, [pipeline.sink_topic])  # a missing sink fails before planning
     partitions = [(t, p) for t, ps in sorted(topics.items()) for p in ps]
     known = ledger.next_starts(pipeline.name)
     new = [tp for tp in partitions if tp not in known]

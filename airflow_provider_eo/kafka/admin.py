@@ -10,10 +10,29 @@ from typing import Any
 from confluent_kafka import (
     ConsumerGroupTopicPartitions,
     IsolationLevel,
+    KafkaError,
     KafkaException,
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
+
+_TRANSIENT_CODES = {
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    KafkaError.COORDINATOR_NOT_AVAILABLE,
+    KafkaError.NOT_COORDINATOR,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+}
+
+
+def _transient(err: KafkaError) -> bool:
+    """Errors that go away by themselves (a fresh broker or topic, a moving leader).
+
+    librdkafka does not flag every one of them retriable() in admin responses (seen here:
+    COORDINATOR_LOAD_IN_PROGRESS from ListConsumerGroupOffsets on a new broker).
+    """
+    return bool(err.retriable()) or err.code() in _TRANSIENT_CODES
 
 
 class KafkaAdminError(RuntimeError):
@@ -114,7 +133,7 @@ def list_offsets(
             except KafkaException as exc:
                 # A fresh topic or a leader move answers NOT_LEADER / LEADER_NOT_AVAILABLE
                 # for a moment: retriable until the deadline.
-                if exc.args[0].retriable() and time.monotonic() < deadline:
+                if _transient(exc.args[0]) and time.monotonic() < deadline:
                     retry.add(tp)
                     continue
                 raise KafkaAdminError(
@@ -176,7 +195,7 @@ def committed_group_offsets(
             break
         except KafkaException as exc:
             # COORDINATOR_LOAD_IN_PROGRESS / NOT_COORDINATOR right after a broker start.
-            if not exc.args[0].retriable() or time.monotonic() >= deadline:
+            if not _transient(exc.args[0]) or time.monotonic() >= deadline:
                 raise KafkaAdminError(f"reading offsets of group {group!r} failed: {exc}") from exc
             time.sleep(0.3)
             futures = admin.list_consumer_group_offsets(

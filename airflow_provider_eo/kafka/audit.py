@@ -13,7 +13,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from airflow_provider_eo import names
 from airflow_provider_eo.kafka import admin
@@ -95,16 +95,17 @@ def read_sink(config: dict[str, Any], topic: str, timeout_s: float = 120.0) -> l
         consumer.assign([TopicPartition(topic, p, starts[(topic, p)]) for p in todo])
         while todo and time.monotonic() < deadline:
             for msg in consumer.consume(10_000, 0.5):
-                if msg.error():
-                    if msg.error().code() == -191:  # _PARTITION_EOF
-                        p = msg.partition()
-                        pos = consumer.position([TopicPartition(topic, p)])[0].offset
-                        if pos >= ends[(topic, p)]:
-                            todo.discard(p)
+                err = msg.error()
+                partition = int(msg.partition() or 0)
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        pos = consumer.position([TopicPartition(topic, partition)])[0].offset
+                        if pos >= ends[(topic, partition)]:
+                            todo.discard(partition)
                     continue
                 out.append(msg)
-                if msg.offset() + 1 >= ends[(topic, msg.partition())]:
-                    todo.discard(msg.partition())
+                if int(msg.offset() or 0) + 1 >= ends[(topic, partition)]:
+                    todo.discard(partition)
     finally:
         consumer.close()
     if todo:

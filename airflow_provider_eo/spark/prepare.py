@@ -110,11 +110,7 @@ def _empty_source(spark: SparkSession) -> DataFrame:
             StructField("timestampType", IntegerType()),
             StructField(
                 "headers",
-                ArrayType(
-                    StructType(
-                        [StructField("key", StringType()), StructField("value", BinaryType())]
-                    )
-                ),
+                ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())])),
             ),
         ]
     )
@@ -132,7 +128,7 @@ def load_transform(ref: str | None) -> Callable[[DataFrame], DataFrame]:
         raise PrepareError(f"cannot load transform {ref!r}: {exc}") from exc
     if not callable(fn):
         raise PrepareError(f"transform {ref!r} is not callable")
-    return fn  # type: ignore[no-any-return]
+    return fn  # type: ignore[no-any-return,unused-ignore]
 
 
 def _expr_id(df: DataFrame, name: str) -> int | None:
@@ -227,9 +223,7 @@ def _staged_frame(
     from airflow_provider_eo.spark.udfs import murmur2_partitioner
 
     murmur = murmur2_partitioner(sink_partitions)
-    fallback = F.pmod(
-        F.xxhash64("src_topic", "src_partition", "src_offset", "seq"), F.lit(sink_partitions)
-    )
+    fallback = F.pmod(F.xxhash64("src_topic", "src_partition", "src_offset", "seq"), F.lit(sink_partitions))
     sink_partition = (
         F.when(F.col("explicit_partition").isNotNull(), F.col("explicit_partition"))
         .when(F.col("key").isNotNull(), murmur(F.col("key")))
@@ -301,6 +295,17 @@ def _locate_poison(
             return (r.topic, r.partition, lo)
         return None
     return None
+
+
+def _is_transform_failure(exc: BaseException) -> bool:
+    """A failure raised by the user's code (a Python UDF, a Spark expression) rather than
+    by Kafka or the filesystem."""
+    from pyspark.errors import ArithmeticException, NumberFormatException, PythonException
+
+    if isinstance(exc, (PythonException, ArithmeticException, NumberFormatException)):
+        return True
+    text = str(exc)
+    return "PythonException" in text or "Python worker" in text or "SparkArithmeticException" in text
 
 
 def _short(exc: BaseException) -> str:
@@ -375,9 +380,7 @@ def prepare_checkpoint(
     try:
         (
             staged.repartition(tasks, "sink_partition")
-            .sortWithinPartitions(
-                "sink_partition", "src_topic", "src_partition", "src_offset", "seq"
-            )
+            .sortWithinPartitions("sink_partition", "src_topic", "src_partition", "src_offset", "seq")
             .drop("explicit_partition")
             .write.mode("errorifexists")
             .partitionBy("sink_partition")
@@ -386,11 +389,7 @@ def prepare_checkpoint(
     except Exception as exc:
         staging.remove(path)
         message = _short(exc)
-        if (
-            "SparkArithmeticException" in str(exc)
-            or "PythonException" in str(exc)
-            or "UDF" in str(exc)
-        ):
+        if _is_transform_failure(exc):
             poison = _locate_poison(spark, pipeline, transform, live)
             at = f" at {poison[0]}[{poison[1]}] offset {poison[2]}" if poison else ""
             raise TransformError(

@@ -84,7 +84,11 @@ class Harness:
         return commit_checkpoint(self.pipeline, self.ledger, checkpoint_id)
 
     def cli(
-        self, *args: str, fault: str | None = None, action: str = "kill", timeout: float = 300,
+        self,
+        *args: str,
+        fault: str | None = None,
+        action: str = "kill",
+        timeout: float = 300,
         wait: bool = True,
     ) -> Any:
         """Run ``eo <args> eo_test_pipelines:from_env`` in a child process."""
@@ -121,8 +125,11 @@ def harness(
     made: list[Harness] = []
 
     def _make(
-        *, source_partitions: int = 3, sink_partitions: int = 3,
-        transform: str = "eo_test_transforms:identity", sink_config: dict[str, str] | None = None,
+        *,
+        source_partitions: int = 3,
+        sink_partitions: int = 3,
+        transform: str = "eo_test_transforms:identity",
+        sink_config: dict[str, str] | None = None,
         **kw: Any,
     ) -> Harness:
         source = make_topic("src", partitions=source_partitions)

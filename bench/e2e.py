@@ -1,0 +1,209 @@
+"""End-to-end throughput: this pipeline vs Spark's own at-least-once Kafka sink.
+
+Usage: .venv/bin/python bench/e2e.py [--records N] [--partitions P]
+
+Same records (~100-byte values), same machine, same run, same Spark session:
+  (a) eo: plan -> prepare (Spark, in-process) -> commit (``eo commit`` subprocess, so its
+      peak RSS is measured alone), one checkpoint;
+  (b) Spark's at-least-once sink: the same bounded read and transform, then
+      ``df.write.format("kafka")``;
+  (c) the commit phase alone vs a plain non-transactional confluent-kafka producer sending
+      the same staged records with the same produce loop and headers.
+The last line is machine-readable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from airflow_provider_eo import names, staging  # noqa: E402
+from airflow_provider_eo.kafka import admin  # noqa: E402
+from airflow_provider_eo.pipeline import Pipeline  # noqa: E402
+
+
+def log(msg: str) -> None:
+    print(f"[e2e {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def produce_source(bootstrap: str, topic: str, n: int, partitions: int) -> None:
+    from confluent_kafka import Producer
+
+    p = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 50,
+            "batch.size": 1_000_000,
+            "queue.buffering.max.messages": 1_000_000,
+        }
+    )
+    pad = "x" * 60
+    for i in range(n):
+        while True:
+            try:
+                p.produce(
+                    topic,
+                    key=f"user-{i % 9973}".encode(),
+                    value=f'{{"seq":{i:09d},"pad":"{pad}"}}'.encode(),
+                    partition=i % partitions,
+                )
+                break
+            except BufferError:
+                p.poll(0.05)
+        if i % 200_000 == 0 and i:
+            log(f"  produced {i:,}/{n:,}")
+    p.flush(120)
+
+
+def plain_send(pipeline: Pipeline, manifest: staging.Manifest, location: str, topic: str) -> float:
+    """The commit's produce loop without transactions (what an at-least-once producer costs)."""
+    from confluent_kafka import Producer
+
+    from airflow_provider_eo.kafka.publisher import produce
+
+    producer = Producer(
+        {
+            "bootstrap.servers": pipeline.kafka["bootstrap.servers"],
+            "linger.ms": 10,
+            "enable.idempotence": True,
+            "acks": "all",
+            "queue.buffering.max.messages": 500_000,
+            "queue.buffering.max.kbytes": 262_144,
+        }
+    )
+    started = time.monotonic()
+    ckpt = f"{pipeline.name}:{manifest.checkpoint_id}".encode()
+    for partition, files in sorted(manifest.files.items()):
+        index = 0
+        for batch in staging.iter_batches(location, files):
+            cols = batch.to_pydict()
+            keys, values, headers = cols["key"], cols["value"], cols["headers"]
+            topics, parts, offs = cols["src_topic"], cols["src_partition"], cols["src_offset"]
+            for i in range(len(values)):
+                hdrs = [(h["key"], h["value"]) for h in headers[i]] if headers[i] else []
+                hdrs.append((names.HEADER_SOURCE, f"{topics[i]}:{parts[i]}:{offs[i]}".encode()))
+                hdrs.append((names.HEADER_CHECKPOINT, ckpt))
+                hdrs.append((names.HEADER_POSITION, f"{partition}:{index}".encode()))
+                produce(producer, topic, value=values[i], key=keys[i], partition=partition, headers=hdrs)
+                index += 1
+            producer.poll(0)
+    producer.flush(300)
+    return time.monotonic() - started
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--records", type=int, default=1_000_000)
+    ap.add_argument("--partitions", type=int, default=4)
+    args = ap.parse_args()
+    n, parts = args.records, args.partitions
+
+    from airflow_provider_eo.core.plan import plan_checkpoint
+    from airflow_provider_eo.ledger import Ledger
+    from airflow_provider_eo.spark.prepare import prepare_checkpoint
+    from airflow_provider_eo.spark.session import get_spark
+    from airflow_provider_eo.stack.kafka import LocalKafka
+
+    work = ROOT / ".eo" / "bench" / uuid.uuid4().hex[:8]
+    work.mkdir(parents=True)
+    kafka = LocalKafka(home=work / "kafka")
+    log("starting a broker for the benchmark")
+    bootstrap = kafka.up().bootstrap
+    try:
+        conf = {"bootstrap.servers": bootstrap}
+        for t in ("src", "sink-eo", "sink-alos", "sink-plain"):
+            admin.ensure_topic(conf, t, partitions=parts)
+        log(f"producing {n:,} source records into {parts} partitions")
+        produce_source(bootstrap, "src", n, parts)
+        pipeline = Pipeline(
+            name="bench",
+            kafka=conf,
+            source_topics=["src"],
+            sink_topic="sink-eo",
+            transform="airflow_provider_eo.examples.transforms:upper",
+            ledger_url=f"sqlite:///{work / 'ledger.db'}",
+            staging_dir=str(work / "staging"),
+            max_records_per_checkpoint=n,
+            keep_committed_staging=1,
+        )
+        spark = get_spark("eo-bench")
+        ledger = Ledger(pipeline.ledger_url)
+        from airflow_provider_eo.examples.transforms import upper
+        from airflow_provider_eo.spark.prepare import _kafka_source
+
+        log("warming Spark up (one small read)")
+        cp_ranges = plan_checkpoint(pipeline, ledger).ranges  # plan once, reuse the ranges for (b)
+        _kafka_source(spark, pipeline, list(cp_ranges)).limit(10).collect()
+
+        log("(b) Spark's at-least-once Kafka sink")
+        t = time.monotonic()
+        (
+            upper(_kafka_source(spark, pipeline, list(cp_ranges)))
+            .select("key", "value")
+            .write.format("kafka")
+            .option("kafka.bootstrap.servers", bootstrap)
+            .option("topic", "sink-alos")
+            .save()
+        )
+        alos_s = time.monotonic() - t
+
+        log("(a) eo: plan -> prepare -> commit")
+        t = time.monotonic()
+        cp = plan_checkpoint(pipeline, ledger)
+        prepare_checkpoint(spark, pipeline, ledger, cp.checkpoint_id)
+        prepared_s = time.monotonic() - t
+        env = {**os.environ, "EO_BENCH_PIPELINE_JSON": pipeline.to_json(), "PYTHONPATH": str(ROOT / "bench")}
+        before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        proc = subprocess.run(
+            [str(Path(sys.executable).with_name("eo")), "commit", "bench_pipeline:from_env", "--json"],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        eo_s = time.monotonic() - t
+        peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        commit = json.loads(proc.stdout.strip().splitlines()[-1])
+        commit_s = float(commit["seconds"])
+        log(
+            f"    prepare {prepared_s:.1f}s, commit {commit_s:.1f}s (peak RSS {peak_kb / 1024:.0f} MB"
+            f"{'' if peak_kb > before else ', max of children'})"
+        )
+
+        log("(c) plain producer over the same staged records")
+        cp = ledger.get(pipeline.name, cp.checkpoint_id)
+        manifest = staging.read_manifest(cp.staging_location)
+        plain_s = plain_send(pipeline, manifest, cp.staging_location, "sink-plain")
+        spark.stop()
+        ledger.close()
+    finally:
+        kafka.wipe()
+        import shutil
+
+        shutil.rmtree(work, ignore_errors=True)
+    eo_rps, alos_rps = n / eo_s, n / alos_s
+    commit_rps, plain_rps = n / commit_s, n / plain_s
+    print(f"eo pipeline        {eo_s:8.1f} s  {eo_rps:12,.0f} rec/s")
+    print(f"spark at-least-once{alos_s:8.1f} s  {alos_rps:12,.0f} rec/s")
+    print(f"eo commit phase    {commit_s:8.1f} s  {commit_rps:12,.0f} rec/s")
+    print(f"plain producer     {plain_s:8.1f} s  {plain_rps:12,.0f} rec/s")
+    print(
+        f"e2e: records={n} eo_rps={eo_rps:.0f} spark_alos_rps={alos_rps:.0f} ratio={eo_rps / alos_rps:.2f} "
+        f"commit_rps={commit_rps:.0f} plain_rps={plain_rps:.0f} commit_ratio={commit_rps / plain_rps:.2f} "
+        f"commit_peak_rss_mb={peak_kb / 1024:.0f}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
