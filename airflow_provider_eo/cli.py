@@ -20,7 +20,7 @@ dev_app = typer.Typer(help="The local stack: a real Kafka broker (KRaft) on 127.
 app.add_typer(dev_app, name="dev")
 
 err = Console(stderr=True)
-out = Console()
+out = Console(width=None if sys.stdout.isatty() else 160)
 
 
 def _fail(message: str, code: int = 1) -> None:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 import uuid
 
 from rich.console import Console
 
-console = Console(stderr=False, highlight=False)
+# Wide enough for the tables when the output is a file or a CI log, not a terminal.
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 
 DEMO_TOPIC = "eo-demo-events"
 
@@ -64,6 +66,7 @@ def run_demo(*, keep_broker: bool = False, checkpoints: int = 3) -> int:
 
     started = time.monotonic()
     kafka = LocalKafka()
+    already_running = kafka.info() is not None  # then `eo dev up` owns it: leave it up
     with console.status("starting the local Kafka broker (KRaft) ..."):
         info = kafka.up()
     console.print(
@@ -122,6 +125,6 @@ def run_demo(*, keep_broker: bool = False, checkpoints: int = 3) -> int:
     finally:
         if spark is not None:
             spark.stop()
-        if not keep_broker:
+        if not keep_broker and not already_running:
             kafka.down()
             console.print("broker stopped (use --keep to leave it running)")

@@ -1,0 +1,55 @@
+"""Manifest round trip and verification against real Parquet files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from airflow_provider_eo import staging
+from airflow_provider_eo.errors import StagingError
+
+
+def _attempt(tmp_path: Path) -> str:
+    for part, rows in ((0, 3), (2, 5)):
+        folder = tmp_path / "data" / f"sink_partition={part}"
+        folder.mkdir(parents=True)
+        table = pa.table({"value": [b"v%d" % i for i in range(rows)]})
+        pq.write_table(table, folder / "part-00000.parquet")
+    return str(tmp_path)
+
+
+def _manifest(path: str) -> staging.Manifest:
+    files = staging.describe_attempt(path)
+    return staging.Manifest("p", 4, "a1", "sink", 3, files, records_read=8, ranges=[])
+
+
+def test_manifest_round_trip_and_counts(tmp_path: Path) -> None:
+    path = _attempt(tmp_path)
+    manifest = _manifest(path)
+    assert manifest.partition_counts() == {0: 3, 2: 5}
+    staging.write_manifest(path, manifest)
+    again = staging.read_manifest(path)
+    assert again == manifest and again.records == 8
+    staging.verify(path, again)
+
+
+def test_truncated_file_is_refused(tmp_path: Path) -> None:
+    path = _attempt(tmp_path)
+    manifest = _manifest(path)
+    victim = next((tmp_path / "data").rglob("*.parquet"))
+    victim.write_bytes(victim.read_bytes()[:-10])
+    with pytest.raises(StagingError, match=r"checkpoint 4 of pipeline .p.: staged file .* does not match"):
+        staging.verify(path, manifest)
+
+
+def test_missing_file_and_manifest_are_refused(tmp_path: Path) -> None:
+    path = _attempt(tmp_path)
+    manifest = _manifest(path)
+    next((tmp_path / "data").rglob("*.parquet")).unlink()
+    with pytest.raises(StagingError, match="is missing"):
+        staging.verify(path, manifest)
+    with pytest.raises(StagingError, match=r"manifest of .* is missing"):
+        staging.read_manifest(str(tmp_path / "nowhere"))
