@@ -79,13 +79,26 @@ def dev_jars() -> None:
 
 @app.command("demo")
 def demo(
+    airflow: Annotated[
+        bool,
+        typer.Option(
+            "--airflow/--no-airflow",
+            help="Run through Airflow 3 (the example DAG, dag.test(), one injected Spark "
+            "failure recovered by the retry), or call plan/prepare/commit directly.",
+        ),
+    ] = True,
     keep: Annotated[bool, typer.Option(help="Leave the broker running afterwards.")] = False,
 ) -> None:
-    """Run the main job on the embedded defaults and show the round trip."""
-    from airflow_provider_eo.demo import run_demo
-
+    """Run the main job on the embedded defaults: three exactly-once checkpoints and the audit."""
     try:
-        code = run_demo(keep_broker=keep)
+        if airflow:
+            from airflow_provider_eo.airflow_demo import run_airflow_demo
+
+            code = run_airflow_demo()
+        else:
+            from airflow_provider_eo.demo import run_demo
+
+            code = run_demo(keep_broker=keep)
     except StackError as exc:
         _fail(str(exc))
         return

@@ -47,6 +47,17 @@ def _produce_sample(bootstrap: str, topic: str) -> tuple[int, int]:
     return committed, aborted
 
 
+def seed_demo_topics(bootstrap: str, source: str, sink: str) -> tuple[int, int]:
+    """Create the demo's source and sink topics (3 partitions each) and produce the sample
+    events into the source. Returns (committed records, aborted records)."""
+    from airflow_provider_eo.kafka.admin import ensure_topic
+
+    conf = {"bootstrap.servers": bootstrap}
+    ensure_topic(conf, source, partitions=3)
+    ensure_topic(conf, sink, partitions=3)
+    return _produce_sample(bootstrap, source)
+
+
 def run_demo(*, keep_broker: bool = False, checkpoints: int = 3) -> int:
     """The main job on the embedded defaults: a real broker, Spark local, a SQLite ledger.
 
@@ -55,7 +66,6 @@ def run_demo(*, keep_broker: bool = False, checkpoints: int = 3) -> int:
     ledger's checkpoint table and the audit of the sink. Returns the exit code.
     """
     from airflow_provider_eo.core.runner import run_once
-    from airflow_provider_eo.kafka.admin import ensure_topic
     from airflow_provider_eo.kafka.audit import audit_pipeline
     from airflow_provider_eo.ledger import Ledger
     from airflow_provider_eo.ledger.cli import render_checkpoints_table
@@ -77,8 +87,7 @@ def run_demo(*, keep_broker: bool = False, checkpoints: int = 3) -> int:
         run = uuid.uuid4().hex[:6]
         source, sink = f"{DEMO_TOPIC}-{run}", f"{DEMO_TOPIC}-enriched-{run}"
         conf = {"bootstrap.servers": info.bootstrap}
-        ensure_topic(conf, source, partitions=3)
-        ensure_topic(conf, sink, partitions=3)
+        committed, aborted = seed_demo_topics(info.bootstrap, source, sink)
         demo_dir = state_dir() / "demo" / run
         pipeline = Pipeline(
             name=f"demo-{run}",
@@ -91,7 +100,6 @@ def run_demo(*, keep_broker: bool = False, checkpoints: int = 3) -> int:
             max_records_per_checkpoint=25,
         )
         demo_dir.mkdir(parents=True, exist_ok=True)
-        committed, aborted = _produce_sample(info.bootstrap, source)
         console.print(
             f"[green]✓[/] produced {committed} committed and {aborted} aborted events into "
             f"{source!r}; pipeline {pipeline.name!r} -> {sink!r}, "

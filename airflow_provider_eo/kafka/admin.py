@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from confluent_kafka import (
-    ConsumerGroupTopicPartitions,
+    Consumer,
     IsolationLevel,
     KafkaError,
     KafkaException,
@@ -168,41 +168,46 @@ def offsets_for_timestamp(
     return found
 
 
+_GROUP_READERS: dict[tuple[tuple[str, str], ...], Consumer] = {}
+
+
 def committed_group_offsets(
-    config: Mapping[str, Any],
-    group: str,
-    partitions: Iterable[tuple[str, int]],
-    timeout_s: float = 15.0,
+    config: Mapping[str, Any], group: str, partitions: Iterable[tuple[str, int]], timeout_s: float = 30.0
 ) -> dict[tuple[str, int], int]:
-    """The committed offsets of consumer group ``group`` (missing partitions are left out)."""
+    """The committed offsets of consumer group ``group`` (partitions without one are left out).
+
+    Read through a consumer of that group (never subscribed, kept for the process's life),
+    not ``AdminClient.list_consumer_group_offsets``: on a retriable OffsetFetch error
+    (COORDINATOR_LOAD_IN_PROGRESS on a fresh broker, UNSTABLE_OFFSET_COMMIT while a
+    transaction is open) librdkafka 2.16's admin path dereferences the missing group
+    handle and kills the process (rd_kafka_handle_OffsetFetch -> rd_kafka_cgrp_op, seen
+    here under gdb). A consumer retries those itself. ``read_committed`` makes it ask for
+    stable offsets only (KIP-447): pending transactional commits are waited out.
+    """
     tps = [TopicPartition(t, p) for t, p in partitions]
     if not tps:
         return {}
-    admin = admin_client(config)
-    # require_stable=False on purpose: with True, a pending transactional offset makes the
-    # broker answer UNSTABLE_OFFSET_COMMIT and librdkafka (2.16) then dereferences the admin
-    # client's missing consumer-group handle and crashes (rd_kafka_handle_OffsetFetch ->
-    # rd_kafka_cgrp_op, seen here under gdb). Pending offsets are never returned as committed
-    # anyway; the commit path reads markers only after init_transactions has completed any
-    # earlier transaction of that shard, so what is read is final.
-    futures = admin.list_consumer_group_offsets(
-        [ConsumerGroupTopicPartitions(group, tps)], request_timeout=timeout_s, require_stable=False
-    )
+    conf = {
+        **{k: v for k, v in config.items() if not k.startswith(("linger", "queue."))},
+        "group.id": group,
+        "enable.auto.commit": False,  # this reader never commits anything
+        "isolation.level": "read_committed",
+        "log_level": config.get("log_level", 4),
+    }
+    key = tuple(sorted((str(k), str(v)) for k, v in conf.items()))
+    with _CLIENTS_LOCK:
+        consumer = _GROUP_READERS.get(key)
+        if consumer is None:
+            consumer = _GROUP_READERS[key] = Consumer(conf)
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            result = futures[group].result(timeout=timeout_s)
+            found = consumer.committed(tps, timeout=max(1.0, deadline - time.monotonic()))
             break
         except KafkaException as exc:
-            # COORDINATOR_LOAD_IN_PROGRESS / NOT_COORDINATOR right after a broker start.
             if not _transient(exc.args[0]) or time.monotonic() >= deadline:
                 raise KafkaAdminError(f"reading offsets of group {group!r} failed: {exc}") from exc
             time.sleep(0.3)
-            futures = admin.list_consumer_group_offsets(
-                [ConsumerGroupTopicPartitions(group, tps)], request_timeout=timeout_s, require_stable=False
-            )
     return {
-        (tp.topic, tp.partition): int(tp.offset)
-        for tp in result.topic_partitions
-        if tp.offset is not None and tp.offset >= 0
+        (tp.topic, tp.partition): int(tp.offset) for tp in found if tp.offset is not None and tp.offset >= 0
     }

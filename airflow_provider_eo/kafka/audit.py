@@ -74,10 +74,36 @@ class AuditReport:
         }
 
 
+def high_watermarks(config: dict[str, Any], partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+    """The high watermark (end of the log, including open transactions) per partition."""
+    consumer = Consumer({**config, "group.id": f"eo-hw-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False})
+    try:
+        return {
+            (t, p): int(consumer.get_watermark_offsets(TopicPartition(t, p), 15)[1]) for t, p in partitions
+        }
+    finally:
+        consumer.close()
+
+
+def settled_ends(
+    config: dict[str, Any], partitions: list[tuple[str, int]], settle_s: float = 15.0
+) -> dict[tuple[str, int], int]:
+    """Last stable offsets, after waiting (up to ``settle_s``) for them to reach the high
+    watermark. ``commit_transaction`` returns before the broker has written the commit
+    markers, so right after a commit the LSO can still lag; a transaction that stays open
+    (a paused producer) is waited for only that long, then read up to its start."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        lso = admin.list_offsets(config, partitions, spec="latest")
+        if lso == high_watermarks(config, partitions) or time.monotonic() >= deadline:
+            return lso
+        time.sleep(0.1)
+
+
 def read_sink(config: dict[str, Any], topic: str, timeout_s: float = 120.0) -> list[Any]:
     """Every record a read_committed consumer sees in ``topic`` up to its last stable offset."""
     parts = admin.partitions_of(config, [topic])[topic]
-    ends = admin.list_offsets(config, [(topic, p) for p in parts], spec="latest")
+    ends = settled_ends(config, [(topic, p) for p in parts])
     starts = admin.list_offsets(config, [(topic, p) for p in parts], spec="earliest")
     todo = {p for p in parts if ends[(topic, p)] > starts[(topic, p)]}
     consumer = Consumer(

@@ -19,8 +19,10 @@ The steps, in order (each one safe to repeat after a crash):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
+import os
 import sys
 import time
 import uuid
@@ -495,6 +497,16 @@ def main(argv: list[str] | None = None) -> int:
     from airflow_provider_eo.spark.session import get_spark
 
     pipeline = load_pipeline(args.pipeline)
+    # Settings that came from Airflow connections (EoSubmitOperator kafka_conn_id /
+    # ledger_conn_id) arrive in the environment, never on the command line.
+    overrides = os.environ.get("EO_PIPELINE_OVERRIDES_JSON")
+    if overrides:
+        doc = json.loads(overrides)
+        pipeline = dataclasses.replace(
+            pipeline,
+            kafka={**pipeline.kafka, **doc.get("kafka", {})},
+            ledger_url=doc.get("ledger_url", pipeline.ledger_url),
+        )
     actor = Actor(**json.loads(args.actor_json)) if args.actor_json else Actor.here()
     spark = get_spark(f"eo-prepare-{pipeline.name}-{args.checkpoint}", pipeline.spark_conf)
     with Ledger(pipeline.ledger_url) as ledger:

@@ -53,7 +53,12 @@ def get_spark(app_name: str = "eo", conf: Mapping[str, str] | None = None) -> Sp
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
     settings = local_spark_conf(conf)
-    if "spark.jars" not in settings:
+    under_submit = bool(os.environ.get("PYSPARK_GATEWAY_PORT"))  # launched by spark-submit
+    if under_submit:  # its --master/--jars/--conf rule unless the pipeline sets them
+        for key in ("spark.master", "spark.driver.host", "spark.driver.bindAddress"):
+            if key not in (conf or {}):
+                settings.pop(key, None)
+    elif "spark.jars" not in settings:
         settings["spark.jars"] = connector_jars_csv()
     for key, value in settings.items():
         builder = builder.config(key, value)

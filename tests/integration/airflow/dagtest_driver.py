@@ -43,10 +43,9 @@ def main() -> int:
     prepare_faults = {int(x) for x in args.prepare_fault_runs.split(",") if x}
     commit_faults = {int(x) for x in args.commit_fault_runs.split(",") if x}
 
-    from sqlalchemy import select
-
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
+    from sqlalchemy import select
 
     module = importlib.import_module(args.dag_module)
     dag = getattr(module, args.dag_attr)

@@ -45,7 +45,7 @@ def test_prepare_fails_first_try_retry_prepares_same_checkpoint(
     airflow_env: Any, kafka_bootstrap: str
 ) -> None:
     pipeline = airflow_env.pipeline()
-    committed, _ = _produce_sample(kafka_bootstrap, pipeline.source_topics[0])
+    _committed, _ = _produce_sample(kafka_bootstrap, pipeline.source_topics[0])
 
     (run,) = airflow_env.run_dag_test("eo_pipeline", runs=1, prepare_fault_runs="1")
 

@@ -125,3 +125,12 @@ def test_pipeline_rejects_impossible_settings() -> None:
         Pipeline(**{**base, "kafka": {"bootstrap.servers": "b:1", "message.timeout.ms": 90000}})
     p = Pipeline(**base)
     assert replace(p, name="y").fingerprint() == p.fingerprint()
+
+
+def test_ledger_unavailable_fails_loudly(harness: Callable[..., Any]) -> None:
+    from airflow_provider_eo.ledger import Ledger, LedgerUnavailable
+
+    port = free_port()
+    with pytest.raises(LedgerUnavailable, match=rf"127.0.0.1:{port}.*unavailable") as info:
+        Ledger(f"postgresql+psycopg://eo:secret@127.0.0.1:{port}/eo")
+    assert "secret" not in str(info.value)

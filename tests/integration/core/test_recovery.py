@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from eo_harness import wait_for
 
 from airflow_provider_eo import names
 from airflow_provider_eo.errors import StagingError
@@ -20,19 +20,6 @@ from airflow_provider_eo.kafka import admin
 from airflow_provider_eo.ledger import CheckpointState, CommitLeaseHeld
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
-
-
-def _process_state(pid: int) -> str:
-    return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0]
-
-
-def _wait_for(predicate: Callable[[], bool], what: str, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _sink_lso_and_hw(h: Any) -> tuple[dict[Any, int], dict[Any, int]]:
@@ -108,11 +95,8 @@ def test_commit_killed_then_retried(harness: Callable[..., Any], step: str) -> N
 def test_zombie_committer_is_fenced(harness: Callable[..., Any]) -> None:
     h = harness(source_partitions=1, sink_partitions=1)
     h.produce(50)
-    planned = h.plan()
-    h.prepare(planned.checkpoint_id)
-    zombie = h.cli("commit", fault="commit.before_commit_txn", action="pause", wait=False)
+    planned, zombie = h.paused_commit()
     try:
-        _wait_for(lambda: _process_state(zombie.pid) == "T", "the committer to pause")
         result = h.commit(planned.checkpoint_id)  # init_transactions fences the zombie
         assert result.published == 50
     finally:
@@ -126,17 +110,14 @@ def test_zombie_committer_is_fenced(harness: Callable[..., Any]) -> None:
 def test_committer_paused_past_transaction_timeout(harness: Callable[..., Any]) -> None:
     h = harness(source_partitions=1, sink_partitions=1, transaction_timeout_ms=5000)
     h.produce(40)
-    planned = h.plan()
-    h.prepare(planned.checkpoint_id)
-    paused = h.cli("commit", fault="commit.before_commit_txn", action="pause", wait=False)
+    planned, paused = h.paused_commit()
     try:
-        _wait_for(lambda: _process_state(paused.pid) == "T", "the committer to pause")
         # While its transaction is open the sink's last stable offset lags the high
         # watermark; the broker's timeout abort lets it catch up.
         # the paused transaction's records are on the broker but not yet stable
         lso, hw = _sink_lso_and_hw(h)
         assert sum(hw.values()) == 40 and sum(lso.values()) == 0
-        _wait_for(lambda: (lambda lh: lh[0] == lh[1])(_sink_lso_and_hw(h)), "the broker to abort")
+        wait_for(lambda: (lambda lh: lh[0] == lh[1])(_sink_lso_and_hw(h)), "the broker to abort")
     finally:
         os.kill(paused.pid, signal.SIGCONT)
     paused.communicate(timeout=120)

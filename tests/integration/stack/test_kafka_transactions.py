@@ -56,9 +56,7 @@ def _read_all(config: dict[str, Any], topic: str, partitions: int = 1) -> list[b
     return values
 
 
-def test_committed_visible_aborted_not(
-    kafka_config: dict[str, Any], make_topic: Callable[..., str]
-) -> None:
+def test_committed_visible_aborted_not(kafka_config: dict[str, Any], make_topic: Callable[..., str]) -> None:
     topic = make_topic("txn")
     producer = _txn_producer(kafka_config, f"t-{uuid.uuid4().hex}")
     producer.begin_transaction()

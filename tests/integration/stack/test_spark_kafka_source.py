@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from airflow_provider_eo.kafka.admin import list_offsets
+from airflow_provider_eo.kafka.audit import settled_ends
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
@@ -34,11 +34,13 @@ def test_bounded_read_committed_range(
 
     batch("before", True)
     parts = [(topic, 0), (topic, 1)]
-    start = list_offsets(kafka_config, parts, spec="latest")
+    start = settled_ends(kafka_config, parts)
     batch("in", True)
     batch("aborted", False)  # in the middle of the range
     batch("in2", True)
-    end = list_offsets(kafka_config, parts, spec="latest")
+    # commit_transaction returns before the commit markers are written: wait for the
+    # last stable offset to settle before taking it as the range's end
+    end = settled_ends(kafka_config, parts)
     batch("after", True)  # past the range: must not be read
 
     df = (
@@ -46,9 +48,7 @@ def test_bounded_read_committed_range(
         .option("kafka.bootstrap.servers", kafka_config["bootstrap.servers"])
         .option("kafka.isolation.level", "read_committed")
         .option("subscribe", topic)
-        .option(
-            "startingOffsets", json.dumps({topic: {str(p): start[(topic, p)] for _, p in parts}})
-        )
+        .option("startingOffsets", json.dumps({topic: {str(p): start[(topic, p)] for _, p in parts}}))
         .option("endingOffsets", json.dumps({topic: {str(p): end[(topic, p)] for _, p in parts}}))
         .load()
     )

@@ -1,0 +1,69 @@
+"""EoPlanOperator: skip on nothing new, typed refusal, lineage (plan_checkpoint faked:
+planning itself needs Kafka and is covered by the Airflow integration tests)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from airflow_provider_eo.ledger import CheckpointConflict, InvariantViolation, Ledger, RangeSpec
+from airflow_provider_eo.operators import plan as plan_module
+from airflow_provider_eo.operators.plan import EoPlanOperator, PlanRefused
+from airflow_provider_eo.version_compat import AirflowSkipException
+
+
+def test_no_work_at_construction() -> None:
+    op = EoPlanOperator(task_id="plan", pipeline="no.such.module:X", kafka_conn_id="nope")
+    assert op.template_fields == ("pipeline", "kafka_conn_id", "ledger_conn_id")
+
+
+def test_nothing_new_skips(
+    pipeline_ref: str, context: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(plan_module, "plan_checkpoint", lambda *_a, **_k: None)
+    with pytest.raises(AirflowSkipException, match="nothing new"):
+        EoPlanOperator(task_id="plan", pipeline=pipeline_ref).execute(context)
+    assert EoPlanOperator(task_id="p", pipeline=pipeline_ref, skip_when_empty=False).execute(context) is None
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        CheckpointConflict("another planner", pipeline="orders", checkpoint_id=4),
+        InvariantViolation("too many unfinished"),
+    ],
+)
+def test_ledger_refusal_is_typed(
+    pipeline_ref: str, context: dict[str, Any], monkeypatch: pytest.MonkeyPatch, error: Exception
+) -> None:
+    def refuse(*_a: Any, **_k: Any) -> None:
+        raise error
+
+    monkeypatch.setattr(plan_module, "plan_checkpoint", refuse)
+    with pytest.raises(PlanRefused, match="orders"):
+        EoPlanOperator(task_id="plan", pipeline=pipeline_ref).execute(context)
+
+
+def test_xcom_summary_and_lineage(
+    pipeline_ref: str, context: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: dict[str, Any] = {}
+
+    def fake_plan(pipeline: Any, ledger: Ledger, *, actor: Any) -> Any:
+        seen["actor"] = actor
+        ledger.ensure_pipeline(pipeline.name, pipeline.fingerprint())
+        return ledger.plan(pipeline.name, [RangeSpec("in", 0, 0, 7), RangeSpec("in", 1, 3, 5)], actor=actor)
+
+    monkeypatch.setattr(plan_module, "plan_checkpoint", fake_plan)
+    out = EoPlanOperator(task_id="plan", pipeline=pipeline_ref).execute(context)
+    assert out == {
+        "pipeline": "orders",
+        "checkpoint_id": 1,
+        "state": "PLANNED",
+        "ranges": ["in[0]:0-7", "in[1]:3-5"],
+        "records_planned": 9,
+        "resumed": False,
+    }
+    actor = seen["actor"]
+    assert (actor.dag_id, actor.run_id, actor.task_id, actor.try_number) == ("d", "r1", "eo.x", 1)

@@ -1,0 +1,55 @@
+"""eo_pipeline_group: four tasks, in order, templated on the plan's XCom, nothing loaded."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import datetime, timedelta
+
+from airflow.sdk import DAG
+
+from airflow_provider_eo.operators.commit import EoCommitOperator
+from airflow_provider_eo.operators.plan import EoPlanOperator
+from airflow_provider_eo.operators.submit import EoSubmitOperator
+from airflow_provider_eo.sensors.checkpoint import EoCheckpointSensor
+from airflow_provider_eo.task_group import eo_pipeline_group
+
+
+def test_group_shape() -> None:
+    with DAG("g", schedule=None, start_date=datetime(2025, 1, 1)) as dag:
+        group = eo_pipeline_group(
+            "not.imported.at.parse:PIPE",
+            group_id="orders",
+            spark_conn_id="spark_x",
+            deferrable=False,
+            retries=4,
+            wait_kwargs={"mode": "reschedule"},
+        )
+    assert group.group_id == "orders"
+    ids = ["orders.plan", "orders.prepare", "orders.wait", "orders.commit"]
+    assert sorted(dag.task_ids) == sorted(ids)
+    for up, down in itertools.pairwise(ids):
+        assert dag.get_task(up).downstream_task_ids == {down}
+    plan, prepare, wait, commit = (dag.get_task(i) for i in ids)
+    assert isinstance(plan, EoPlanOperator) and isinstance(prepare, EoSubmitOperator)
+    assert isinstance(wait, EoCheckpointSensor) and isinstance(commit, EoCommitOperator)
+    template = "{{ ti.xcom_pull(task_ids='orders.plan')['checkpoint_id'] }}"
+    assert prepare.checkpoint_id == wait.checkpoint_id == commit.checkpoint_id == template
+    assert prepare._conn_id == "spark_x"
+    assert wait.deferrable is False and wait.mode == "reschedule"
+    assert all(
+        t.retries == 4 and t.retry_delay == timedelta(seconds=30) for t in (plan, prepare, wait, commit)
+    )
+
+
+def test_example_dag_parses_without_services() -> None:
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[3] / "dags" / "eo_pipeline.py"
+    spec = importlib.util.spec_from_file_location("eo_pipeline_example", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    dag = module.dag
+    assert dag.max_active_runs == 1 and dag.catchup is False
+    assert sorted(dag.task_ids) == ["eo.commit", "eo.plan", "eo.prepare", "eo.wait"]

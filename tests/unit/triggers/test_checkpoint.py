@@ -1,0 +1,133 @@
+"""EoCheckpointTrigger against a real SQLite ledger file."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_provider_eo.ledger import Ledger, RangeSpec
+from airflow_provider_eo.triggers.checkpoint import EoCheckpointTrigger
+
+PIPELINE = "orders"
+
+
+@pytest.fixture()
+def ledger_url(tmp_path: Path) -> str:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    with Ledger(url) as ledger:
+        ledger.ensure_pipeline(PIPELINE, "fp")
+        ledger.plan(PIPELINE, [RangeSpec("in", 0, 0, 10)])
+    return url
+
+
+def _prepare(url: str, checkpoint_id: int = 1) -> None:
+    with Ledger(url) as ledger:
+        ledger.mark_prepared(
+            PIPELINE,
+            checkpoint_id,
+            attempt="a1",
+            staging_location="/tmp/x",
+            records=10,
+            bytes_=100,
+            shard_counts={0: 10},
+        )
+
+
+def _first_event(trigger: EoCheckpointTrigger, timeout_s: float = 20) -> dict[str, Any]:
+    async def first() -> dict[str, Any]:
+        gen = trigger.run()
+        event = await asyncio.wait_for(gen.__anext__(), timeout_s)
+        await gen.aclose()
+        payload: dict[str, Any] = event.payload
+        return payload
+
+    return asyncio.run(first())
+
+
+def test_serialize_round_trip(ledger_url: str) -> None:
+    trigger = EoCheckpointTrigger(
+        pipeline=PIPELINE, checkpoint_id=3, ledger_url=ledger_url, poll_interval=2.5, deadline=123.0
+    )
+    classpath, kwargs = trigger.serialize()
+    assert classpath == "airflow_provider_eo.triggers.checkpoint.EoCheckpointTrigger"
+    again = EoCheckpointTrigger(**kwargs)
+    assert again.serialize() == (classpath, kwargs)
+    assert kwargs == {
+        "pipeline": PIPELINE,
+        "checkpoint_id": 3,
+        "ledger_url": ledger_url,
+        "poll_interval": 2.5,
+        "deadline": 123.0,
+    }
+
+
+def test_prepared_yields_success(ledger_url: str) -> None:
+    _prepare(ledger_url)
+    trigger = EoCheckpointTrigger(pipeline=PIPELINE, checkpoint_id=1, ledger_url=ledger_url)
+    assert _first_event(trigger) == {
+        "status": "success",
+        "pipeline": PIPELINE,
+        "checkpoint_id": 1,
+        "state": "PREPARED",
+    }
+
+
+def test_waits_while_planned_then_succeeds(ledger_url: str) -> None:
+    trigger = EoCheckpointTrigger(
+        pipeline=PIPELINE, checkpoint_id=1, ledger_url=ledger_url, poll_interval=0.05
+    )
+
+    async def scenario() -> dict[str, Any]:
+        task = asyncio.ensure_future(trigger.run().__anext__())
+        await asyncio.sleep(0.3)
+        assert not task.done()  # still PLANNED: no event yet
+        await asyncio.to_thread(_prepare, ledger_url)
+        event = await asyncio.wait_for(task, 20)
+        payload: dict[str, Any] = event.payload
+        return payload
+
+    assert asyncio.run(scenario())["status"] == "success"
+
+
+def test_aborted_yields_failed_with_reason(ledger_url: str) -> None:
+    with Ledger(ledger_url) as ledger:
+        ledger.abort(PIPELINE, 1, reason="staging lost")
+    event = _first_event(EoCheckpointTrigger(pipeline=PIPELINE, checkpoint_id=1, ledger_url=ledger_url))
+    assert event["status"] == "failed" and event["state"] == "ABORTED"
+    assert "staging lost" in event["reason"]
+    assert event["pipeline"] == PIPELINE and event["checkpoint_id"] == 1
+
+
+def test_unknown_checkpoint_yields_failed(ledger_url: str) -> None:
+    event = _first_event(EoCheckpointTrigger(pipeline=PIPELINE, checkpoint_id=9, ledger_url=ledger_url))
+    assert event["status"] == "failed" and event["state"] == "MISSING"
+
+
+def test_deadline_yields_timeout(ledger_url: str) -> None:
+    trigger = EoCheckpointTrigger(
+        pipeline=PIPELINE,
+        checkpoint_id=1,
+        ledger_url=ledger_url,
+        poll_interval=0.05,
+        deadline=time.time() + 0.2,
+    )
+    event = _first_event(trigger)
+    assert event["status"] == "timeout" and event["state"] == "PLANNED"
+    assert event["checkpoint_id"] == 1
+
+
+def test_unreachable_ledger_keeps_polling_until_deadline(tmp_path: Path) -> None:
+    """A ledger that cannot be read is retried (logged), then the deadline ends the wait."""
+    trigger = EoCheckpointTrigger(
+        pipeline=PIPELINE,
+        checkpoint_id=1,
+        ledger_url=f"sqlite:///{tmp_path / 'no-such-dir' / 'ledger.db'}",
+        poll_interval=0.05,
+        deadline=time.time() + 0.3,
+    )
+    event = _first_event(trigger)
+    assert event["status"] == "timeout" and event["state"] == "UNKNOWN"
