@@ -22,6 +22,18 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 @pytest.fixture(scope="session")
 def kafka_bootstrap() -> Iterator[str]:
     """A real Kafka broker (KRaft, transactions on) for the whole session, stopped at the end.
@@ -40,7 +52,8 @@ def kafka_bootstrap() -> Iterator[str]:
     parent = ROOT / ".eo" / "test-kafka"
     parent.mkdir(parents=True, exist_ok=True)
     for old in parent.iterdir():
-        if old.is_dir() and LocalKafka(home=old).info() is None:
+        owner = int(old.name) if old.name.isdigit() else -1
+        if old.is_dir() and not _alive(owner):  # its session is gone: stop and delete
             LocalKafka(home=old).wipe()
     kafka = LocalKafka(home=parent / str(os.getpid()))
     kafka.wipe()  # a fresh log every session: tests count records exactly

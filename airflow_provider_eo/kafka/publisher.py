@@ -97,8 +97,9 @@ def new_producer(config: Mapping[str, Any], transactional_id: str, timeout_ms: i
             "enable.idempotence": True,
             "acks": "all",
             "linger.ms": int(config.get("linger.ms", 10)),
-            "queue.buffering.max.messages": int(config.get("queue.buffering.max.messages", 500_000)),
-            "queue.buffering.max.kbytes": int(config.get("queue.buffering.max.kbytes", 262_144)),
+            "queue.buffering.max.messages": int(config.get("queue.buffering.max.messages", 100_000)),
+            # Bounds the commit's memory whatever the checkpoint size (64 MB in flight at most).
+            "queue.buffering.max.kbytes": int(config.get("queue.buffering.max.kbytes", 65_536)),
         }
     )
 

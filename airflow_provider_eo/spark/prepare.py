@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 # Bytes a record adds on the wire beyond key, value and headers (record + batch framing),
 # plus our provenance headers; used for the max.message.bytes check.
 RECORD_OVERHEAD_BYTES = 200
+PARQUET_ROW_GROUP_BYTES = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -385,6 +386,9 @@ def prepare_checkpoint(
             .sortWithinPartitions("sink_partition", "src_topic", "src_partition", "src_offset", "seq")
             .drop("explicit_partition")
             .write.mode("errorifexists")
+            # Small row groups: the commit streams a row group at a time, so this bounds its
+            # memory whatever the checkpoint size (Spark's default is 128 MB).
+            .option("parquet.block.size", str(PARQUET_ROW_GROUP_BYTES))
             .partitionBy("sink_partition")
             .parquet(f"{path}/data")
         )
