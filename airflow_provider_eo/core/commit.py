@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 
 from airflow_provider_eo import names, staging
-from airflow_provider_eo.core.faults import fault_point
+from airflow_provider_eo.core.faults import fault_point, fault_triggered
 from airflow_provider_eo.errors import CommitError, NotPrepared, StagingError
 from airflow_provider_eo.kafka import admin
 from airflow_provider_eo.kafka.client_config import librdkafka_config
@@ -169,6 +169,8 @@ def _publish_shard(
                     where=where,
                 )
             try:
+                if fault_triggered("commit.ambiguous_before"):
+                    raise ProducerLost("injected: commit_transaction timed out before it was sent")
                 kafka_call(
                     "commit_transaction",
                     producer.commit_transaction,
@@ -176,6 +178,8 @@ def _publish_shard(
                     deadline_s=2 * timeout_s,
                     where=where,
                 )
+                if fault_triggered("commit.ambiguous_after"):
+                    raise ProducerLost("injected: the answer to commit_transaction was lost")
             except ProducerLost:
                 # Ambiguous: the commit may or may not have happened. Never abort here;
                 # drop this producer, re-init with a new one and let the marker decide.

@@ -18,8 +18,21 @@ STEPS = frozenset(
         "commit.before_commit_txn",  # everything produced, commit_transaction not called
         "commit.after_commit_txn",  # Kafka committed, ledger not yet COMMITTED
         "commit.before_ledger",  # every shard committed, ledger update not done
+        "commit.ambiguous_before",  # commit_transaction "timed out" without being sent
+        "commit.ambiguous_after",  # commit_transaction succeeded but the caller lost the answer
     }
 )
+
+
+def fault_triggered(step: str) -> bool:
+    """True once when ``EO_FAULT`` names ``step`` with ``EO_FAULT_ACTION=raise``: the caller
+    then simulates that step's failure itself (e.g. an ambiguous commit). Cleared after the
+    first hit so the retry path runs normally."""
+    if os.environ.get("EO_FAULT") != step or os.environ.get("EO_FAULT_ACTION") != "raise":
+        return False
+    print(f"eo: injected fault at {step}: raise", file=sys.stderr, flush=True)
+    del os.environ["EO_FAULT"]
+    return True
 
 
 def fault_point(step: str) -> None:

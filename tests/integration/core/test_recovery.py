@@ -159,3 +159,24 @@ def test_truncated_staging_is_refused_aborted_and_replanned(harness: Callable[..
     assert result.checkpoint.checkpoint_id == planned.checkpoint_id + 1
     assert result.checkpoint.ranges == planned.ranges
     h.assert_exactly_once(expected_records=100)
+
+
+@pytest.mark.parametrize("step", ["commit.ambiguous_before", "commit.ambiguous_after"])
+def test_ambiguous_commit_is_decided_by_the_marker(
+    harness: Callable[..., Any], step: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``commit_transaction`` with an unknown outcome: never abort, re-init, read the marker."""
+    h = harness(source_partitions=2, sink_partitions=2)
+    h.produce(90)
+    planned = h.plan()
+    h.prepare(planned.checkpoint_id)
+    monkeypatch.setenv("EO_FAULT", step)
+    monkeypatch.setenv("EO_FAULT_ACTION", "raise")
+    result = h.commit(planned.checkpoint_id)
+    assert "EO_FAULT" not in os.environ  # the injected failure really happened
+    assert result.checkpoint.state is CheckpointState.COMMITTED
+    if step == "commit.ambiguous_after":  # it had committed: the marker says so, nothing re-sent
+        assert result.published == 0 and result.shards_skipped == 1
+    else:  # it had not: re-init aborted the open transaction and the shard was redone
+        assert result.published == 90
+    h.assert_exactly_once(expected_records=90)
