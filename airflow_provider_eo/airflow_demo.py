@@ -21,7 +21,7 @@ from typing import Any
 
 from rich.console import Console
 
-console = Console(stderr=False, highlight=False)
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)  # wide tables in logs
 
 RESULT_PREFIX = "EO_AIRFLOW_DEMO_RESULT "
 DAG_FILES = ("eo_pipeline.py", "eo_demo_pipelines.py")
