@@ -209,14 +209,11 @@ def run_airflow_demo() -> int:
 
 def _load_pipeline(dags: Path, pipeline_env: dict[str, str]) -> Any:
     import importlib.util
-    from unittest import mock
-
     spec = importlib.util.spec_from_file_location("_eo_demo_pipelines", dags / "eo_demo_pipelines.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    with mock.patch.dict(os.environ, pipeline_env):
-        return module.demo_pipeline()
+    return module.demo_pipeline(pipeline_env)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ Loaded by the tasks at run time (``"eo_demo_pipelines:demo_pipeline"``), never a
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 from airflow_provider_eo.pipeline import Pipeline
 
@@ -26,18 +27,19 @@ def _state_dir() -> str:
     return str(state_dir())
 
 
-def demo_pipeline() -> Pipeline:
-    """The demo pipeline, configured from the environment."""
-    ledger_url = os.environ.get("EO_LEDGER_URL") or f"sqlite:///{_state_dir()}/airflow-ledger.db"
-    staging_dir = os.environ.get("EO_STAGING_DIR") or os.path.join(_state_dir(), "airflow-staging")
+def demo_pipeline(env: Mapping[str, str] | None = None) -> Pipeline:
+    """The demo pipeline, configured from ``env`` (default: the process environment)."""
+    env = os.environ if env is None else env
+    ledger_url = env.get("EO_LEDGER_URL") or f"sqlite:///{_state_dir()}/airflow-ledger.db"
+    staging_dir = env.get("EO_STAGING_DIR") or os.path.join(_state_dir(), "airflow-staging")
     return Pipeline(
-        name=os.environ.get("EO_DEMO_PIPELINE", "eo-demo"),
-        kafka={"bootstrap.servers": os.environ.get("EO_KAFKA_BOOTSTRAP", "127.0.0.1:9092")},
-        source_topics=[os.environ.get("EO_DEMO_SOURCE_TOPIC", "eo-demo-events")],
-        sink_topic=os.environ.get("EO_DEMO_SINK_TOPIC", "eo-demo-enriched"),
+        name=env.get("EO_DEMO_PIPELINE", "eo-demo"),
+        kafka={"bootstrap.servers": env.get("EO_KAFKA_BOOTSTRAP", "127.0.0.1:9092")},
+        source_topics=[env.get("EO_DEMO_SOURCE_TOPIC", "eo-demo-events")],
+        sink_topic=env.get("EO_DEMO_SINK_TOPIC", "eo-demo-enriched"),
         transform="airflow_provider_eo.examples.transforms:enrich",
         ledger_url=ledger_url,
         staging_dir=staging_dir,
-        max_records_per_checkpoint=int(os.environ.get("EO_DEMO_MAX_RECORDS", "1000")),
+        max_records_per_checkpoint=int(env.get("EO_DEMO_MAX_RECORDS", "1000")),
         spark_conf={"spark.sql.shuffle.partitions": "2"},
     )

@@ -22,25 +22,13 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 
-def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 @pytest.fixture(scope="session")
 def kafka_bootstrap() -> Iterator[str]:
     """A real Kafka broker (KRaft, transactions on) for the whole session, stopped at the end.
 
     It uses its own state folder so it never touches a developer's `eo dev up` broker.
     """
-    from airflow_provider_eo.stack.kafka import LocalKafka
+    from airflow_provider_eo.stack.kafka import LocalKafka, pid_alive
 
     external = os.environ.get("EO_TEST_KAFKA_BOOTSTRAP")
     if external:
@@ -53,7 +41,7 @@ def kafka_bootstrap() -> Iterator[str]:
     parent.mkdir(parents=True, exist_ok=True)
     for old in parent.iterdir():
         owner = int(old.name) if old.name.isdigit() else -1
-        if old.is_dir() and not _alive(owner):  # its session is gone: stop and delete
+        if old.is_dir() and not (owner > 0 and pid_alive(owner)):  # its session is gone: stop and delete
             LocalKafka(home=old).wipe()
     kafka = LocalKafka(home=parent / str(os.getpid()))
     kafka.wipe()  # a fresh log every session: tests count records exactly

@@ -41,7 +41,8 @@ def port_in_use(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """True while process ``pid`` exists and is not a zombie."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -100,7 +101,7 @@ class LocalKafka:
         except (OSError, ValueError):
             return None
         info = BrokerInfo(**raw)
-        return info if _pid_alive(info.pid) else None
+        return info if pid_alive(info.pid) else None
 
     def _ports(self) -> tuple[int, int]:
         ports_file = self.home / "ports.json"
@@ -230,7 +231,7 @@ class LocalKafka:
         admin = AdminClient({"bootstrap.servers": info.bootstrap, "log_level": 0})
         last_error = "no answer"
         while time.monotonic() < deadline:
-            if (proc is not None and proc.poll() is not None) or not _pid_alive(info.pid):
+            if (proc is not None and proc.poll() is not None) or not pid_alive(info.pid):
                 raise StackError(
                     f"the Kafka broker (pid {info.pid}) exited during start-up; see "
                     f"{self.home / 'logs'}:\n{self._log_tail()}"
@@ -267,9 +268,9 @@ class LocalKafka:
         except ProcessLookupError:
             return False
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and _pid_alive(info.pid):
+        while time.monotonic() < deadline and pid_alive(info.pid):
             time.sleep(0.2)
-        if _pid_alive(info.pid):
+        if pid_alive(info.pid):
             with_kill = True
             try:
                 os.killpg(info.pid, signal.SIGKILL)

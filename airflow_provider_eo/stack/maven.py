@@ -27,9 +27,7 @@ def _copy_dependencies(pom: str, out: Path, props: dict[str, str], what: str) ->
     if done.is_file():
         return sorted(out.glob("*.jar"))
     mvn = _require("mvn", "install Maven (Debian: apt-get install -y maven) and retry.")
-    _require(
-        "java", "install a Java 17+ runtime (Debian: apt-get install -y openjdk-17-jre-headless)."
-    )
+    _require("java", "install a Java 17+ runtime (Debian: apt-get install -y openjdk-17-jre-headless).")
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     cmd = [
@@ -43,9 +41,7 @@ def _copy_dependencies(pom: str, out: Path, props: dict[str, str], what: str) ->
         "-DincludeScope=runtime",
         *(f"-D{k}={v}" for k, v in props.items()),
     ]
-    print(
-        f"eo: fetching {what} from Maven Central (first run only) ...", file=sys.stderr, flush=True
-    )
+    print(f"eo: fetching {what} from Maven Central (first run only) ...", file=sys.stderr, flush=True)
     started = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:

@@ -16,7 +16,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import pytest
 
@@ -73,47 +72,6 @@ def airflow_db_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return home / "airflow.db"
 
 
-_WARM_UP = """
-import sys, time
-from confluent_kafka import Consumer, KafkaException, TopicPartition
-c = Consumer({"bootstrap.servers": sys.argv[1], "group.id": "eo-airflow-tests-warm-up"})
-deadline = time.monotonic() + 90
-while True:
-    try:
-        c.committed([TopicPartition(sys.argv[2], 0)], timeout=30)
-        break
-    except KafkaException as exc:  # NOT_COORDINATOR / LOAD_IN_PROGRESS while loading
-        if time.monotonic() > deadline:
-            raise
-        time.sleep(0.5)
-c.close()
-"""
-
-
-@pytest.fixture(scope="session")
-def kafka_groups_ready(kafka_bootstrap: str) -> str:
-    """Wait (in a child process) until the broker's group coordinator has loaded.
-
-    On a broker started seconds ago, the first ListConsumerGroupOffsets of the commit's
-    marker read can crash librdkafka 2.x (segfault in rd_kafka_handle_OffsetFetch while
-    the coordinator load is in progress). A real consumer's ``committed()`` waits for the
-    coordinator properly; after it, the admin call is safe. Reported; kafka/admin.py owns
-    the fix.
-    """
-    from airflow_provider_eo.kafka.admin import ensure_topic
-
-    ensure_topic({"bootstrap.servers": kafka_bootstrap}, "eo-airflow-warm-up", partitions=1)
-    proc = subprocess.run(
-        [sys.executable, "-c", _WARM_UP, kafka_bootstrap, "eo-airflow-warm-up"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert proc.returncode == 0, f"group coordinator not ready: {proc.stderr[-2000:]}"
-    return kafka_bootstrap
-
-
 @dataclass
 class AirflowEnv:
     """One test's Airflow home, DAGs folder and pipeline settings."""
@@ -132,8 +90,7 @@ class AirflowEnv:
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         keys = {k: v for k, v in self.env.items() if k.startswith("EO_")}
-        with mock.patch.dict(os.environ, keys):
-            return module.demo_pipeline()
+        return module.demo_pipeline(keys)
 
     def add_dag(self, source: Path) -> None:
         shutil.copy(source, self.dags / source.name)
@@ -165,7 +122,7 @@ class AirflowEnv:
 def airflow_env(
     tmp_path: Path,
     airflow_db_template: Path,
-    kafka_groups_ready: str,
+    kafka_bootstrap: str,
     make_topic: Callable[..., str],
 ) -> AirflowEnv:
     """A fresh AIRFLOW_HOME with the example DAGs and a fresh demo pipeline
@@ -179,7 +136,7 @@ def airflow_env(
     env = airflow_base_env(home, dags)
     env.update(
         {
-            "EO_KAFKA_BOOTSTRAP": kafka_groups_ready,
+            "EO_KAFKA_BOOTSTRAP": kafka_bootstrap,
             "EO_DEMO_PIPELINE": f"af-{uuid.uuid4().hex[:8]}",
             "EO_DEMO_SOURCE_TOPIC": make_topic("af-src", 3),
             "EO_DEMO_SINK_TOPIC": make_topic("af-sink", 3),

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from eo_harness import wait_for
 
 from airflow_provider_eo.demo import _produce_sample
 from airflow_provider_eo.kafka.audit import audit_pipeline
@@ -119,8 +120,9 @@ def test_scheduled_runs_defer_and_commit(deployment: Any, kafka_bootstrap: str) 
     _produce_sample(kafka_bootstrap, pipeline.source_topics[0])
     deferred: set[str] = set()
     committed: list[Any] = []
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
+
+    def progressed() -> bool:
+        nonlocal deferred, committed
         deferred = _deferred_runs(deployment.home)
         if Path(pipeline.ledger_url.removeprefix("sqlite:///")).exists():
             with Ledger(pipeline.ledger_url) as ledger, contextlib.suppress(CheckpointNotFound):
@@ -128,9 +130,10 @@ def test_scheduled_runs_defer_and_commit(deployment: Any, kafka_bootstrap: str) 
                 committed = [
                     c for c in ledger.list_checkpoints(pipeline.name) if c.state is CheckpointState.COMMITTED
                 ]
-        if len(committed) >= 2 and deferred:
-            break
-        time.sleep(0.3)
+        return len(committed) >= 2 and bool(deferred)
+
+    with contextlib.suppress(AssertionError):  # the asserts below report what was missing
+        wait_for(progressed, "two committed checkpoints and a deferral", timeout=300)
     assert len(committed) >= 2, (
         f"{len(committed)} checkpoint(s) committed\n{_component_logs(deployment.home)}"
     )

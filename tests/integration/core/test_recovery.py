@@ -17,27 +17,16 @@ from eo_harness import wait_for
 from airflow_provider_eo import names
 from airflow_provider_eo.errors import StagingError
 from airflow_provider_eo.kafka import admin
+from airflow_provider_eo.kafka.audit import high_watermarks
 from airflow_provider_eo.ledger import CheckpointState, CommitLeaseHeld
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
 
 def _sink_lso_and_hw(h: Any) -> tuple[dict[Any, int], dict[Any, int]]:
-    from confluent_kafka import Consumer, TopicPartition
-
     parts = admin.partitions_of(h.config, [h.pipeline.sink_topic])[h.pipeline.sink_topic]
-    lso = admin.list_offsets(h.config, [(h.pipeline.sink_topic, p) for p in parts], spec="latest")
-    c = Consumer({**h.config, "group.id": "hw-probe", "isolation.level": "read_uncommitted"})
-    try:
-        hw = {
-            (h.pipeline.sink_topic, p): c.get_watermark_offsets(TopicPartition(h.pipeline.sink_topic, p), 10)[
-                1
-            ]
-            for p in parts
-        }
-    finally:
-        c.close()
-    return lso, hw
+    tps = [(h.pipeline.sink_topic, p) for p in parts]
+    return admin.list_offsets(h.config, tps, spec="latest"), high_watermarks(h.config, tps)
 
 
 @pytest.mark.parametrize("step", ["prepare.after_write", "prepare.before_ledger"])

@@ -83,8 +83,8 @@ def test_waits_while_planned_then_succeeds(ledger_url: str) -> None:
 
     async def scenario() -> dict[str, Any]:
         task = asyncio.ensure_future(trigger.run().__anext__())
-        await asyncio.sleep(0.3)
-        assert not task.done()  # still PLANNED: no event yet
+        done, _ = await asyncio.wait({task}, timeout=0.3)
+        assert not done  # still PLANNED: no event within several polls
         await asyncio.to_thread(_prepare, ledger_url)
         event = await asyncio.wait_for(task, 20)
         payload: dict[str, Any] = event.payload
