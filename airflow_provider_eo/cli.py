@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
@@ -166,53 +167,50 @@ def plan_cmd(ref: PipelineRef, as_json: JsonFlag = False) -> None:
     _emit(_checkpoint_summary(cp) if cp else {"pipeline": pipeline.name, "checkpoint": None}, as_json)
 
 
-@app.command("prepare")
-def prepare_cmd(
-    ref: PipelineRef,
-    checkpoint: Annotated[
-        int | None, typer.Option(help="Checkpoint id (default: the unfinished one).")
-    ] = None,
-    as_json: JsonFlag = False,
-) -> None:
-    """Prepare a PLANNED checkpoint with Spark (local[*] unless the pipeline names a master)."""
-    from airflow_provider_eo.ledger import Actor, Ledger
+CheckpointOpt = Annotated[int | None, typer.Option(help="Checkpoint id (default: the unfinished one).")]
+
+
+def _run_phase(ref: str, checkpoint: int | None, phase: Callable[[Any, Any, int], Any]) -> Any:
+    """Load the pipeline, open its ledger, pick the checkpoint and run one phase on it;
+    a user-facing error is printed and exits 1."""
+    from airflow_provider_eo.ledger import Ledger
     from airflow_provider_eo.pipeline import load_pipeline
-    from airflow_provider_eo.spark.prepare import prepare_checkpoint
-    from airflow_provider_eo.spark.session import get_spark
 
     try:
         pipeline = load_pipeline(ref)
         with Ledger(pipeline.ledger_url) as ledger:
             cid = checkpoint if checkpoint is not None else _unfinished_id(ledger, pipeline.name)
-            spark = get_spark(f"eo-prepare-{pipeline.name}", pipeline.spark_conf)
-            result = prepare_checkpoint(spark, pipeline, ledger, cid, actor=Actor.here())
+            return phase(pipeline, ledger, cid)
     except _user_errors() as exc:
         _fail(str(exc))
-        return
+
+
+@app.command("prepare")
+def prepare_cmd(ref: PipelineRef, checkpoint: CheckpointOpt = None, as_json: JsonFlag = False) -> None:
+    """Prepare a PLANNED checkpoint with Spark (local[*] unless the pipeline names a master)."""
+    from airflow_provider_eo.ledger import Actor
+    from airflow_provider_eo.spark.prepare import prepare_checkpoint
+    from airflow_provider_eo.spark.session import get_spark
+
+    def phase(pipeline: Any, ledger: Any, cid: int) -> Any:
+        spark = get_spark(f"eo-prepare-{pipeline.name}", pipeline.spark_conf)
+        return prepare_checkpoint(spark, pipeline, ledger, cid, actor=Actor.here())
+
+    result = _run_phase(ref, checkpoint, phase)
     _emit({**_checkpoint_summary(result.checkpoint), "attempt": result.attempt, "note": result.note}, as_json)
 
 
 @app.command("commit")
-def commit_cmd(
-    ref: PipelineRef,
-    checkpoint: Annotated[
-        int | None, typer.Option(help="Checkpoint id (default: the unfinished one).")
-    ] = None,
-    as_json: JsonFlag = False,
-) -> None:
+def commit_cmd(ref: PipelineRef, checkpoint: CheckpointOpt = None, as_json: JsonFlag = False) -> None:
     """Publish a PREPARED checkpoint in Kafka transactions and mark it COMMITTED."""
     from airflow_provider_eo.core.commit import commit_checkpoint
-    from airflow_provider_eo.ledger import Actor, Ledger
-    from airflow_provider_eo.pipeline import load_pipeline
+    from airflow_provider_eo.ledger import Actor
 
-    try:
-        pipeline = load_pipeline(ref)
-        with Ledger(pipeline.ledger_url) as ledger:
-            cid = checkpoint if checkpoint is not None else _unfinished_id(ledger, pipeline.name)
-            result = commit_checkpoint(pipeline, ledger, cid, actor=Actor.here())
-    except _user_errors() as exc:
-        _fail(str(exc))
-        return
+    result = _run_phase(
+        ref,
+        checkpoint,
+        lambda pipeline, ledger, cid: commit_checkpoint(pipeline, ledger, cid, actor=Actor.here()),
+    )
     _emit(
         {
             **_checkpoint_summary(result.checkpoint),

@@ -35,7 +35,7 @@ from airflow_provider_eo.kafka.publisher import (
     kafka_call,
     new_producer,
     offsets,
-    produce,
+    produce_staged,
 )
 from airflow_provider_eo.ledger import Actor, CheckpointRecord, CheckpointState, Ledger
 from airflow_provider_eo.pipeline import Pipeline
@@ -82,69 +82,39 @@ def _publish_shard(
         p for p in manifest.files if names.shard_of(pipeline, p, manifest.sink_partitions) == shard
     )
     expected = sum(f.records for p in partitions for f in manifest.files[p])
+
+    def record(*, state: str, records: int) -> None:
+        ledger.record_shard(
+            pipeline.name,
+            cp.checkpoint_id,
+            shard,
+            transactional_id=txn_id,
+            producer_id=None,
+            producer_epoch=None,
+            state=state,
+            records=records,
+        )
+
     for _round in range(MAX_SHARD_ROUNDS):
         producer = new_producer(config, txn_id, pipeline.transaction_timeout_ms)
         try:
             kafka_call("init_transactions", producer.init_transactions, timeout_s, where=where)
             if marker_position(pipeline, shard) >= cp.checkpoint_id:
-                ledger.record_shard(
-                    pipeline.name,
-                    cp.checkpoint_id,
-                    shard,
-                    transactional_id=txn_id,
-                    producer_id=None,
-                    producer_epoch=None,
-                    state="COMMITTED",
-                    records=expected,
-                )
+                record(state="COMMITTED", records=expected)
                 return 0, True
             # Kafka fences only the same transactional id; the lease stops a committer
             # configured with another prefix before anything is produced.
             ledger.acquire_commit_lease(
                 pipeline.name, cp.checkpoint_id, owner=owner, ttl_s=2 * timeout_s + 30
             )
-            ledger.record_shard(
-                pipeline.name,
-                cp.checkpoint_id,
-                shard,
-                transactional_id=txn_id,
-                producer_id=None,
-                producer_epoch=None,
-                state="PENDING",
-                records=expected,
-            )
+            record(state="PENDING", records=expected)
             kafka_call("begin_transaction", producer.begin_transaction, where=where)
             produced = 0
             ckpt_header = f"{pipeline.name}:{cp.checkpoint_id}".encode()
             for partition in partitions:
-                index = 0
-                for batch in staging.iter_batches(cp.staging_location or "", manifest.files[partition]):
-                    cols = batch.to_pydict()
-                    keys, values, headers = cols["key"], cols["value"], cols["headers"]
-                    topics, parts, offs = (
-                        cols["src_topic"],
-                        cols["src_partition"],
-                        cols["src_offset"],
-                    )
-                    for i in range(len(values)):
-                        hdrs = [(h["key"], h["value"]) for h in headers[i]] if headers[i] else []
-                        src = f"{topics[i]}:{parts[i]}:{offs[i]}" if topics[i] is not None else "-"
-                        hdrs.append((names.HEADER_SOURCE, src.encode()))
-                        hdrs.append((names.HEADER_CHECKPOINT, ckpt_header))
-                        hdrs.append((names.HEADER_POSITION, f"{partition}:{index}".encode()))
-                        produce(
-                            producer,
-                            pipeline.sink_topic,
-                            value=values[i],
-                            key=keys[i],
-                            partition=partition,
-                            headers=hdrs,
-                        )
-                        index += 1
-                    produced += len(values)
-                    producer.poll(0)
-                    if produced and produced == len(values):
-                        fault_point("commit.after_begin")
+                batches = staging.iter_batches(cp.staging_location or "", manifest.files[partition])
+                produced += produce_staged(producer, pipeline.sink_topic, partition, batches, ckpt_header)
+                fault_point("commit.after_begin")
             # Everything acknowledged by the broker before the commit step (commit would
             # flush anyway; this makes the crash point below well-defined).
             producer.flush(timeout_s)
@@ -185,16 +155,7 @@ def _publish_shard(
                 # drop this producer, re-init with a new one and let the marker decide.
                 continue
             fault_point("commit.after_commit_txn")
-            ledger.record_shard(
-                pipeline.name,
-                cp.checkpoint_id,
-                shard,
-                transactional_id=txn_id,
-                producer_id=None,
-                producer_epoch=None,
-                state="COMMITTED",
-                records=produced,
-            )
+            record(state="COMMITTED", records=produced)
             return produced, False
         except Abortable:
             try:
@@ -266,7 +227,7 @@ def commit_checkpoint(
             "PREPARED; run (or retry) its prepare step first"
         )
     config = librdkafka_config(pipeline.kafka)
-    sink_partitions = len(admin.partitions_of(config, [pipeline.sink_topic])[pipeline.sink_topic])
+    sink_partitions = admin.partition_count(config, pipeline.sink_topic)
     shards = names.shard_count(pipeline, sink_partitions)
     try:
         manifest = staging.read_manifest(cp.staging_location or "")

@@ -106,6 +106,11 @@ def partitions_of(
     return out
 
 
+def partition_count(config: Mapping[str, Any], topic: str) -> int:
+    """Number of partitions of ``topic`` (a missing topic is an error naming it)."""
+    return len(partitions_of(config, [topic])[topic])
+
+
 def list_offsets(
     config: Mapping[str, Any],
     partitions: Iterable[tuple[str, int]],
@@ -168,7 +173,30 @@ def offsets_for_timestamp(
     return found
 
 
-_GROUP_READERS: dict[tuple[tuple[str, str], ...], Consumer] = {}
+_GROUP_CONSUMERS: dict[tuple[tuple[str, str], ...], Consumer] = {}
+
+
+def group_consumer(config: Mapping[str, Any], group: str) -> Consumer:
+    """A consumer of ``group`` that never subscribes, consumes or commits, kept for the
+    process's life (one per config and group).
+
+    Used to read a group's committed offsets and for ``send_offsets_to_transaction``'s
+    group metadata. Kept, not closed: closing consumers right after creating them, while
+    their coordinator lookup was in flight, crashed librdkafka 2.16 here.
+    """
+    conf = {
+        **{k: v for k, v in config.items() if not k.startswith(("linger", "queue."))},
+        "group.id": group,
+        "enable.auto.commit": False,  # offsets move only inside the commit transaction
+        "isolation.level": "read_committed",  # committed() asks for stable offsets (KIP-447)
+        "log_level": config.get("log_level", 4),
+    }
+    key = tuple(sorted((str(k), str(v)) for k, v in conf.items()))
+    with _CLIENTS_LOCK:
+        consumer = _GROUP_CONSUMERS.get(key)
+        if consumer is None:
+            consumer = _GROUP_CONSUMERS[key] = Consumer(conf)
+        return consumer
 
 
 def committed_group_offsets(
@@ -187,18 +215,7 @@ def committed_group_offsets(
     tps = [TopicPartition(t, p) for t, p in partitions]
     if not tps:
         return {}
-    conf = {
-        **{k: v for k, v in config.items() if not k.startswith(("linger", "queue."))},
-        "group.id": group,
-        "enable.auto.commit": False,  # this reader never commits anything
-        "isolation.level": "read_committed",
-        "log_level": config.get("log_level", 4),
-    }
-    key = tuple(sorted((str(k), str(v)) for k, v in conf.items()))
-    with _CLIENTS_LOCK:
-        consumer = _GROUP_READERS.get(key)
-        if consumer is None:
-            consumer = _GROUP_READERS[key] = Consumer(conf)
+    consumer = group_consumer(config, group)
     deadline = time.monotonic() + timeout_s
     while True:
         try:

@@ -15,14 +15,14 @@ is never reused across an indefinite error (KAFKA-17754).
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from airflow_provider_eo.errors import CommitError, CommitFenced
+from airflow_provider_eo.names import HEADER_CHECKPOINT, HEADER_POSITION, HEADER_SOURCE
 
 T = TypeVar("T")
 
@@ -104,28 +104,12 @@ def new_producer(config: Mapping[str, Any], transactional_id: str, timeout_ms: i
     )
 
 
-_GROUP_CONSUMERS: dict[tuple[Any, ...], Consumer] = {}
-_GROUP_LOCK = threading.Lock()
-
-
 def group_metadata(config: Mapping[str, Any], group: str) -> Any:
-    """Consumer-group metadata for ``send_offsets_to_transaction``.
+    """Consumer-group metadata for ``send_offsets_to_transaction`` (from the process's
+    standalone consumer of that group)."""
+    from airflow_provider_eo.kafka.admin import group_consumer
 
-    It comes from a standalone consumer (never subscribes, never consumes) kept for the
-    life of the process: closing a consumer right after creating it, while its group
-    coordinator lookup is still in flight, crashed librdkafka (seen here, 2.16).
-    """
-    conf = {
-        **{k: v for k, v in config.items() if not k.startswith(("linger", "queue."))},
-        "group.id": group,
-        "enable.auto.commit": False,  # offsets move only inside the transaction
-    }
-    key = tuple(sorted((str(k), str(v)) for k, v in conf.items()))
-    with _GROUP_LOCK:
-        consumer = _GROUP_CONSUMERS.get(key)
-        if consumer is None:
-            consumer = _GROUP_CONSUMERS[key] = Consumer(conf)
-        return consumer.consumer_group_metadata()
+    return group_consumer(config, group).consumer_group_metadata()
 
 
 def produce(producer: Producer, topic: str, **kwargs: Any) -> None:
@@ -142,3 +126,32 @@ def produce(producer: Producer, topic: str, **kwargs: Any) -> None:
 def offsets(items: Mapping[tuple[str, int], int]) -> list[TopicPartition]:
     """TopicPartition list for ``send_offsets_to_transaction``."""
     return [TopicPartition(t, p, o) for (t, p), o in sorted(items.items())]
+
+
+def produce_staged(
+    producer: Producer,
+    topic: str,
+    partition: int,
+    batches: Iterable[Any],
+    checkpoint_header: bytes,
+) -> int:
+    """Produce one sink partition's staged rows, in staged order, with the provenance
+    headers (source position, checkpoint, position in the staged output). Returns the count.
+
+    The user's headers are kept; ``produce()`` is used because ``produce_batch`` drops headers.
+    """
+    index = 0
+    for batch in batches:
+        cols = batch.to_pydict()
+        keys, values, headers = cols["key"], cols["value"], cols["headers"]
+        topics, parts, offs = cols["src_topic"], cols["src_partition"], cols["src_offset"]
+        for i in range(len(values)):
+            hdrs = [(h["key"], h["value"]) for h in headers[i]] if headers[i] else []
+            src = f"{topics[i]}:{parts[i]}:{offs[i]}" if topics[i] is not None else "-"
+            hdrs.append((HEADER_SOURCE, src.encode()))
+            hdrs.append((HEADER_CHECKPOINT, checkpoint_header))
+            hdrs.append((HEADER_POSITION, f"{partition}:{index}".encode()))
+            produce(producer, topic, value=values[i], key=keys[i], partition=partition, headers=hdrs)
+            index += 1
+        producer.poll(0)  # serve delivery reports so the local queue drains
+    return index

@@ -348,7 +348,7 @@ def prepare_checkpoint(
             "PLANNED checkpoints can be prepared (an aborted range is replanned by the next plan)"
         )
     config = librdkafka_config(pipeline.kafka)
-    sink_partitions = len(admin.partitions_of(config, [pipeline.sink_topic])[pipeline.sink_topic])
+    sink_partitions = admin.partition_count(config, pipeline.sink_topic)
     admin.partitions_of(config, pipeline.source_topics)  # a deleted source is a clear error
     max_bytes = _sink_max_message_bytes(pipeline)
     attempt = attempt or f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
