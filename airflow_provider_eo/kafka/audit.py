@@ -76,7 +76,16 @@ class AuditReport:
 
 def high_watermarks(config: dict[str, Any], partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
     """The high watermark (end of the log, including open transactions) per partition."""
-    consumer = Consumer({**config, "group.id": f"eo-hw-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False})
+    consumer = Consumer(
+        {
+            **config,
+            "group.id": f"eo-hw-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            # librdkafka consumers default to read_committed, whose "high" watermark is the
+            # last stable offset: only read_uncommitted reports the end of the log.
+            "isolation.level": "read_uncommitted",
+        }
+    )
     try:
         return {
             (t, p): int(consumer.get_watermark_offsets(TopicPartition(t, p), 15)[1]) for t, p in partitions
