@@ -209,6 +209,7 @@ def run_airflow_demo() -> int:
 
 def _load_pipeline(dags: Path, pipeline_env: dict[str, str]) -> Any:
     import importlib.util
+
     spec = importlib.util.spec_from_file_location("_eo_demo_pipelines", dags / "eo_demo_pipelines.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

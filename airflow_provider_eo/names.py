@@ -37,10 +37,23 @@ def attempt_dir(pipeline: Pipeline, checkpoint_id: int, attempt: str) -> str:
 MANIFEST = "_eo_manifest.json"
 """Written last into an attempt folder: its presence means the staged output is complete."""
 
-# Provenance headers on every published record (read by the auditor).
-HEADER_SOURCE = "eo.src"  # "topic:partition:offset" of the input record
-HEADER_CHECKPOINT = "eo.ckpt"  # "pipeline:checkpoint_id"
-HEADER_POSITION = "eo.pos"  # "shard_partition:index" inside the staged output (unique)
+# The provenance header on every published record (read by the auditor). One header, not
+# three: each header costs librdkafka a separate allocation and copy per record, which was a
+# third of the commit's produce time. Its value is three space-separated fields:
+#   "<pipeline>:<checkpoint_id> <sink_partition>:<index> <topic>:<partition>:<offset>"
+# (the index is the record's position in the checkpoint's staged output of that sink
+# partition, unique per checkpoint; the source position is "-" when the transform dropped
+# provenance). Pipeline and topic names cannot contain spaces.
+HEADER_PROVENANCE = "eo.prov"
+
+
+def parse_provenance(value: bytes) -> tuple[bytes, bytes, bytes] | None:
+    """Split an ``eo.prov`` header value into (``pipeline:checkpoint``, ``sink_partition:index``,
+    ``topic:partition:offset`` or ``-``); None when it is not one of ours."""
+    parts = value.split(b" ")
+    if len(parts) != 3:
+        return None
+    return parts[0], parts[1], parts[2]
 
 
 def shard_count(pipeline: Pipeline, sink_partitions: int) -> int:

@@ -65,8 +65,7 @@ def get_provider_info() -> dict[str, Any]:
                 "description": "Settings of the exactly-once provider.",
                 "options": {
                     "default_ledger_url": {
-                        "description": "SQLAlchemy URL of the checkpoint ledger when a "
-                        "pipeline names none.",
+                        "description": "SQLAlchemy URL of the checkpoint ledger when a pipeline names none.",
                         "version_added": "0.1.0",
                         "type": "string",
                         "example": "postgresql+psycopg://eo@db/eo",

@@ -92,6 +92,26 @@ def plain_send(pipeline: Pipeline, manifest: staging.Manifest, location: str, to
     return time.monotonic() - started
 
 
+def watch_peak_rss_kb(child: subprocess.Popen[bytes]) -> int:
+    """The child's own peak RSS (``VmHWM``), polled until it exits.
+
+    Not ``ru_maxrss`` from ``wait4``: Linux seeds a child's maxrss at ``exec`` with the
+    high-water mark of the memory it was forked (or vforked) from, i.e. this benchmark's
+    own RSS, which grows with the record count. ``VmHWM`` belongs to the exec'd image only.
+    """
+    peak = 0
+    status = Path(f"/proc/{child.pid}/status")
+    while child.poll() is None:
+        try:
+            for line in status.read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    peak = max(peak, int(line.split()[1]))
+        except (FileNotFoundError, ProcessLookupError):
+            pass  # exited between poll() and the read
+        time.sleep(0.01)
+    return peak
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--records", type=int, default=1_000_000)
@@ -172,8 +192,6 @@ def main() -> int:
         prepare_checkpoint(spark, pipeline, ledger, cp.checkpoint_id)
         prepared_s = time.monotonic() - t
         env = {**os.environ, "EO_BENCH_PIPELINE_JSON": pipeline.to_json(), "PYTHONPATH": str(ROOT / "bench")}
-        # Peak RSS of exactly this child (os.wait4), not of every child so far: the
-        # broker's storage-format JVM is a child of this process too.
         with tempfile.TemporaryFile() as out:
             child = subprocess.Popen(
                 [str(Path(sys.executable).with_name("eo")), "commit", "bench_pipeline:from_env", "--json"],
@@ -181,13 +199,11 @@ def main() -> int:
                 stdout=out,
                 stderr=subprocess.DEVNULL,
             )
-            _pid, status, usage = os.wait4(child.pid, 0)
-            child.returncode = os.waitstatus_to_exitcode(status)
+            peak_kb = watch_peak_rss_kb(child)
             if child.returncode != 0:
                 raise SystemExit(f"eo commit failed with exit {child.returncode}")
             out.seek(0)
             stdout = out.read().decode()
-        peak_kb = usage.ru_maxrss
         commit = json.loads(stdout.strip().splitlines()[-1])
         commit_s = float(commit["seconds"])
         # (a) = plan + prepare + the commit's own time (the child interpreter's start-up is

@@ -157,14 +157,14 @@ def audit_pipeline(pipeline: Pipeline, ledger: Ledger) -> AuditReport:
     source_seen: dict[bytes, set[int]] = defaultdict(set)
     prefix = f"{pipeline.name}:".encode()
     for msg in read_sink(config, pipeline.sink_topic):
-        hdrs = dict(msg.headers() or [])
-        ckpt = hdrs.get(names.HEADER_CHECKPOINT)
-        if ckpt is None or not ckpt.startswith(prefix):
+        prov = dict(msg.headers() or []).get(names.HEADER_PROVENANCE)
+        fields = names.parse_provenance(prov) if prov is not None else None
+        if fields is None or not fields[0].startswith(prefix):
             report.foreign += 1
             continue
+        ckpt, position, src = fields
         cid = int(ckpt[len(prefix) :])
-        positions[cid][hdrs.get(names.HEADER_POSITION, b"")] += 1
-        src = hdrs.get(names.HEADER_SOURCE, b"-")
+        positions[cid][position] += 1
         if src != b"-":
             source_seen[src].add(cid)
     for cid, cp in sorted(checkpoints.items()):

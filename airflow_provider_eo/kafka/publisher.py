@@ -19,10 +19,13 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from airflow_provider_eo.errors import CommitError, CommitFenced
-from airflow_provider_eo.names import HEADER_CHECKPOINT, HEADER_POSITION, HEADER_SOURCE
+from airflow_provider_eo.names import HEADER_PROVENANCE
 
 T = TypeVar("T")
 
@@ -128,30 +131,56 @@ def offsets(items: Mapping[tuple[str, int], int]) -> list[TopicPartition]:
     return [TopicPartition(t, p, o) for (t, p), o in sorted(items.items())]
 
 
+def provenance_values(batch: pa.RecordBatch, prefix: str, first_index: int) -> pa.Array:
+    """The ``eo.prov`` header value of every row of a staged batch, built in Arrow (no
+    Python string formatting per record): ``prefix`` + index + " " + source position."""
+    n = batch.num_rows
+    index = pc.cast(pa.array(np.arange(first_index, first_index + n, dtype=np.int64)), pa.string())
+    src = pc.binary_join_element_wise(
+        batch.column("src_topic"),
+        pc.cast(batch.column("src_partition"), pa.string()),
+        pc.cast(batch.column("src_offset"), pa.string()),
+        ":",
+    )
+    src = pc.fill_null(src, "-")  # the transform dropped provenance
+    return pc.cast(pc.binary_join_element_wise(prefix, index, " ", src, ""), pa.binary())
+
+
 def produce_staged(
     producer: Producer,
     topic: str,
     partition: int,
-    batches: Iterable[Any],
+    batches: Iterable[pa.RecordBatch],
     checkpoint_header: bytes,
 ) -> int:
-    """Produce one sink partition's staged rows, in staged order, with the provenance
-    headers (source position, checkpoint, position in the staged output). Returns the count.
+    """Produce one sink partition's staged rows, in staged order, each with the provenance
+    header (checkpoint, position in the staged output, source position). Returns the count.
 
-    The user's headers are kept; ``produce()`` is used because ``produce_batch`` drops headers.
+    The user's headers are kept; ``produce()`` is used because ``produce_batch`` drops
+    headers. Columns become Python objects once per batch; the per-record work is one
+    ``produce()`` call.
     """
+    send = producer.produce
+    prefix = f"{checkpoint_header.decode()} {partition}:"
     index = 0
     for batch in batches:
-        cols = batch.to_pydict()
-        keys, values, headers = cols["key"], cols["value"], cols["headers"]
-        topics, parts, offs = cols["src_topic"], cols["src_partition"], cols["src_offset"]
-        for i in range(len(values)):
-            hdrs = [(h["key"], h["value"]) for h in headers[i]] if headers[i] else []
-            src = f"{topics[i]}:{parts[i]}:{offs[i]}" if topics[i] is not None else "-"
-            hdrs.append((HEADER_SOURCE, src.encode()))
-            hdrs.append((HEADER_CHECKPOINT, checkpoint_header))
-            hdrs.append((HEADER_POSITION, f"{partition}:{index}".encode()))
-            produce(producer, topic, value=values[i], key=keys[i], partition=partition, headers=hdrs)
-            index += 1
+        n = batch.num_rows
+        if n == 0:
+            continue
+        prov = provenance_values(batch, prefix, index).to_numpy(zero_copy_only=False)
+        keys = batch.column("key").to_numpy(zero_copy_only=False)
+        values = batch.column("value").to_numpy(zero_copy_only=False)
+        user = batch.column("headers")
+        user_headers = user.to_pylist() if user.null_count < n else None
+        for i in range(n):
+            hdrs = [(HEADER_PROVENANCE, prov[i])]
+            if user_headers is not None and user_headers[i]:
+                hdrs = [(h["key"], h["value"]) for h in user_headers[i]] + hdrs
+            try:  # positional: topic, value, key, partition (the hot loop of every commit)
+                send(topic, values[i], keys[i], partition, headers=hdrs)
+            except BufferError:  # local queue full: serve delivery reports, then block
+                producer.poll(0.05)
+                produce(producer, topic, value=values[i], key=keys[i], partition=partition, headers=hdrs)
+        index += n
         producer.poll(0)  # serve delivery reports so the local queue drains
     return index

@@ -1,20 +1,21 @@
 """Vectorized UDFs shipped to Spark's Python workers.
 
-No ``from __future__ import annotations`` here: pandas_udf reads the type hints at runtime.
+No ``from __future__ import annotations`` here: arrow_udf reads the type hints at runtime.
 """
 
-import pandas as pd
+import pyarrow as pa
 
-from airflow_provider_eo.kafka.partitioner import java_partition
+from airflow_provider_eo.kafka.partitioner import java_partitions
 
 
 def murmur2_partitioner(partitions: int):  # type: ignore[no-untyped-def]
-    """A pandas UDF: the Java client's partition of each non-null key (``-1`` for null)."""
-    from pyspark.sql.functions import pandas_udf
+    """An Arrow UDF: the Java client's partition of each non-null key (``-1`` for null).
 
-    def sink_partition(keys: pd.Series) -> pd.Series:
-        return keys.map(lambda k: java_partition(bytes(k), partitions) if k is not None else -1).astype(
-            "int32"
-        )
+    Arrow in, numpy murmur2 over the whole batch, Arrow out: no Python object per key.
+    """
+    from pyspark.sql.functions import arrow_udf
 
-    return pandas_udf(sink_partition, "int")  # type: ignore[call-overload]
+    def sink_partition(keys: pa.Array) -> pa.Array:
+        return java_partitions(keys, partitions)
+
+    return arrow_udf(sink_partition, "int")  # type: ignore[call-overload,unused-ignore]
