@@ -45,3 +45,8 @@ def explode_twice(df: Any) -> Any:
     return df.withColumn("n", F.explode(F.array(F.lit(1), F.lit(2)))).withColumn(
         "value", F.concat(F.col("value"), F.lit(b"#"), F.col("n").cast("string").cast("binary"))
     )
+
+
+def reshuffled(df: Any) -> Any:
+    """Round-robin repartition: records of every source partition spread over all tasks."""
+    return df.repartition(5)

@@ -31,6 +31,7 @@ from airflow_provider_eo.kafka.client_config import librdkafka_config
 from airflow_provider_eo.kafka.publisher import (
     Abortable,
     ProducerLost,
+    connect,
     group_metadata,
     kafka_call,
     new_producer,
@@ -98,6 +99,7 @@ def _publish_shard(
     for _round in range(MAX_SHARD_ROUNDS):
         producer = new_producer(config, txn_id, pipeline.transaction_timeout_ms)
         try:
+            kafka_call("metadata", connect, producer, pipeline.sink_topic, timeout_s, where=where)
             kafka_call("init_transactions", producer.init_transactions, timeout_s, where=where)
             if marker_position(pipeline, shard) >= cp.checkpoint_id:
                 record(state="COMMITTED", records=expected)

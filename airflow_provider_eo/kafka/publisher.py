@@ -107,6 +107,20 @@ def new_producer(config: Mapping[str, Any], transactional_id: str, timeout_ms: i
     )
 
 
+def connect(producer: Producer, topic: str, timeout_s: float) -> None:
+    """Bring up a connection to a real broker before ``init_transactions``.
+
+    A fresh librdkafka (2.x) producer sends its first FindCoordinator through the bootstrap
+    connection, which it drops as soon as the cluster's metadata names the real brokers; the
+    lost query then waits for the 500 ms coordinator-query timer. Two metadata requests (the
+    second can only be answered by a learned broker) avoid that. Measured on a local broker
+    (librdkafka 2.16, fresh process each): init_transactions alone 0.51 s in 6 of 6 runs;
+    these two calls 0.06 s plus init_transactions 0.004 s in 6 of 6.
+    """
+    producer.list_topics(topic, timeout_s)
+    producer.list_topics(topic, timeout_s)
+
+
 def group_metadata(config: Mapping[str, Any], group: str) -> Any:
     """Consumer-group metadata for ``send_offsets_to_transaction`` (from the process's
     standalone consumer of that group)."""
@@ -135,7 +149,9 @@ def provenance_values(batch: pa.RecordBatch, prefix: str, first_index: int) -> p
     """The ``eo.prov`` header value of every row of a staged batch, built in Arrow (no
     Python string formatting per record): ``prefix`` + index + " " + source position."""
     n = batch.num_rows
-    index = pc.cast(pa.array(np.arange(first_index, first_index + n, dtype=np.int64)), pa.string())
+    # from_buffers, not pa.array(ndarray): the latter imports pandas (~0.4 s) on first use.
+    positions = np.arange(first_index, first_index + n, dtype=np.int64)
+    index = pc.cast(pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(positions)]), pa.string())
     src = pc.binary_join_element_wise(
         batch.column("src_topic"),
         pc.cast(batch.column("src_partition"), pa.string()),

@@ -10,8 +10,11 @@ The steps, in order (each one safe to repeat after a crash):
    ``read_committed``, ``failOnDataLoss``), then the user's transform.
 3. Assign sink partitions (explicit ``partition`` column, else murmur2 of the key like the
    Java client, else a hash of the source position), keep source order within a partition,
-   and write Parquet under a fresh attempt-scoped folder.
-4. Check every record against the sink's ``max.message.bytes``.
+   and write Parquet under a fresh attempt-scoped folder. A transform without a shuffle is
+   written without one too (each source task writes its own files, in source order);
+   otherwise the rows are repartitioned by sink partition and sorted back to source order.
+4. Check every record against the sink's ``max.message.bytes`` and partition count
+   (counted during the write; the files are read back only to name an offender).
 5. Write the manifest (files, counts, checksums) last; then PLANNED -> PREPARED in the
    ledger naming this attempt. A losing attempt deletes its own folder.
 """
@@ -23,6 +26,7 @@ import dataclasses
 import importlib
 import json
 import os
+import re
 import sys
 import time
 import uuid
@@ -52,6 +56,8 @@ if TYPE_CHECKING:
 # plus our provenance headers; used for the max.message.bytes check.
 RECORD_OVERHEAD_BYTES = 200
 PARQUET_ROW_GROUP_BYTES = 8 * 1024 * 1024
+# A shuffle-free write leaves up to (tasks x sink partitions) files; above this, shuffle.
+MAX_UNSHUFFLED_FILES = 1024
 
 
 @dataclass(frozen=True)
@@ -249,6 +255,23 @@ def _staged_frame(
     return shaped.withColumn("sink_partition", sink_partition).withColumn("size", size)
 
 
+def _narrow_tasks(df: DataFrame) -> int | None:
+    """How many Spark tasks produce ``df`` when its physical plan has no shuffle, else None.
+
+    Without a shuffle every task holds whole, consecutive slices of source partitions (the
+    Kafka source makes one task per offset range, split ranges in offset order), so sorting
+    inside each task keeps source order, and Spark's file names (``part-<task>-…``) put a
+    sink partition's files in task order: no repartition by sink partition is needed.
+    """
+    try:
+        qe = df._jdf.queryExecution()
+        if re.search(r"(?<!Broadcast)Exchange", qe.executedPlan().toString()):
+            return None
+        return int(qe.toRdd().getNumPartitions())
+    except Exception:  # not a classic (py4j) DataFrame: take the general path
+        return None
+
+
 def _sink_max_message_bytes(pipeline: Pipeline) -> int:
     from confluent_kafka.admin import ConfigResource, ResourceType
 
@@ -379,11 +402,24 @@ def prepare_checkpoint(
     except Exception as exc:
         raise TransformError(f"{where}: transform {pipeline.transform!r} raised: {exc!r}") from exc
     staged = _staged_frame(out, sink_partitions, cp, source)
-    tasks = max(1, min(sink_partitions, spark.sparkContext.defaultParallelism * 2))
+    # Limits checked during the write; the files are read back only to name an offender.
+    limits = Observation(f"eo-{pipeline.name}-{checkpoint_id}-{attempt}-limits")
+    staged = staged.observe(
+        limits,
+        F.count(F.when(F.col("size") > max_bytes, 1)).alias("oversize"),
+        F.count(
+            F.when((F.col("sink_partition") < 0) | (F.col("sink_partition") >= sink_partitions), 1)
+        ).alias("bad_partition"),
+    )
+    narrow = _narrow_tasks(staged)
+    if narrow is None or narrow * sink_partitions > MAX_UNSHUFFLED_FILES:
+        # A shuffling transform (or too many small files otherwise): one task per sink
+        # partition; the sort below restores source order inside it.
+        tasks = max(1, min(sink_partitions, spark.sparkContext.defaultParallelism * 2))
+        staged = staged.repartition(tasks, "sink_partition")
     try:
         (
-            staged.repartition(tasks, "sink_partition")
-            .sortWithinPartitions("sink_partition", "src_topic", "src_partition", "src_offset", "seq")
+            staged.sortWithinPartitions("sink_partition", "src_topic", "src_partition", "src_offset", "seq")
             .drop("explicit_partition")
             .write.mode("errorifexists")
             # Small row groups: the commit streams a row group at a time, so this bounds its
@@ -405,13 +441,14 @@ def prepare_checkpoint(
         raise PrepareError(f"{where}: the Spark job failed: {message}") from exc
     fault_point("prepare.after_write")
     files = staging.describe_attempt(path)
+    seen = limits.get if files else {}
     written = spark.read.parquet(f"{path}/data") if files else None
     oversize = (
         written.where(F.col("size") > max_bytes)
         .select("src_topic", "src_partition", "src_offset", "size")
         .limit(3)
         .collect()
-        if written is not None
+        if written is not None and seen.get("oversize")
         else []
     )
     if oversize:
@@ -427,7 +464,7 @@ def prepare_checkpoint(
         written.where((F.col("sink_partition") < 0) | (F.col("sink_partition") >= sink_partitions))
         .limit(1)
         .collect()
-        if written is not None
+        if written is not None and seen.get("bad_partition")
         else []
     )
     if bad_partition:

@@ -14,6 +14,40 @@ from airflow_provider_eo.ledger import CheckpointState
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
 
+def assert_source_order_per_key(h: Any, total: int, sink_partitions: int) -> None:
+    """Every input once, in source order per key, in the partition Java would pick."""
+    from airflow_provider_eo.kafka.partitioner import java_partition
+
+    by_key: dict[str, list[int]] = defaultdict(list)
+    for msg in sorted(h.sink_records(), key=lambda m: (m.partition(), m.offset())):
+        key = msg.key().decode()
+        assert msg.partition() == java_partition(msg.key(), sink_partitions)
+        by_key[key].append(int(msg.value().decode().split(":")[1]))
+    assert sorted(i for seq in by_key.values() for i in seq) == list(range(total))
+    for key, seq in by_key.items():
+        assert seq == sorted(seq), f"order of {key} broken"
+
+
+@pytest.mark.parametrize(
+    ("transform", "shuffled"),
+    [("eo_test_transforms:identity", False), ("eo_test_transforms:reshuffled", True)],
+)
+def test_staging_path_follows_the_plan(harness: Callable[..., Any], transform: str, shuffled: bool) -> None:
+    """A narrow transform is staged without a shuffle (files per source task); one that
+    shuffles is repartitioned by sink partition. Both keep source order per key."""
+    from airflow_provider_eo import staging
+
+    h = harness(source_partitions=3, sink_partitions=2, transform=transform, keep_committed_staging=1)
+    h.produce(300, keys=7)
+    (result,) = h.drain()
+    assert_source_order_per_key(h, 300, 2)
+    files = staging.describe_attempt(result.checkpoint.staging_location)
+    # Each source task writes its own file into a sink partition; after the shuffle, one each.
+    per_partition = [len(f) for f in files.values()]
+    assert (max(per_partition) == 1) if shuffled else (max(per_partition) > 1), per_partition
+    h.assert_exactly_once(expected_records=300)
+
+
 def test_several_checkpoints_three_partitions_order_kept(harness: Callable[..., Any]) -> None:
     h = harness(source_partitions=3, sink_partitions=4, max_records_per_checkpoint=250)
     h.produce(400, keys=11)
@@ -30,17 +64,7 @@ def test_several_checkpoints_three_partitions_order_kept(harness: Callable[..., 
             assert r.start == ends.get(r.key, r.start)
             ends[r.key] = r.end
     h.assert_exactly_once(expected_records=700)
-    # per key: every input once, in source order, in the partition Java would pick
-    from airflow_provider_eo.kafka.partitioner import java_partition
-
-    by_key: dict[str, list[int]] = defaultdict(list)
-    for msg in sorted(h.sink_records(), key=lambda m: (m.partition(), m.offset())):
-        key = msg.key().decode()
-        assert msg.partition() == java_partition(msg.key(), 4)
-        by_key[key].append(int(msg.value().decode().split(":")[1]))
-    assert sorted(i for seq in by_key.values() for i in seq) == list(range(700))
-    for key, seq in by_key.items():
-        assert seq == sorted(seq), f"order of {key} broken"
+    assert_source_order_per_key(h, 700, 4)
     # the pipeline's consumer group sits at the end of what was committed
     group = admin.committed_group_offsets(h.config, h.pipeline.group_id, list(ends))
     assert group == ends
