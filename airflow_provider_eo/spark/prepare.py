@@ -442,35 +442,35 @@ def prepare_checkpoint(
     fault_point("prepare.after_write")
     files = staging.describe_attempt(path)
     seen = limits.get if files else {}
-    written = spark.read.parquet(f"{path}/data") if files else None
-    oversize = (
-        written.where(F.col("size") > max_bytes)
-        .select("src_topic", "src_partition", "src_offset", "size")
-        .limit(3)
-        .collect()
-        if written is not None and seen.get("oversize")
-        else []
-    )
-    if oversize:
+    if seen.get("oversize"):
+        first = (
+            spark.read.parquet(f"{path}/data")
+            .where(F.col("size") > max_bytes)
+            .select("src_topic", "src_partition", "src_offset", "size")
+            .first()
+        )
         staging.remove(path)
-        first = oversize[0]
+        record = (
+            f"an output record of {first['size']} bytes (from {first['src_topic']}"
+            f"[{first['src_partition']}] offset {first['src_offset']})"
+            if first is not None
+            else "an output record"
+        )
         raise PrepareError(
-            f"{where}: an output record of {first['size']} bytes (from "
-            f"{first['src_topic']}[{first['src_partition']}] offset {first['src_offset']}) exceeds the "
-            f"sink topic {pipeline.sink_topic!r} max.message.bytes={max_bytes}; nothing was "
+            f"{where}: {record} exceeds the sink topic {pipeline.sink_topic!r} "
+            f"max.message.bytes={max_bytes} ({seen['oversize']} record(s) do); nothing was "
             "published. Shrink the record in the transform or raise the topic's max.message.bytes."
         )
-    bad_partition = (
-        written.where((F.col("sink_partition") < 0) | (F.col("sink_partition") >= sink_partitions))
-        .limit(1)
-        .collect()
-        if written is not None and seen.get("bad_partition")
-        else []
-    )
-    if bad_partition:
+    if seen.get("bad_partition"):
+        bad = (
+            spark.read.parquet(f"{path}/data")
+            .where((F.col("sink_partition") < 0) | (F.col("sink_partition") >= sink_partitions))
+            .select("sink_partition")
+            .first()
+        )
         staging.remove(path)
         raise PrepareError(
-            f"{where}: the transform set partition={bad_partition[0]['sink_partition']} but "
+            f"{where}: the transform set partition={bad['sink_partition'] if bad else '?'} but "
             f"{pipeline.sink_topic!r} has {sink_partitions} partitions"
         )
     stats = observation.get if metrics else {}

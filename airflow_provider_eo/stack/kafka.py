@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,6 +58,15 @@ def pid_alive(pid: int) -> bool:
         except (OSError, IndexError):
             return True
     return True
+
+
+def new_cluster_id(random_bytes: Callable[[], bytes] = lambda: uuid.uuid4().bytes) -> str:
+    """A KRaft cluster id (base64 of 16 random bytes) that does not start with ``-``: the
+    storage tool would read ``-t -…`` as a missing argument (1 in 64 random ids)."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(random_bytes()).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 @dataclass(frozen=True)
@@ -190,7 +200,7 @@ class LocalKafka:
             classpath,
         ]
         if not (self.home / "data" / "meta.properties").is_file():
-            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+            cluster_id = new_cluster_id()
             fmt = subprocess.run(
                 [*jvm, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)],
                 capture_output=True,

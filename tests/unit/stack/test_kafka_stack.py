@@ -9,7 +9,7 @@ import pytest
 
 from airflow_provider_eo.stack import maven
 from airflow_provider_eo.stack.errors import StackError
-from airflow_provider_eo.stack.kafka import BrokerInfo, LocalKafka, free_port, port_in_use
+from airflow_provider_eo.stack.kafka import BrokerInfo, LocalKafka, free_port, new_cluster_id, port_in_use
 
 
 def test_port_collision_is_a_clear_error(tmp_path: Path) -> None:
@@ -50,3 +50,10 @@ def test_broker_that_never_answers_times_out_clearly(tmp_path: Path) -> None:
     info = BrokerInfo(pid=os.getpid(), port=free_port(), controller_port=free_port(), version="x")
     with pytest.raises(StackError, match=r"did not answer within 1s"):
         LocalKafka(home=tmp_path).wait_ready(info, timeout_s=1)
+
+
+def test_cluster_id_never_starts_with_a_dash() -> None:
+    """StorageTool reads ``format -t -…`` as a missing argument: such ids are redrawn."""
+    draws = iter([b"\xfb" + bytes(15), bytes(16)])  # base64 "-w…", then "AAAA…"
+    cluster_id = new_cluster_id(lambda: next(draws))
+    assert cluster_id == "A" * 22
