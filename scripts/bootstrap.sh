@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up everything the demo and the tests need, from a fresh clone: Java + Maven (Debian
+# Set up everything the demo and the tests need, from a fresh clone: a JDK + Maven (Debian
 # packages, when missing), the virtualenv in .venv/ with the pinned dependencies, and the
 # Kafka / Spark-connector jars from Maven Central. Safe to run again: each step is skipped
 # when already done.
@@ -9,7 +9,8 @@ t0=$(date +%s)
 say() { printf 'bootstrap: %s\n' "$*" >&2; }
 
 missing=()
-command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jdk-headless)
+# javac too: eo compiles its Spark partitioner class on first use (a JRE alone falls back to Python).
+command -v javac >/dev/null 2>&1 || missing+=(openjdk-17-jdk-headless)
 command -v mvn >/dev/null 2>&1 || missing+=(maven)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
@@ -36,8 +37,10 @@ fi
 say "fetching jars (cached under .eo/jars after the first run)"
 .venv/bin/python - <<'PY'
 from airflow_provider_eo.stack.kafka import KAFKA_VERSION
+from airflow_provider_eo.stack.javac import udf_jar
 from airflow_provider_eo.stack.maven import kafka_broker_jars, spark_kafka_jars
 kafka_broker_jars(KAFKA_VERSION)
 spark_kafka_jars()
+udf_jar()
 PY
 say "ready in $(( $(date +%s) - t0 ))s"

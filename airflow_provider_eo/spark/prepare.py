@@ -229,9 +229,9 @@ def _staged_frame(
             "explicit_partition"
         ),
     ).withColumn("seq", F.monotonically_increasing_id())
-    from airflow_provider_eo.spark.udfs import murmur2_partitioner
+    from airflow_provider_eo.spark.udfs import kafka_partitioner
 
-    murmur = murmur2_partitioner(sink_partitions)
+    murmur = kafka_partitioner(out.sparkSession, sink_partitions)
     fallback = F.pmod(F.xxhash64("src_topic", "src_partition", "src_offset", "seq"), F.lit(sink_partitions))
     sink_partition = (
         F.when(F.col("explicit_partition").isNotNull(), F.col("explicit_partition"))

@@ -15,10 +15,14 @@ if TYPE_CHECKING:
 
 
 def connector_jars_csv() -> str:
-    """Comma-separated paths of the Kafka connector jars (fetched on first use)."""
+    """Comma-separated paths of the Kafka connector jars (fetched on first use) and of eo's
+    own Spark functions jar (compiled on first use, when a JDK is there)."""
+    from airflow_provider_eo.stack.javac import udf_jar
     from airflow_provider_eo.stack.maven import spark_kafka_jars
 
-    return ",".join(str(p) for p in spark_kafka_jars())
+    jars = spark_kafka_jars()
+    own = udf_jar()
+    return ",".join(str(p) for p in [*jars, *([own] if own else [])])
 
 
 def local_spark_conf(extra: Mapping[str, str] | None = None) -> dict[str, str]:

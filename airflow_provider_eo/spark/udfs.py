@@ -1,11 +1,16 @@
-"""Vectorized UDFs shipped to Spark's Python workers.
+"""Sink-partition functions for Spark: the JVM one from eo's jar, or an Arrow UDF.
 
 No ``from __future__ import annotations`` here: arrow_udf reads the type hints at runtime.
 """
 
+from collections.abc import Callable
+from typing import Any
+
 import pyarrow as pa
 
 from airflow_provider_eo.kafka.partitioner import java_partitions
+
+KAFKA_PARTITION_FUNCTION = "eo_kafka_partition"
 
 
 def murmur2_partitioner(partitions: int):  # type: ignore[no-untyped-def]
@@ -19,3 +24,25 @@ def murmur2_partitioner(partitions: int):  # type: ignore[no-untyped-def]
         return java_partitions(keys, partitions)
 
     return arrow_udf(sink_partition, "int")  # type: ignore[call-overload,unused-ignore]
+
+
+def register_java_partitioner(spark: Any) -> bool:
+    """Register ``eo_kafka_partition(key, partitions)`` (the JVM class from eo's jar) in
+    ``spark``; False when the session's classpath does not have it."""
+    from airflow_provider_eo.stack.javac import KAFKA_PARTITION_CLASS
+
+    try:
+        spark.udf.registerJavaFunction(KAFKA_PARTITION_FUNCTION, KAFKA_PARTITION_CLASS, "int")
+    except Exception:  # class not on the classpath (a session built without eo's jars)
+        return False
+    return True
+
+
+def kafka_partitioner(spark: Any, partitions: int) -> Callable[[Any], Any]:
+    """Column -> the Java client's partition of each key: in the JVM when eo's jar is on the
+    session's classpath (no Python worker round trip), else the Arrow UDF above."""
+    from pyspark.sql import functions as F
+
+    if register_java_partitioner(spark):
+        return lambda key: F.call_function(KAFKA_PARTITION_FUNCTION, key, F.lit(partitions))
+    return murmur2_partitioner(partitions)
