@@ -47,4 +47,9 @@ def librdkafka_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """The config for confluent-kafka clients (``java.*`` escape-hatch keys removed)."""
     out = {k: v for k, v in config.items() if not k.startswith("java.")}
     out.setdefault("log_level", 4)  # warnings and worse; librdkafka's info lines are noise
+    # Our clients are short-lived: each new one connects to the bootstrap server, learns the
+    # brokers, and then waits reconnect.backoff.ms/2 (50 ms by default) before connecting to
+    # them. 20 ms (exponential up to reconnect.backoff.max.ms as usual) cut the first
+    # request of a fresh client from ~0.06 s to ~0.02 s here, ~0.1 s per commit.
+    out.setdefault("reconnect.backoff.ms", 20)
     return out
