@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from airflow_provider_eo.errors import EoError
 from airflow_provider_eo.stack.errors import StackError
 
 app = typer.Typer(
@@ -111,12 +112,8 @@ JsonFlag = Annotated[bool, typer.Option("--json", help="Print a JSON summary.")]
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
-    from airflow_provider_eo.errors import EoError
-    from airflow_provider_eo.kafka.admin import KafkaAdminError
-    from airflow_provider_eo.ledger import LedgerError
-    from airflow_provider_eo.pipeline import PipelineConfigError
-
-    return (EoError, KafkaAdminError, LedgerError, PipelineConfigError, StackError)
+    """Every error a user can hit derives from the one root (``errors.py``)."""
+    return (EoError,)
 
 
 def _checkpoint_summary(cp: Any) -> dict[str, Any]:
@@ -223,8 +220,6 @@ def commit_cmd(ref: PipelineRef, checkpoint: CheckpointOpt = None, as_json: Json
 
 
 def _unfinished_id(ledger: Any, pipeline: str) -> int:
-    from airflow_provider_eo.errors import EoError
-
     cp = ledger.unfinished(pipeline)
     if cp is None:
         raise EoError(f"pipeline {pipeline!r} has no unfinished checkpoint; run `eo plan` first")

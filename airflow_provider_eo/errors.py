@@ -1,18 +1,92 @@
-"""Errors a user of the pipeline can hit; each names the pipeline/checkpoint and what to do."""
+"""The provider's one error tree.
+
+Every error a user can hit derives from :class:`EoError`; each branch's docstring says
+what happened and whether data may be at risk (Flink's ``KafkaCommitter`` states this per
+failure kind). Messages name the pipeline/checkpoint/partition and what to do next.
+
+::
+
+    EoError
+    ├── ConfigError            a setting is impossible or unsafe (PipelineConfigError)
+    ├── LedgerError            the ledger refused or could not record a transition (ledger/errors.py)
+    ├── KafkaFailure           Kafka refused or failed a request
+    │   ├── KafkaAdminError    an admin call (topics, offsets, groups)
+    │   ├── SourceError        a source topic/partition is missing or inconsistent
+    │   │   └── DataLossError  planned offsets were deleted before they were read
+    │   └── CommitError        a commit could not finish
+    │       ├── CommitFenced
+    │       ├── TransactionalIdUnauthorized
+    │       └── NotPrepared
+    ├── StagingError           staged output missing or not matching its manifest
+    ├── PrepareError           the prepare job refused the checkpoint
+    │   └── TransformError
+    └── StackError             the local development stack (stack/errors.py)
+
+:class:`ControlSignal` is not part of the tree: its subclasses are raised and caught inside
+the provider to steer a retry loop and never reach a user.
+
+This module imports nothing from the package, so every layer (the ledger included) may
+derive from it.
+"""
 
 from __future__ import annotations
 
 
 class EoError(RuntimeError):
-    """Base class of the provider's own errors."""
+    """Root of the provider's errors. The CLI and the operators catch this one class."""
 
 
-class DataLossError(EoError):
-    """Planned offsets were deleted by retention before the pipeline read them."""
+class ConfigError(EoError, ValueError):
+    """A setting is impossible or unsafe. Nothing was read or written; change the setting."""
 
 
-class SourceError(EoError):
-    """A source topic/partition is missing or its offsets make no sense."""
+class KafkaFailure(EoError):
+    """Kafka refused or failed a request. The message says whether data may be affected."""
+
+
+class KafkaAdminError(KafkaFailure):
+    """A Kafka admin call (topics, offsets, groups) failed. Nothing was published or committed."""
+
+
+class SourceError(KafkaFailure):
+    """A source topic/partition is missing or its offsets make no sense. Nothing was read or
+    published; fix the topic (or the pipeline's source list) and retry."""
+
+
+class DataLossError(SourceError):
+    """Planned offsets were deleted by retention before the pipeline read them.
+
+    Those records are gone from Kafka: data is lost unless another copy exists. The message
+    names the ranges.
+    """
+
+
+class CommitError(KafkaFailure):
+    """A commit could not finish. No duplicate is possible (the retry decides by the commit
+    marker); the message says whether any output is at risk."""
+
+
+class CommitFenced(CommitError):
+    """Another producer with the same transactional id took over (or this one was fenced
+    after a pause past ``transaction.timeout.ms``). This committer's open transaction is
+    aborted by the broker: none of its records become visible, no data is at risk."""
+
+
+class TransactionalIdUnauthorized(CommitError):
+    """The broker's ACLs do not allow this principal to use the transactional id.
+
+    A configuration problem, not a competing committer: nothing was published. Grant
+    ``WRITE``/``DESCRIBE`` on the transactional id (prefix) and retry.
+    """
+
+
+class NotPrepared(CommitError):
+    """The checkpoint to commit is not PREPARED yet; nothing was published. Run (or retry)
+    its prepare step first."""
+
+
+class StagingError(EoError):
+    """Staged output is missing or does not match its manifest: nothing is published from it."""
 
 
 class PrepareError(EoError):
@@ -23,20 +97,12 @@ class PrepareError(EoError):
 
 
 class TransformError(PrepareError):
-    """The user's transform raised; the message names the checkpoint and, when found, the record."""
+    """The user's transform raised; the message names the checkpoint and, when found, the
+    record. Nothing was published."""
 
 
-class StagingError(EoError):
-    """Staged output is missing or does not match its manifest: nothing is published from it."""
+class ControlSignal(Exception):
+    """Base of the provider's internal control-flow signals (not user errors).
 
-
-class CommitError(EoError):
-    """A commit could not finish; the message says whether data may be affected."""
-
-
-class CommitFenced(CommitError):
-    """Another producer with the same transactional id took over: this committer must stop."""
-
-
-class NotPrepared(CommitError):
-    """The checkpoint to commit is not PREPARED yet."""
+    Raised and caught inside one retry loop; reaching a user means a bug in the provider.
+    """

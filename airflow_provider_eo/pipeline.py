@@ -10,6 +10,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from airflow_provider_eo.errors import ConfigError
+
 StartupMode = Literal["earliest", "latest", "group", "timestamp", "offsets"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -26,7 +28,7 @@ _SECRET_KEYS = ("password", "secret", "sasl.oauthbearer.config", "ssl.key", "tok
 BROKER_MAX_TRANSACTION_TIMEOUT_MS = 900_000
 
 
-class PipelineConfigError(ValueError):
+class PipelineConfigError(ConfigError):
     """An impossible or unsafe pipeline setting; the message says what to change."""
 
 

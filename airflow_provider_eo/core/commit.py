@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 
 from airflow_provider_eo import names, staging
-from airflow_provider_eo.core.faults import fault_point, fault_triggered
+from airflow_provider_eo.core.fault_seam import fault_point, fault_triggered
 from airflow_provider_eo.errors import CommitError, NotPrepared, StagingError
 from airflow_provider_eo.kafka import admin
 from airflow_provider_eo.kafka.client_config import librdkafka_config

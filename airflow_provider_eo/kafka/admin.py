@@ -16,6 +16,8 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
+from airflow_provider_eo.errors import KafkaAdminError
+
 _TRANSIENT_CODES = {
     KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
     KafkaError.COORDINATOR_NOT_AVAILABLE,
@@ -33,10 +35,6 @@ def _transient(err: KafkaError) -> bool:
     COORDINATOR_LOAD_IN_PROGRESS from ListConsumerGroupOffsets on a new broker).
     """
     return bool(err.retriable()) or err.code() in _TRANSIENT_CODES
-
-
-class KafkaAdminError(RuntimeError):
-    """A Kafka admin call failed; the message names the topic and what to do."""
 
 
 _CLIENTS: dict[tuple[tuple[str, str], ...], AdminClient] = {}

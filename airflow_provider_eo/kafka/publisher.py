@@ -24,26 +24,27 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
-from airflow_provider_eo.errors import CommitError, CommitFenced
+from airflow_provider_eo.errors import CommitError, CommitFenced, ControlSignal, TransactionalIdUnauthorized
 from airflow_provider_eo.names import HEADER_PROVENANCE
 
 T = TypeVar("T")
 
 
-class Abortable(Exception):
+class Abortable(ControlSignal):
     """The open transaction must be aborted and the shard redone."""
 
 
-class ProducerLost(Exception):
+class ProducerLost(ControlSignal):
     """An indefinite failure: this producer may not be used again; re-init and decide by marker."""
 
 
 def _classify(err: KafkaError) -> str:
+    if err.code() == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED:
+        return "unauthorized"
     if err.fatal() or err.code() in (
         KafkaError._FENCED,
         KafkaError.PRODUCER_FENCED,
         KafkaError.INVALID_PRODUCER_EPOCH,
-        KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
     ):
         return "fatal"
     if err.txn_requires_abort():
@@ -73,6 +74,12 @@ def kafka_call(what: str, fn: Callable[..., T], *args: Any, deadline_s: float = 
                 raise ProducerLost(f"{what} kept failing with a retriable error: {err}") from exc
             if kind == "abort":
                 raise Abortable(f"{what}: {err}") from exc
+            if kind == "unauthorized":
+                raise TransactionalIdUnauthorized(
+                    f"{where}{what} was refused: {err.name()} ({err.str()}). The broker's ACLs do "
+                    "not let this principal use the transactional id; grant WRITE and DESCRIBE on "
+                    "the transactional id (prefix) and retry. Nothing was published."
+                ) from exc
             if kind == "fatal":
                 raise CommitFenced(
                     f"{where}{what} failed fatally: {err.name()} ({err.str()}). Another committer "

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from airflow_provider_eo.errors import EoError
 
-class LedgerError(Exception):
-    """Base class of every ledger error."""
+
+class LedgerError(EoError):
+    """The ledger refused or could not record something. Its transitions are atomic: a
+    refused one changed nothing, so no data is at risk; the message says what to do."""
 
 
 class CheckpointConflict(LedgerError):

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_eo import names, staging
-from airflow_provider_eo.core.faults import fault_point
+from airflow_provider_eo.core.fault_seam import fault_point
 from airflow_provider_eo.errors import PrepareError, TransformError
 from airflow_provider_eo.kafka import admin
 from airflow_provider_eo.kafka.client_config import java_client_options, librdkafka_config

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from airflow_provider_eo.errors import EoError
 
-class StackError(RuntimeError):
-    """The local stack could not be fetched, started or stopped; the message says what to do."""
+
+class StackError(EoError):
+    """The local development stack could not be fetched, started or stopped; the message says
+    what to do. It holds no pipeline data: nothing is at risk."""

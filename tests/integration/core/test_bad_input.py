@@ -10,9 +10,8 @@ import eo_test_transforms
 import pytest
 from confluent_kafka import Producer, TopicPartition
 
-from airflow_provider_eo.errors import DataLossError, PrepareError, TransformError
+from airflow_provider_eo.errors import DataLossError, KafkaAdminError, PrepareError, TransformError
 from airflow_provider_eo.kafka import admin
-from airflow_provider_eo.kafka.admin import KafkaAdminError
 from airflow_provider_eo.ledger import CheckpointState
 from airflow_provider_eo.stack.kafka import free_port
 

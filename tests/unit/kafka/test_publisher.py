@@ -9,7 +9,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from airflow_provider_eo import names
-from airflow_provider_eo.errors import CommitError, CommitFenced
+from airflow_provider_eo.errors import CommitError, CommitFenced, TransactionalIdUnauthorized
 from airflow_provider_eo.kafka.publisher import (
     Abortable,
     ProducerLost,
@@ -46,6 +46,15 @@ def test_abortable_and_fatal_and_unknown() -> None:
         kafka_call("x", _raiser([KafkaError(KafkaError._FENCED, "f", fatal=True)]))
     with pytest.raises(CommitError, match="unclassified"):
         kafka_call("x", _raiser([KafkaError(KafkaError.UNKNOWN, "u")]))
+
+
+def test_acl_refusal_is_not_reported_as_a_takeover() -> None:
+    """TRANSACTIONAL_ID_AUTHORIZATION_FAILED is an ACL problem, not a competing committer."""
+    err = KafkaError(KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "denied", fatal=True)
+    with pytest.raises(TransactionalIdUnauthorized, match="ACLs") as info:
+        kafka_call("init_transactions", _raiser([err]))
+    assert not isinstance(info.value, CommitFenced)
+    assert "took over" not in str(info.value)
 
 
 def _staged_batch(n: int, *, with_src: bool = True, user_headers: list[Any] | None = None) -> pa.RecordBatch:
