@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
 # A throwaway PostgreSQL cluster for tests and benchmarks, under <repo>/.eo/postgres.
 #
-#   scripts/postgres.sh start   # idempotent; prints EO_PG_URL=... and EO_PG_STARTED=0|1
+#   scripts/postgres.sh start   # idempotent; prints EO_PG_URL=..., EO_PG_STARTED=0|1, EO_PG_DIR=...
 #   scripts/postgres.sh stop    # stops only the cluster in our own data folder
 #   scripts/postgres.sh status  # exit 0 and print EO_PG_URL when running, else exit 1
 #
 # Listens on 127.0.0.1 only, TCP only, with trust auth (no password exists, so none can
 # leak into a URL or a log). Runs as the `postgres` user when invoked as root (postgres
 # refuses to run as root). EO_PG_DIR overrides the state folder.
+#
+# When run as root and the clone sits where the `postgres` user cannot reach it (inside
+# root's home folder, or in a `mktemp -d` folder: mode 700), the default state folder is
+# /var/tmp/eo-postgres-<hash of the checkout path> instead (initdb would fail with
+# "could not access directory ... Permission denied"). start, stop and status all pick the
+# folder the same way, so stop always finds what start started.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-STATE="${EO_PG_DIR:-$ROOT/.eo/postgres}"
-DATA="$STATE/data"
-LOG="$STATE/postgres.log"
-PORT_FILE="$STATE/port"
 DB=eo
 DB_USER=eo
 
@@ -76,14 +78,49 @@ sys.exit(1)
 PY
 }
 
+# can the cluster owner create and use folder $1 (every parent must be traversable)?
+owner_can_reach() {
+  local dir="$1"
+  [ "$(id -u)" != 0 ] && return 0
+  while [ ! -e "$dir" ]; do dir="$(dirname "$dir")"; done
+  id -u postgres >/dev/null 2>&1 || return 1  # made by as_owner on start; decide there
+  runuser -u postgres -- test -x "$dir"
+}
+
+pick_state() {
+  if [ -n "${EO_PG_DIR:-}" ]; then
+    STATE="$EO_PG_DIR"
+  else
+    STATE="$ROOT/.eo/postgres"
+    if ! owner_can_reach "$STATE"; then
+      STATE="/var/tmp/eo-postgres-$(printf '%s' "$ROOT" | sha256sum | cut -c1-16)"
+    fi
+  fi
+  DATA="$STATE/data"
+  LOG="$STATE/postgres.log"
+  PORT_FILE="$STATE/port"
+}
+
 running() { [ -d "$DATA" ] && as_owner "$BIN/pg_ctl" status -D "$DATA" >/dev/null 2>&1; }
 
-print_url() { echo "EO_PG_URL=postgresql+psycopg://$DB_USER@127.0.0.1:$(cat "$PORT_FILE")/$DB"; }
+print_url() {
+  echo "EO_PG_URL=postgresql+psycopg://$DB_USER@127.0.0.1:$(cat "$PORT_FILE")/$DB"
+  echo "EO_PG_DIR=$STATE"
+}
 
 cmd_start() {
   ensure_installed
+  if [ "$(id -u)" = 0 ]; then as_owner true; fi  # the postgres user exists from here on
+  pick_state
   mkdir -p "$STATE"
-  if [ "$(id -u)" = 0 ]; then as_owner true; chown postgres "$STATE"; fi
+  if [ "$(id -u)" = 0 ]; then
+    chown postgres "$STATE"
+    if ! runuser -u postgres -- test -w "$STATE"; then
+      log "the postgres user cannot use $STATE (a parent folder is not traversable by it):"
+      log "set EO_PG_DIR to a folder it can reach, e.g. EO_PG_DIR=/var/tmp/eo-postgres"
+      exit 5
+    fi
+  fi
   if running; then
     print_url; echo "EO_PG_STARTED=0"; return 0
   fi
@@ -109,6 +146,7 @@ cmd_start() {
 
 cmd_stop() {
   BIN="$(find_bin)" || { log "no PostgreSQL binaries: nothing of ours can be running"; return 0; }
+  pick_state
   if running; then
     as_owner "$BIN/pg_ctl" -D "$DATA" -m fast -w stop >&2
     log "stopped the cluster in $DATA"
@@ -119,6 +157,7 @@ cmd_stop() {
 
 cmd_status() {
   BIN="$(find_bin)" || exit 1
+  pick_state
   if running; then print_url; else exit 1; fi
 }
 
