@@ -79,8 +79,20 @@ def plan_checkpoint(
     known = ledger.next_starts(pipeline.name)
     new = [tp for tp in partitions if tp not in known]
     starts: dict[TP, int] = {tp: known[tp] for tp in partitions if tp in known}
-    starts.update(startup_offsets(pipeline, new))
     log_start = admin.list_offsets(config, partitions, spec="earliest")
+    discovered: dict[str, dict[str, int | str]] = {}
+    if not known:  # the pipeline's first checkpoint (of its lineage): the startup policy
+        starts.update(startup_offsets(pipeline, new))
+    else:
+        # A partition found later (the topic grew) starts from its earliest offset whatever
+        # the startup policy, as in Flink: its records were all written after the pipeline
+        # started, so "latest" (or a group/timestamp start) would silently skip them.
+        for topic, partition in new:
+            starts[(topic, partition)] = log_start[(topic, partition)]
+            discovered[f"{topic}[{partition}]"] = {
+                "start": log_start[(topic, partition)],
+                "policy": "earliest",
+            }
     # The end is the last stable offset (open transactions of a transactional input
     # are excluded), so the range never reaches into undecided records.
     ends = admin.list_offsets(config, partitions, spec="latest")
@@ -117,5 +129,9 @@ def plan_checkpoint(
         )
         for t, p in partitions
     ]
-    details = {"skipped": {f"{t}[{p}]": [s, starts[(t, p)]] for (t, p), s in skipped.items()}}
+    details: dict[str, object] = {
+        "skipped": {f"{t}[{p}]": [s, starts[(t, p)]] for (t, p), s in skipped.items()}
+    }
+    if discovered:  # recorded with the plan's event: where each new partition started
+        details["discovered"] = discovered
     return ledger.plan(pipeline.name, ranges, max_pending=pipeline.max_pending, actor=actor, details=details)
