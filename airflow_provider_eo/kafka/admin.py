@@ -17,6 +17,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from airflow_provider_eo.errors import KafkaAdminError
+from airflow_provider_eo.kafka.client_config import cache_key, librdkafka_config
 
 _TRANSIENT_CODES = {
     KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
@@ -46,13 +47,17 @@ def admin_client(config: Mapping[str, Any]) -> AdminClient:
 
     Kept for the life of the process: destroying AdminClients while librdkafka still has
     background events queued crashed the interpreter (seen here with confluent-kafka 2.16).
+    Its librdkafka log lines go to Python logging; they are queued until ``poll``, which
+    every fetch of the client does.
     """
-    key = tuple(sorted((str(k), str(v)) for k, v in config.items()))
+    conf = librdkafka_config(config)
+    key = cache_key(conf)
     with _CLIENTS_LOCK:
         client = _CLIENTS.get(key)
         if client is None:
-            client = _CLIENTS[key] = AdminClient({"log_level": 4, **dict(config)})
-        return client
+            client = _CLIENTS[key] = AdminClient(conf)
+    client.poll(0)  # serve queued log lines (bounded: never more than since the last call)
+    return client
 
 
 def ensure_topic(
@@ -183,18 +188,20 @@ def group_consumer(config: Mapping[str, Any], group: str) -> Consumer:
     their coordinator lookup was in flight, crashed librdkafka 2.16 here.
     """
     conf = {
-        **{k: v for k, v in config.items() if not k.startswith(("linger", "queue."))},
+        **{k: v for k, v in librdkafka_config(config).items() if not k.startswith(("linger", "queue."))},
         "group.id": group,
         "enable.auto.commit": False,  # offsets move only inside the commit transaction
         "isolation.level": "read_committed",  # committed() asks for stable offsets (KIP-447)
-        "log_level": config.get("log_level", 4),
     }
-    key = tuple(sorted((str(k), str(v)) for k, v in conf.items()))
+    key = cache_key(conf)
     with _CLIENTS_LOCK:
         consumer = _GROUP_CONSUMERS.get(key)
         if consumer is None:
             consumer = _GROUP_CONSUMERS[key] = Consumer(conf)
-        return consumer
+    # Serve queued librdkafka log lines (Python logging): never subscribed, so this
+    # polls no records and joins no group.
+    consumer.poll(0)
+    return consumer
 
 
 def committed_group_offsets(

@@ -78,7 +78,7 @@ def high_watermarks(config: dict[str, Any], partitions: list[tuple[str, int]]) -
     """The high watermark (end of the log, including open transactions) per partition."""
     consumer = Consumer(
         {
-            **config,
+            **librdkafka_config(config),
             "group.id": f"eo-hw-{uuid.uuid4().hex[:8]}",
             "enable.auto.commit": False,
             # librdkafka consumers default to read_committed, whose "high" watermark is the
@@ -117,7 +117,7 @@ def read_sink(config: dict[str, Any], topic: str, timeout_s: float = 120.0) -> l
     todo = {p for p in parts if ends[(topic, p)] > starts[(topic, p)]}
     consumer = Consumer(
         {
-            **config,
+            **librdkafka_config(config),
             "group.id": f"eo-audit-{uuid.uuid4().hex[:8]}",
             "isolation.level": "read_committed",  # what real consumers of the sink see
             "enable.auto.commit": False,
