@@ -13,6 +13,10 @@ Per commit shard, in shard order (``notifyCheckpointComplete`` -> ``commit`` in 
 4. A retriable failure repeats the call; an abortable one aborts and redoes the shard;
    an ambiguous ``commit_transaction`` is never followed by an abort: the producer is
    dropped, a new one re-inits and the marker decides.
+5. A failed delivery report (the broker refused a record) makes the transaction
+   abortable: it is aborted (nothing of it is visible) and the shard redone, unless the
+   broker will refuse the record every time (too large for the sink topic): then the
+   commit fails naming the record, its partition and what to change, without looping.
 
 When every shard shows the checkpoint, the ledger moves PREPARED -> COMMITTED.
 Committing a COMMITTED checkpoint does nothing.
@@ -30,10 +34,12 @@ from airflow_provider_eo.kafka import admin
 from airflow_provider_eo.kafka.client_config import librdkafka_config
 from airflow_provider_eo.kafka.publisher import (
     Abortable,
+    DeliveryFailures,
     ProducerLost,
     connect,
     group_metadata,
     kafka_call,
+    largest_record,
     new_producer,
     offsets,
     produce_staged,
@@ -96,8 +102,10 @@ def _publish_shard(
             records=records,
         )
 
+    last_failure = ""
     for _round in range(MAX_SHARD_ROUNDS):
-        producer = new_producer(config, txn_id, pipeline.transaction_timeout_ms)
+        failures = DeliveryFailures()
+        producer = new_producer(config, txn_id, pipeline.transaction_timeout_ms, on_failure=failures)
         try:
             kafka_call("metadata", connect, producer, pipeline.sink_topic, timeout_s, where=where)
             kafka_call("init_transactions", producer.init_transactions, timeout_s, where=where)
@@ -115,11 +123,15 @@ def _publish_shard(
             ckpt_header = f"{pipeline.name}:{cp.checkpoint_id}".encode()
             for partition in partitions:
                 batches = staging.iter_batches(cp.staging_location or "", manifest.files[partition])
-                produced += produce_staged(producer, pipeline.sink_topic, partition, batches, ckpt_header)
+                produced += produce_staged(
+                    producer, pipeline.sink_topic, partition, batches, ckpt_header, where=where
+                )
                 fault_point("commit.after_begin")
             # Everything acknowledged by the broker before the commit step (commit would
             # flush anyway; this makes the crash point below well-defined).
             producer.flush(timeout_s)
+            if failures:  # a refused record: the transaction can only be aborted now
+                raise Abortable(failures.describe())
             fault_point("commit.before_commit_txn")
             marker = {(pipeline.sink_topic, shard): cp.checkpoint_id}
             kafka_call(
@@ -159,11 +171,33 @@ def _publish_shard(
             fault_point("commit.after_commit_txn")
             record(state="COMMITTED", records=produced)
             return produced, False
-        except Abortable:
+        except Abortable as exc:
             try:
                 producer.abort_transaction(timeout_s)
             except Exception:  # the next round's init_transactions aborts it anyway
                 pass
+            producer.poll(0)  # serve the delivery reports still queued (the cause, if any)
+            last_failure = failures.describe() if failures else str(exc)
+            if failures.permanent:
+                for partition in sorted(failures.partitions & set(partitions)):
+                    found = largest_record(
+                        staging.iter_batches(cp.staging_location or "", manifest.files[partition])
+                    )
+                    if found is not None:
+                        index, src, size = found
+                        last_failure += (
+                            f"; the largest record of sink partition {partition} is record "
+                            f"{index} of its staged output (source {src}, {size} bytes of key+value)"
+                        )
+                raise CommitError(
+                    f"{where}{last_failure}. The broker refuses this record every time, so "
+                    "the shard's transaction was aborted (nothing of it is visible) and the "
+                    "checkpoint stays PREPARED. A size refusal means the sink topic "
+                    f"{pipeline.sink_topic!r} lowered max.message.bytes (or the broker its "
+                    "message.max.bytes) after prepare checked it: raise it above the record's "
+                    "size and retry the commit. An authorization refusal needs WRITE on the "
+                    "sink topic."
+                ) from exc
             continue
         except ProducerLost:
             continue
@@ -171,8 +205,9 @@ def _publish_shard(
             del producer
     raise CommitError(
         f"{where}could not publish after {MAX_SHARD_ROUNDS} rounds of retriable/abortable "
-        "errors. Nothing from an unfinished round is visible (aborted or fenced); retry the "
-        "commit task later — the marker prevents duplicates."
+        f"errors (last: {last_failure or 'an ambiguous or retriable failure'}). Nothing from "
+        "an unfinished round is visible (aborted or fenced); retry the commit task later — "
+        "the marker prevents duplicates."
     )
 
 

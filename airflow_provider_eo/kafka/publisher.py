@@ -4,7 +4,11 @@ Error classes (DESIGN.md §3a):
 
 1. ``retriable()``: repeat the same call (``send_offsets_to_transaction`` with identical
    offsets: retriable but not resumable).
-2. ``txn_requires_abort()``: abort the transaction and redo the whole shard.
+2. ``txn_requires_abort()``: abort the transaction and redo the whole shard. A failed
+   delivery report puts the transaction in this state too: the next ``produce()`` raises
+   ``_STATE`` and the commit step says ``txn_requires_abort``; the failed reports are kept
+   (:class:`DeliveryFailures`) so a record the broker will always refuse (too large for
+   the sink topic) stops the shard with an error naming it, instead of a redo loop.
 3. fatal / fenced: destroy the producer and fail with the reason.
 4. anything else: fail loudly, saying whether data may be affected.
 
@@ -54,6 +58,110 @@ def _classify(err: KafkaError) -> str:
     return "unknown"
 
 
+# Delivery errors a redo cannot cure: the broker refuses these records every time.
+_PERMANENT_DELIVERY = {
+    KafkaError.MSG_SIZE_TOO_LARGE,
+    KafkaError.RECORD_LIST_TOO_LARGE,
+    KafkaError.INVALID_RECORD,
+    KafkaError.INVALID_MSG,
+    KafkaError.TOPIC_AUTHORIZATION_FAILED,
+}
+
+
+_PURGED = {KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT}
+
+
+class DeliveryFailures:
+    """The producer's ``on_delivery`` callback: keeps the failed delivery reports of one
+    producer (with ``delivery.report.only.error``, only failures are reported)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.first: KafkaError | None = None
+        self.permanent_error: KafkaError | None = None
+        self.partitions: set[int] = set()  # sink partitions with a failed record
+
+    def __call__(self, err: KafkaError | None, msg: Any) -> None:
+        """Record one delivery report (called from ``poll``/``flush``)."""
+        if err is None or err.code() in _PURGED:
+            return  # purged by our own abort: a consequence, not a cause
+        self.count += 1
+        self.first = self.first or err
+        if err.code() in _PERMANENT_DELIVERY and self.permanent_error is None:
+            self.permanent_error = err
+        self.partitions.add(int(msg.partition()))
+
+    def __bool__(self) -> bool:
+        return self.count > 0
+
+    @property
+    def permanent(self) -> bool:
+        """A record was refused for a reason a redo cannot cure."""
+        return self.permanent_error is not None
+
+    def describe(self) -> str:
+        """How many records failed, in which sink partitions, and why."""
+        err = self.permanent_error or self.first
+        if err is None:
+            return "no delivery failed"
+        where = ", ".join(str(p) for p in sorted(self.partitions))
+        return (
+            f"{self.count} record(s) of sink partition {where} failed delivery with "
+            f"{err.name()} ({err.str()})"
+        )
+
+
+def largest_record(batches: Iterable[pa.RecordBatch]) -> tuple[int, str, int] | None:
+    """(index in the staged output, source position, key+value bytes) of the largest staged
+    record: names the record a broker refused for its size (read only after a refusal)."""
+    best: tuple[int, str, int] | None = None
+    index = 0
+    for batch in batches:
+        if batch.num_rows:
+            sizes = pc.add(
+                pc.fill_null(pc.binary_length(batch.column("value")), 0),
+                pc.fill_null(pc.binary_length(batch.column("key")), 0),
+            )
+            i = int(pc.index(sizes, pc.max(sizes)).as_py())
+            size = int(sizes[i].as_py())
+            if best is None or size > best[2]:
+                row = {c: batch.column(c)[i].as_py() for c in ("src_topic", "src_partition", "src_offset")}
+                src = (
+                    "-"
+                    if row["src_topic"] is None
+                    else f"{row['src_topic']}:{row['src_partition']}:{row['src_offset']}"
+                )
+                best = (index + i, src, size)
+        index += batch.num_rows
+    return best
+
+
+def _sorted_error(what: str, exc: KafkaException, where: str) -> Exception:
+    """The exception for a non-retriable Kafka error (Abortable, fenced, ...)."""
+    err: KafkaError = exc.args[0]
+    kind = _classify(err)
+    if kind == "abort":
+        return Abortable(f"{what}: {err}")
+    if kind == "unauthorized":
+        return TransactionalIdUnauthorized(
+            f"{where}{what} was refused: {err.name()} ({err.str()}). The broker's ACLs do "
+            "not let this principal use the transactional id; grant WRITE and DESCRIBE on "
+            "the transactional id (prefix) and retry. Nothing was published."
+        )
+    if kind == "fatal":
+        return CommitFenced(
+            f"{where}{what} failed fatally: {err.name()} ({err.str()}). Another committer "
+            "with the same transactional id took over, or the producer was fenced after "
+            "a pause past transaction.timeout.ms; this process stops. Its open "
+            "transaction is aborted by the broker: no data from it becomes visible."
+        )
+    return CommitError(
+        f"{where}{what} failed with an unclassified Kafka error {err.name()} "
+        f"({err.str()}). The open transaction was not committed by this call; the retry "
+        "decides by the commit marker, so no data is duplicated."
+    )
+
+
 def kafka_call(what: str, fn: Callable[..., T], *args: Any, deadline_s: float = 120.0, where: str = "") -> T:
     """Call a transactional producer method, repeating it while Kafka says *retriable*.
 
@@ -66,40 +174,30 @@ def kafka_call(what: str, fn: Callable[..., T], *args: Any, deadline_s: float = 
             return fn(*args)
         except KafkaException as exc:
             err: KafkaError = exc.args[0]
-            kind = _classify(err)
-            if kind == "retry":
+            if _classify(err) == "retry":
                 if time.monotonic() < deadline:
                     time.sleep(0.2)
                     continue
                 raise ProducerLost(f"{what} kept failing with a retriable error: {err}") from exc
-            if kind == "abort":
-                raise Abortable(f"{what}: {err}") from exc
-            if kind == "unauthorized":
-                raise TransactionalIdUnauthorized(
-                    f"{where}{what} was refused: {err.name()} ({err.str()}). The broker's ACLs do "
-                    "not let this principal use the transactional id; grant WRITE and DESCRIBE on "
-                    "the transactional id (prefix) and retry. Nothing was published."
-                ) from exc
-            if kind == "fatal":
-                raise CommitFenced(
-                    f"{where}{what} failed fatally: {err.name()} ({err.str()}). Another committer "
-                    "with the same transactional id took over, or the producer was fenced after "
-                    "a pause past transaction.timeout.ms; this process stops. Its open "
-                    "transaction is aborted by the broker: no data from it becomes visible."
-                ) from exc
-            raise CommitError(
-                f"{where}{what} failed with an unclassified Kafka error {err.name()} "
-                f"({err.str()}). The open transaction was not committed by this call; the retry "
-                "decides by the commit marker, so no data is duplicated."
-            ) from exc
+            raise _sorted_error(what, exc, where) from exc
 
 
-def new_producer(config: Mapping[str, Any], transactional_id: str, timeout_ms: int) -> Producer:
-    """A fresh transactional producer for one shard."""
+def new_producer(
+    config: Mapping[str, Any],
+    transactional_id: str,
+    timeout_ms: int,
+    on_failure: DeliveryFailures | None = None,
+) -> Producer:
+    """A fresh transactional producer for one shard; failed deliveries go to ``on_failure``."""
     message_timeout = int(config.get("message.timeout.ms", 0) or 0) or max(1000, timeout_ms - 5000)
+    reports: dict[str, Any] = {}
+    if on_failure is not None:
+        # Only failures call back into Python: nothing per record on the hot path.
+        reports = {"on_delivery": on_failure, "delivery.report.only.error": True}
     return Producer(
         {
             **config,
+            **reports,
             "transactional.id": transactional_id,
             "transaction.timeout.ms": timeout_ms,
             # Must stay below the transaction timeout, else a stuck message outlives its txn.
@@ -181,12 +279,20 @@ def provenance_values(batch: pa.RecordBatch, prefix: str, first_index: int) -> p
     return pc.cast(joined, pa.binary())
 
 
+def _produce_error(exc: KafkaException, where: str) -> Exception:
+    err: KafkaError = exc.args[0]
+    if err.code() == KafkaError._STATE:  # the transaction failed earlier (a delivery report)
+        return Abortable(f"produce: the transaction is in an abortable state: {err}")
+    return _sorted_error("produce", exc, where)
+
+
 def produce_staged(
     producer: Producer,
     topic: str,
     partition: int,
     batches: Iterable[pa.RecordBatch],
     checkpoint_header: bytes,
+    where: str = "",
 ) -> int:
     """Produce one sink partition's staged rows, in staged order, each with the provenance
     header (checkpoint, position in the staged output, source position). Returns the count.
@@ -194,6 +300,9 @@ def produce_staged(
     The user's headers are kept; ``produce()`` is used because ``produce_batch`` drops
     headers. Columns become Python objects once per batch; the per-record work is one
     ``produce()`` call.
+
+    Raises :class:`Abortable` when the transaction already failed (a failed delivery report
+    makes ``produce()`` raise ``_STATE``), else the sorted error of :func:`kafka_call`.
     """
     send = producer.produce
     prefix = f"{checkpoint_header.decode()} {partition}:"
@@ -215,7 +324,12 @@ def produce_staged(
                 send(topic, values[i], keys[i], partition, headers=hdrs)
             except BufferError:  # local queue full: serve delivery reports, then block
                 producer.poll(0.05)
-                produce(producer, topic, value=values[i], key=keys[i], partition=partition, headers=hdrs)
+                try:
+                    produce(producer, topic, value=values[i], key=keys[i], partition=partition, headers=hdrs)
+                except KafkaException as exc:
+                    raise _produce_error(exc, where) from exc
+            except KafkaException as exc:
+                raise _produce_error(exc, where) from exc
         index += n
         producer.poll(0)  # serve delivery reports so the local queue drains
     return index

@@ -12,8 +12,10 @@ from airflow_provider_eo import names
 from airflow_provider_eo.errors import CommitError, CommitFenced, TransactionalIdUnauthorized
 from airflow_provider_eo.kafka.publisher import (
     Abortable,
+    DeliveryFailures,
     ProducerLost,
     kafka_call,
+    largest_record,
     produce_staged,
     provenance_values,
 )
@@ -153,3 +155,53 @@ assert "pandas" not in sys.modules, "pandas was imported"
 """
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
+
+
+class _StateProducer(_FakeProducer):
+    """produce() raises KafkaException(_STATE) from the given call on (a failed txn)."""
+
+    def __init__(self, state_from: int) -> None:
+        super().__init__()
+        self.state_from = state_from
+
+    def produce(self, topic: str, value: Any = None, key: Any = None, partition: int = -1, **kw: Any) -> None:
+        if self.calls + 1 >= self.state_from:
+            self.calls += 1
+            raise KafkaException(KafkaError(KafkaError._STATE, "Unable to produce message"))
+        super().produce(topic, value, key, partition, **kw)
+
+
+def test_produce_in_a_failed_transaction_is_abortable() -> None:
+    with pytest.raises(Abortable, match="abortable state"):
+        produce_staged(_StateProducer(3), "sink", 0, [_staged_batch(5)], b"p:1")  # type: ignore[arg-type]
+
+
+class _Report:
+    def __init__(self, partition: int) -> None:
+        self._partition = partition
+
+    def partition(self) -> int:
+        return self._partition
+
+
+def test_delivery_failures_sorted_permanent_vs_transient_and_purge_ignored() -> None:
+    failures = DeliveryFailures()
+    failures(None, _Report(0))
+    failures(KafkaError(KafkaError._PURGE_QUEUE), _Report(0))
+    assert not failures and failures.describe() == "no delivery failed"
+    failures(KafkaError(KafkaError._MSG_TIMED_OUT), _Report(1))
+    assert failures and not failures.permanent
+    failures(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), _Report(2))
+    assert failures.permanent
+    text = failures.describe()
+    assert "2 record(s) of sink partition 1, 2" in text and "MSG_SIZE_TOO_LARGE" in text
+
+
+def test_largest_record_names_its_index_and_source() -> None:
+    small, big = _staged_batch(3), _staged_batch(4)
+    values = big.column("value").to_pylist()
+    values[2] = b"x" * 500
+    big = big.set_column(1, "value", pa.array(values, pa.binary()))
+    assert largest_record([small, _staged_batch(0), big]) == (3 + 2, "orders:2:102", 502)
+    assert largest_record([]) is None
+    assert largest_record([_staged_batch(2, with_src=False)]) == (1, "-", 4)
