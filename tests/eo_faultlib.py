@@ -23,7 +23,7 @@ from airflow_provider_eo.kafka.audit import high_watermarks
 from airflow_provider_eo.kafka.client_config import librdkafka_config
 from airflow_provider_eo.ledger import CheckpointState, Ledger
 from airflow_provider_eo.pipeline import Pipeline
-from airflow_provider_eo.stack.kafka import LocalKafka, pid_alive
+from airflow_provider_eo.stack.kafka import LocalKafka, pid_alive, port_in_use
 
 
 # -- committer children --------------------------------------------------------------------
@@ -125,6 +125,9 @@ def crash_restart(kafka: LocalKafka) -> None:
     assert info is not None
     os.killpg(info.pid, signal.SIGKILL)
     wait_for(lambda: not pid_alive(info.pid), "the broker to die", timeout=30)
+    # Clients reconnecting every few ms to a port nobody listens on can briefly hold it
+    # (a loopback self-connect): wait until it is free again.
+    wait_for(lambda: not port_in_use(info.port), f"port {info.port} to be free", timeout=60)
     assert kafka.up(timeout_s=120).port == info.port
 
 
@@ -194,4 +197,3 @@ def any_process_state(pid: int) -> str:
         return process_state(pid)
     except (FileNotFoundError, ProcessLookupError):
         return "X"
-
