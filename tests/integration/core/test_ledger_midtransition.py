@@ -74,7 +74,9 @@ def pg_ledger_url(pg_state: str) -> Iterator[str]:
     try:
         yield make_url(server).set(database=name).render_as_string(hide_password=False)
     finally:
-        _pg("start", pg_state)  # a failed test may have left it stopped
+        admin.dispose()
+        server = _pg("start", pg_state)["EO_PG_URL"]  # a failed test may have left it stopped
+        admin = create_engine(make_url(server).set(database="postgres"), isolation_level="AUTOCOMMIT")
         with admin.connect() as conn:
             conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         admin.dispose()
@@ -118,7 +120,12 @@ def _run(h: Harness, pg_state: str, step: str, done_shards: int) -> None:
     assert "unavailable" in err and "retry" in err, err[-3000:]
     # Kafka has committed what the markers show; nothing else
     assert [marker(h.pipeline, s) >= cid for s in range(2)] == [s < done_shards for s in range(2)]
-    _pg("start", pg_state)
+    # postgres.sh may move the server to another port when the old one is still held
+    # (TIME_WAIT): the same database, at wherever the restarted server listens.
+    server = make_url(_pg("start", pg_state)["EO_PG_URL"])
+    url = server.set(database=make_url(h.pipeline.ledger_url).database)
+    h = h.with_(ledger_url=url.render_as_string(hide_password=False))
+    h.ledger.close()
     ledger = Ledger(h.pipeline.ledger_url)  # a fresh pool: the old connections died
     try:
         assert ledger.get(h.pipeline.name, cid).state is CheckpointState.PREPARED
