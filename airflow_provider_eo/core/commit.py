@@ -152,6 +152,7 @@ def _publish_shard(
                     timeout_s,
                     where=where,
                 )
+            fault_point("commit.before_end_txn")
             try:
                 if fault_triggered("commit.ambiguous_before"):
                     raise ProducerLost("injected: commit_transaction timed out before it was sent")
