@@ -29,7 +29,7 @@ UrlOption = Annotated[
     typer.Option(
         "--ledger-url",
         envvar=ENV_LEDGER_URL,
-        help="SQLAlchemy URL of the ledger (default: $EO_LEDGER_URL, else sqlite:///.eo/ledger.db).",
+        help=f"SQLAlchemy URL of the ledger (default: ${ENV_LEDGER_URL}, else {DEFAULT_LEDGER_URL}).",
         show_default=False,
     ),
 ]

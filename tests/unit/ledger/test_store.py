@@ -348,12 +348,12 @@ def test_savepoints(ledger: Ledger) -> None:
 
 
 def test_commit_lease_cas(ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
-    from airflow_provider_eo.ledger import store
+    from airflow_provider_eo.ledger import leases
 
     ledger.plan(P, [RangeSpec("t", 0, 0, 10)])
     prepare(ledger, 1)
     now = dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)
-    monkeypatch.setattr(store, "utcnow", lambda: now)
+    monkeypatch.setattr(leases, "utcnow", lambda: now)
     lease = ledger.acquire_commit_lease(P, 1, owner="worker-a", ttl_s=30)
     assert lease.commit_owner == "worker-a"
     assert lease.commit_lease_until == now + dt.timedelta(seconds=30)
