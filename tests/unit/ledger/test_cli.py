@@ -37,7 +37,9 @@ def test_checkpoints_table_and_json(ledger: Ledger) -> None:
 
 
 def test_cli_errors_are_readable(ledger: Ledger) -> None:
-    result = CliRunner().invoke(app, ["checkpoints", "nope", "--ledger-url", ledger.engine.url.render_as_string(hide_password=False)])
+    result = CliRunner().invoke(
+        app, ["checkpoints", "nope", "--ledger-url", ledger.engine.url.render_as_string(hide_password=False)]
+    )
     assert result.exit_code == 1
     assert "pipeline 'nope' is not in the ledger" in result.output
 
