@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from airflow_provider_eo.ledger.engine import make_engine
 from airflow_provider_eo.ledger.errors import (
     CheckpointConflict,
     CheckpointNotFound,
     CommitLeaseHeld,
+    InvalidTransition,
     InvariantViolation,
     LedgerError,
     LedgerUnavailable,
@@ -29,8 +31,9 @@ from airflow_provider_eo.ledger.states import (
     CheckpointState,
     ShardState,
     can_transition,
+    check_transition,
 )
-from airflow_provider_eo.ledger.store import Ledger, make_engine
+from airflow_provider_eo.ledger.store import Ledger
 from airflow_provider_eo.ledger.urls import DEFAULT_LEDGER_URL, default_ledger_url, redact_url
 
 __all__ = [
@@ -45,6 +48,7 @@ __all__ = [
     "CheckpointState",
     "CommitLeaseHeld",
     "EventRecord",
+    "InvalidTransition",
     "InvariantViolation",
     "Ledger",
     "LedgerError",
@@ -58,6 +62,7 @@ __all__ = [
     "ShardState",
     "TopicPartition",
     "can_transition",
+    "check_transition",
     "default_ledger_url",
     "make_engine",
     "redact_url",

@@ -29,7 +29,7 @@ UrlOption = Annotated[
     typer.Option(
         "--ledger-url",
         envvar=ENV_LEDGER_URL,
-        help="SQLAlchemy URL of the ledger (default: $EO_LEDGER_URL, else sqlite:///.eo/ledger.db).",
+        help=f"SQLAlchemy URL of the ledger (default: ${ENV_LEDGER_URL}, else {DEFAULT_LEDGER_URL}).",
         show_default=False,
     ),
 ]
@@ -84,37 +84,6 @@ def render_checkpoints_table(records: Sequence[CheckpointRecord], *, title: str 
     return table
 
 
-def _as_json(r: CheckpointRecord) -> dict[str, Any]:
-    def ts(value: dt.datetime | None) -> str | None:
-        return value.isoformat() if value else None
-
-    return {
-        "pipeline": r.pipeline,
-        "checkpoint_id": r.checkpoint_id,
-        "state": r.state.value,
-        "lineage": r.lineage,
-        "records": r.records,
-        "bytes": r.bytes,
-        "ranges": [
-            {
-                "topic": g.topic,
-                "partition": g.partition,
-                "start": g.start,
-                "end": g.end,
-                "skipped_from": g.skipped_from,
-            }
-            for g in r.ranges
-        ],
-        "planned_at": ts(r.planned_at),
-        "prepared_at": ts(r.prepared_at),
-        "committed_at": ts(r.committed_at),
-        "aborted_at": ts(r.aborted_at),
-        "prepared_attempt": r.prepared_attempt,
-        "abort_reason": r.abort_reason,
-        "shards": [{"shard": s.shard, "state": s.state.value, "records": s.records} for s in r.shards],
-    }
-
-
 def pipelines_cmd(url: UrlOption = DEFAULT_LEDGER_URL) -> None:
     """List the pipelines in the ledger."""
     try:
@@ -151,7 +120,7 @@ def checkpoints_cmd(
         return
     if json_out:
         for r in records:
-            print(json.dumps(_as_json(r), sort_keys=True))
+            print(json.dumps(r.summary(), sort_keys=True))
         return
     _out.print(render_checkpoints_table(records, title=f"checkpoints of {pipeline}"))
 

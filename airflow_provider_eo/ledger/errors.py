@@ -55,3 +55,18 @@ class LedgerUnavailable(LedgerError):
 
 class SavepointNotFound(CheckpointNotFound):
     """No savepoint with that name for the pipeline."""
+
+
+class InvalidTransition(LedgerError):
+    """A move that is not in the state machine's table of allowed transitions.
+
+    A programming error, not a race: the ledger refuses it before touching the row, so
+    nothing changed and no data is at risk.
+    """
+
+    def __init__(self, message: str, *, pipeline: str, checkpoint_id: int, source: str, target: str) -> None:
+        super().__init__(message)
+        self.pipeline = pipeline
+        self.checkpoint_id = checkpoint_id
+        self.source = source
+        self.target = target

@@ -8,6 +8,7 @@ for the same reason. Offsets are ``BigInteger``: Kafka offsets are 64-bit.
 from __future__ import annotations
 
 import datetime as dt
+import enum
 from typing import Any
 
 from sqlalchemy import (
@@ -15,6 +16,7 @@ from sqlalchemy import (
     BigInteger,
     CheckConstraint,
     DateTime,
+    Enum,
     ForeignKey,
     ForeignKeyConstraint,
     Index,
@@ -27,6 +29,8 @@ from sqlalchemy import (
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
+
+from airflow_provider_eo.ledger.states import CheckpointState, ShardState
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -41,7 +45,24 @@ VERSION_TABLE = "eo_alembic_version"
 # SQLite has no 64-bit autoincrement type other than INTEGER PRIMARY KEY.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
 
-_STATES = "'PLANNED', 'PREPARED', 'COMMITTED', 'ABORTED'"
+_STATES = ", ".join(f"'{s.value}'" for s in CheckpointState)
+_SHARD_STATES = ", ".join(f"'{s.value}'" for s in ShardState)
+
+
+def _state_column(enum_class: type[enum.Enum]) -> Enum:
+    """The enum stored as its value string in a VARCHAR(16), as migration 0001 made it.
+
+    Not a native enum (no ``CREATE TYPE`` on PostgreSQL) and no constraint of its own: the
+    tables' named CHECK constraints already list the values.
+    """
+    return Enum(
+        enum_class,
+        native_enum=False,
+        create_constraint=False,
+        length=16,
+        validate_strings=True,
+        values_callable=lambda members: [m.value for m in members],
+    )
 
 
 class UTCDateTime(TypeDecorator[dt.datetime]):
@@ -113,7 +134,7 @@ class Checkpoint(Base):
     )
     # 1, 2, 3... per pipeline, handed out by Pipeline.last_checkpoint_id.
     checkpoint_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
-    state: Mapped[str] = mapped_column(String(16))
+    state: Mapped[CheckpointState] = mapped_column(_state_column(CheckpointState))
     lineage: Mapped[int] = mapped_column(Integer)
     # Attempt id (e.g. Spark attempt folder) whose output won PLANNED -> PREPARED.
     prepared_attempt: Mapped[str | None] = mapped_column(String(200))
@@ -203,7 +224,7 @@ class CommitShard(Base):
             ondelete="CASCADE",
             name="fk_eo_commit_shards_checkpoint",
         ),
-        CheckConstraint("state IN ('PENDING', 'COMMITTED')", name="state"),
+        CheckConstraint(f"state IN ({_SHARD_STATES})", name="state"),
     )
 
     pipeline_id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -213,7 +234,7 @@ class CommitShard(Base):
     # Producer id/epoch after init_transactions: tells which incarnation published.
     producer_id: Mapped[int | None] = mapped_column(BigInteger)
     producer_epoch: Mapped[int | None] = mapped_column(Integer)
-    state: Mapped[str] = mapped_column(String(16))
+    state: Mapped[ShardState] = mapped_column(_state_column(ShardState))
     records: Mapped[int] = mapped_column(BigInteger)
     updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
 
@@ -245,8 +266,8 @@ class Event(Base):
     checkpoint_id: Mapped[int | None] = mapped_column(Integer)
     # transition | restore | lease | pipeline_created | fingerprint_changed | savepoint
     kind: Mapped[str] = mapped_column(String(32))
-    from_state: Mapped[str | None] = mapped_column(String(16))
-    to_state: Mapped[str | None] = mapped_column(String(16))
+    from_state: Mapped[CheckpointState | None] = mapped_column(_state_column(CheckpointState))
+    to_state: Mapped[CheckpointState | None] = mapped_column(_state_column(CheckpointState))
     # Free text: "dag/run/task#try@host:pid" or whatever the caller passed.
     actor: Mapped[str] = mapped_column(String(500), default="")
     dag_id: Mapped[str | None] = mapped_column(String(250))

@@ -141,6 +141,40 @@ class CheckpointRecord:
     def finished(self) -> bool:
         return self.state in (CheckpointState.COMMITTED, CheckpointState.ABORTED)
 
+    def summary(self, *, max_ranges: int | None = None) -> dict[str, Any]:
+        """The one JSON-ready description of a checkpoint (XCom, ``eo ... --json``, logs).
+
+        :param max_ranges: keep the first ``max_ranges`` ranges and replace the rest by
+            ``"... N more"`` (an XCom stays small at any partition count).
+        """
+        ranges = [r.compact() for r in self.ranges]
+        if max_ranges is not None and len(ranges) > max_ranges:
+            ranges = [*ranges[:max_ranges], f"... {len(ranges) - max_ranges} more"]
+        return {
+            "pipeline": self.pipeline,
+            "checkpoint_id": self.checkpoint_id,
+            "state": self.state.value,
+            "lineage": self.lineage,
+            "ranges": ranges,
+            # Offsets planned, an upper bound: a transactional input has gaps (markers).
+            "records_planned": sum(r.end - r.start for r in self.ranges),
+            # Records actually read and staged (None until prepared).
+            "records": self.records,
+            "bytes": self.bytes,
+            "planned_at": _iso(self.planned_at),
+            "prepared_at": _iso(self.prepared_at),
+            "committed_at": _iso(self.committed_at),
+            "aborted_at": _iso(self.aborted_at),
+            "prepared_attempt": self.prepared_attempt,
+            "spark_app_id": self.spark_app_id,
+            "abort_reason": self.abort_reason,
+            "shards": [{"shard": s.shard, "state": s.state.value, "records": s.records} for s in self.shards],
+        }
+
+
+def _iso(value: dt.datetime | None) -> str | None:
+    return value.isoformat() if value else None
+
 
 @dataclass(frozen=True)
 class PipelineRecord:

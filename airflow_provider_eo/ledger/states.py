@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import enum
 
+from airflow_provider_eo.ledger.errors import InvalidTransition
+
 
 class CheckpointState(str, enum.Enum):
     """Where one checkpoint is in its life (see DESIGN.md section 2)."""
@@ -45,3 +47,23 @@ class ShardState(str, enum.Enum):
 def can_transition(source: CheckpointState, target: CheckpointState) -> bool:
     """True when ``source -> target`` is in :data:`ALLOWED_TRANSITIONS`."""
     return (source, target) in ALLOWED_TRANSITIONS
+
+
+def check_transition(
+    source: CheckpointState, target: CheckpointState, *, pipeline: str, checkpoint_id: int
+) -> None:
+    """Raise :class:`InvalidTransition` unless ``source -> target`` is allowed.
+
+    A real check (not an ``assert``): it holds under ``python -O`` too.
+    """
+    if not can_transition(source, target):
+        allowed = sorted(f"{a.value} -> {b.value}" for a, b in ALLOWED_TRANSITIONS)
+        raise InvalidTransition(
+            f"pipeline '{pipeline}', checkpoint {checkpoint_id}: {source.value} -> {target.value} "
+            f"is not an allowed transition (allowed: {', '.join(allowed)}); nothing was changed. "
+            "This is a bug in the caller: report it",
+            pipeline=pipeline,
+            checkpoint_id=checkpoint_id,
+            source=source.value,
+            target=target.value,
+        )

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_eo.ledger import Ledger
+from airflow_provider_eo.ledger import CheckpointRecord, Ledger, RangeSpec
 
 
 @pytest.fixture(scope="session")
@@ -40,3 +40,34 @@ def ledger(make_ledger: Callable[[], Ledger]) -> Ledger:
     led = make_ledger()
     led.ensure_pipeline("orders", "fp-1")
     return led
+
+
+class LedgerSteps:
+    """Drive checkpoints of the pipeline ``orders`` through their states in one call."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+
+    def prepare(self, cp: int, attempt: str = "a1") -> CheckpointRecord:
+        """PLANNED -> PREPARED for ``attempt``, with made-up manifest stats."""
+        return self.ledger.mark_prepared(
+            "orders",
+            cp,
+            attempt=attempt,
+            staging_location=f"/stage/{cp}/{attempt}",
+            records=10,
+            bytes_=100,
+            shard_counts={0: 6, 1: 4},
+        )
+
+    def run_one(self, *ranges: RangeSpec) -> int:
+        """Plan, prepare and commit one checkpoint reading ``ranges``; its id."""
+        cp = self.ledger.plan("orders", list(ranges)).checkpoint_id
+        self.prepare(cp)
+        self.ledger.mark_committed("orders", cp)
+        return cp
+
+
+@pytest.fixture
+def steps(ledger: Ledger) -> LedgerSteps:
+    return LedgerSteps(ledger)

@@ -21,7 +21,7 @@ def _seed(ledger: Ledger) -> None:
 def test_checkpoints_table_and_json(ledger: Ledger) -> None:
     _seed(ledger)
     runner = CliRunner()
-    url = ledger._url
+    url = ledger.engine.url.render_as_string(hide_password=False)
     result = runner.invoke(app, ["checkpoints", "orders", "--ledger-url", url], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert "COMMITTED" in result.output and "t[0]:0-10, t[1]:3-5" in result.output
@@ -37,7 +37,9 @@ def test_checkpoints_table_and_json(ledger: Ledger) -> None:
 
 
 def test_cli_errors_are_readable(ledger: Ledger) -> None:
-    result = CliRunner().invoke(app, ["checkpoints", "nope", "--ledger-url", ledger._url])
+    result = CliRunner().invoke(
+        app, ["checkpoints", "nope", "--ledger-url", ledger.engine.url.render_as_string(hide_password=False)]
+    )
     assert result.exit_code == 1
     assert "pipeline 'nope' is not in the ledger" in result.output
 

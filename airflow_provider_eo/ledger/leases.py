@@ -1,0 +1,148 @@
+"""The commit's rows: the commit lease of a PREPARED checkpoint, and one row per commit shard."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import or_, update
+from sqlalchemy.dialects import postgresql, sqlite
+
+from airflow_provider_eo.ledger.engine import Database, rowcount, utcnow
+from airflow_provider_eo.ledger.errors import CommitLeaseHeld, InvariantViolation
+from airflow_provider_eo.ledger.events import add_event
+from airflow_provider_eo.ledger.mapping import checkpoint_record_of
+from airflow_provider_eo.ledger.models import Checkpoint, CommitShard
+from airflow_provider_eo.ledger.reads import pipeline_row, require_checkpoint
+from airflow_provider_eo.ledger.records import CheckpointRecord
+from airflow_provider_eo.ledger.states import CheckpointState, ShardState
+from airflow_provider_eo.ledger.transitions import check_order, conflict
+
+PREPARED = CheckpointState.PREPARED
+
+
+def acquire_commit_lease(
+    db: Database, pipeline: str, checkpoint_id: int, *, owner: str, ttl_s: float
+) -> CheckpointRecord:
+    """Take, renew or take over the commit lease; see :meth:`Ledger.acquire_commit_lease`."""
+    if not owner:
+        raise ValueError("owner must be non-empty")
+    if ttl_s <= 0:
+        raise ValueError(f"ttl_s must be > 0, got {ttl_s}")
+    with db.write() as s:
+        pid = pipeline_row(s, db, pipeline).id
+        now = utcnow()
+        before = require_checkpoint(s, db, pipeline, pid, checkpoint_id)
+        previous_owner, previous_until = before.commit_owner, before.commit_lease_until
+        if before.state == PREPARED:
+            check_order(s, pipeline, pid, checkpoint_id, "commit")
+        # The compare-and-set: free, ours, or expired.
+        result = s.execute(
+            update(Checkpoint)
+            .where(
+                Checkpoint.pipeline_id == pid,
+                Checkpoint.checkpoint_id == checkpoint_id,
+                Checkpoint.state == PREPARED,
+                or_(
+                    Checkpoint.commit_owner.is_(None),
+                    Checkpoint.commit_owner == owner,
+                    Checkpoint.commit_lease_until.is_(None),
+                    Checkpoint.commit_lease_until < now,
+                ),
+            )
+            .values(commit_owner=owner, commit_lease_until=now + dt.timedelta(seconds=ttl_s))
+            .execution_options(synchronize_session=False)
+        )
+        row = require_checkpoint(s, db, pipeline, pid, checkpoint_id)
+        if rowcount(result) != 1:
+            if row.state != PREPARED:
+                raise conflict(pipeline, row, PREPARED.value, "lease for commit")
+            until = row.commit_lease_until
+            left = (until - now).total_seconds() if until else 0.0
+            raise CommitLeaseHeld(
+                f"checkpoint {checkpoint_id} of pipeline '{pipeline}' is being committed by "
+                f"{row.commit_owner!r} (lease until {until.isoformat() if until else '?'}, "
+                f"{left:.1f}s left): do not publish; wait for that committer to finish or "
+                "for its lease to expire, then retry",
+                owner=row.commit_owner,
+            )
+        if previous_owner != owner:
+            add_event(
+                s,
+                pid,
+                checkpoint_id,
+                "lease",
+                details={
+                    "owner": owner,
+                    "ttl_s": ttl_s,
+                    "previous_owner": previous_owner,
+                    "previous_until": previous_until.isoformat() if previous_until else None,
+                },
+                at=now,
+            )
+        return checkpoint_record_of(s, pipeline, row)
+
+
+def release_commit_lease(db: Database, pipeline: str, checkpoint_id: int, *, owner: str) -> bool:
+    """End ``owner``'s lease now; see :meth:`Ledger.release_commit_lease`."""
+    with db.write() as s:
+        pid = pipeline_row(s, db, pipeline).id
+        result = s.execute(
+            update(Checkpoint)
+            .where(
+                Checkpoint.pipeline_id == pid,
+                Checkpoint.checkpoint_id == checkpoint_id,
+                Checkpoint.commit_owner == owner,
+            )
+            .values(commit_lease_until=None)
+            .execution_options(synchronize_session=False)
+        )
+        return rowcount(result) == 1
+
+
+def record_shard(
+    db: Database,
+    pipeline: str,
+    checkpoint_id: int,
+    shard: int,
+    *,
+    transactional_id: str,
+    producer_id: int | None,
+    producer_epoch: int | None,
+    state: ShardState,
+    records: int,
+) -> None:
+    """Upsert one shard row, never COMMITTED -> PENDING; see :meth:`Ledger.record_shard`."""
+    with db.write() as s:
+        pid = pipeline_row(s, db, pipeline).id
+        row = require_checkpoint(s, db, pipeline, pid, checkpoint_id)
+        if row.state not in (PREPARED, CheckpointState.COMMITTED):
+            raise conflict(pipeline, row, PREPARED.value, f"record shard {shard} of")
+        table = CommitShard.__table__
+        values = {
+            "pipeline_id": pid,
+            "checkpoint_id": checkpoint_id,
+            "shard": shard,
+            "transactional_id": transactional_id,
+            "producer_id": producer_id,
+            "producer_epoch": producer_epoch,
+            "state": state,
+            "records": records,
+            "updated_at": utcnow(),
+        }
+        insert_fn: Any = postgresql.insert if db.dialect == "postgresql" else sqlite.insert
+        ins = insert_fn(table).values(**values)
+        stmt = ins.on_conflict_do_update(
+            index_elements=["pipeline_id", "checkpoint_id", "shard"],
+            set_={k: ins.excluded[k] for k in values if k not in ("pipeline_id", "checkpoint_id", "shard")},
+            # A COMMITTED row only takes another COMMITTED write: never back to PENDING.
+            where=or_(table.c.state != ShardState.COMMITTED, ins.excluded.state == ShardState.COMMITTED),
+        )
+        # preserve_rowcount: SQLAlchemy only keeps rowcount of UPDATE/DELETE by default.
+        upserted = s.connection().execute(stmt.execution_options(preserve_rowcount=True))
+        if upserted.rowcount != 1:
+            raise InvariantViolation(
+                f"pipeline '{pipeline}', checkpoint {checkpoint_id}: shard {shard} is "
+                f"recorded COMMITTED and cannot go back to {state}; its transaction "
+                "is visible in Kafka, do not publish it again"
+            )

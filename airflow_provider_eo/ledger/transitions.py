@@ -1,0 +1,440 @@
+"""The checkpoint state machine's writes: plan, prepare, commit, abort.
+
+Every state change is ONE conditional UPDATE (:func:`_move`: ``... WHERE state =
+:source``) plus its event row, in one database transaction, and only for a move in
+:data:`~airflow_provider_eo.ledger.states.ALLOWED_TRANSITIONS` (anything else raises
+:class:`InvalidTransition` before the statement runs). Zero rows updated means another
+process won; the loser raises :class:`CheckpointConflict` naming what it expected and
+what it found. Planning hands out checkpoint ids with one compare-and-set on the
+pipeline row (:func:`_claim_checkpoint_id`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from airflow_provider_eo.ledger.engine import Database, rowcount, utcnow
+from airflow_provider_eo.ledger.errors import CheckpointConflict, InvariantViolation
+from airflow_provider_eo.ledger.events import add_event
+from airflow_provider_eo.ledger.lineage import set_head
+from airflow_provider_eo.ledger.mapping import actor_columns, checkpoint_record_of
+from airflow_provider_eo.ledger.models import Checkpoint, CheckpointRange, CommitShard, Pipeline
+from airflow_provider_eo.ledger.reads import (
+    count_unfinished,
+    heads,
+    lowest_unfinished,
+    pipeline_row,
+    require_checkpoint,
+)
+from airflow_provider_eo.ledger.records import Actor, CheckpointRecord, RangeSpec, TopicPartition
+from airflow_provider_eo.ledger.states import UNFINISHED_STATES, CheckpointState, ShardState, check_transition
+
+PLANNED = CheckpointState.PLANNED
+PREPARED = CheckpointState.PREPARED
+COMMITTED = CheckpointState.COMMITTED
+ABORTED = CheckpointState.ABORTED
+
+
+# -- the two conditional UPDATEs ------------------------------------------------------------
+
+
+def _move(
+    s: Session,
+    pipeline: str,
+    pid: int,
+    checkpoint_id: int,
+    source: CheckpointState,
+    target: CheckpointState,
+    values: Mapping[str, Any],
+) -> bool:
+    """``source -> target`` as one conditional UPDATE; True when this call moved the row."""
+    check_transition(source, target, pipeline=pipeline, checkpoint_id=checkpoint_id)
+    result = s.execute(
+        update(Checkpoint)
+        .where(
+            Checkpoint.pipeline_id == pid,
+            Checkpoint.checkpoint_id == checkpoint_id,
+            Checkpoint.state == source,
+        )
+        .values(state=target, **values)
+        .execution_options(synchronize_session=False)
+    )
+    return rowcount(result) == 1
+
+
+def _claim_checkpoint_id(s: Session, pid: int, last: int, lineage: int, now: dt.datetime) -> bool:
+    """Planning's compare-and-set: move ``last_checkpoint_id`` from ``last`` to ``last + 1``
+    in ``lineage``; True when this planner won the id."""
+    result = s.execute(
+        update(Pipeline)
+        .where(
+            Pipeline.id == pid,
+            Pipeline.last_checkpoint_id == last,
+            Pipeline.current_lineage == lineage,
+        )
+        .values(last_checkpoint_id=last + 1, updated_at=now)
+        .execution_options(synchronize_session=False)
+    )
+    return rowcount(result) == 1
+
+
+# -- refusals -------------------------------------------------------------------------------
+
+
+def conflict(pipeline: str, row: Checkpoint, expected: str, action: str) -> CheckpointConflict:
+    """The error for a checkpoint found in another state than ``expected``, with a hint."""
+    actual = row.state
+    if actual == COMMITTED:
+        hint = "it is committed already: nothing to do"
+    elif actual == ABORTED:
+        hint = f"it was aborted ({row.abort_reason}): plan again, its range is replanned"
+    elif actual == PREPARED and action == "prepare":
+        hint = (
+            f"attempt {row.prepared_attempt!r} prepared it first: this attempt's staged "
+            "output is garbage; delete it and go on to the commit"
+        )
+    else:
+        hint = "re-read it with Ledger.get() and continue from its current state"
+    return CheckpointConflict(
+        f"cannot {action} checkpoint {row.checkpoint_id} of pipeline '{pipeline}': expected "
+        f"state {expected}, found {actual}; {hint}",
+        pipeline=pipeline,
+        checkpoint_id=row.checkpoint_id,
+        expected=expected,
+        actual=actual.value,
+    )
+
+
+def check_order(s: Session, pipeline: str, pid: int, checkpoint_id: int, what: str) -> None:
+    """Refuse (InvariantViolation) while an earlier checkpoint is unfinished."""
+    earlier = lowest_unfinished(s, pid, below=checkpoint_id)
+    if earlier is not None:
+        raise InvariantViolation(
+            f"pipeline '{pipeline}': cannot {what} checkpoint {checkpoint_id} while "
+            f"checkpoint {earlier.checkpoint_id} is {earlier.state}: checkpoints commit in "
+            f"order; commit or abort checkpoint {earlier.checkpoint_id} first"
+        )
+
+
+def _check_contiguous(s: Session, pipeline: str, pid: int, new_id: int, ranges: Sequence[RangeSpec]) -> None:
+    expected_starts = heads(s, pid)
+    problems = []
+    for r in ranges:
+        expected = expected_starts.get(r.key)
+        if expected is None:
+            continue  # a partition seen for the first time in this lineage
+        if r.skipped_from is None and r.start == expected:
+            continue
+        if r.skipped_from is not None and r.skipped_from == expected:
+            continue  # on_data_loss=skip: the loss [skipped_from, start) is recorded
+        got = r.skipped_from if r.skipped_from is not None else r.start
+        what = f"gap of {got - expected}" if got > expected else f"overlap of {expected - got}"
+        problems.append(f"{r.topic}[{r.partition}] must start at {expected}, got {got} ({what} offsets)")
+    if problems:
+        raise InvariantViolation(
+            f"pipeline '{pipeline}', checkpoint {new_id}: ranges not contiguous with the "
+            f"previous checkpoints: {'; '.join(problems)}. Plan from Ledger.next_starts(); "
+            "to jump elsewhere on purpose, restore (a recorded lineage break)."
+        )
+
+
+# -- the transitions ------------------------------------------------------------------------
+
+
+def plan(
+    db: Database,
+    pipeline: str,
+    ranges: Sequence[RangeSpec],
+    *,
+    max_pending: int = 1,
+    actor: Actor | None = None,
+    details: dict[str, Any] | None = None,
+) -> CheckpointRecord:
+    """(nothing) -> PLANNED; see :meth:`Ledger.plan`."""
+    if max_pending < 1:
+        raise ValueError(f"max_pending must be >= 1, got {max_pending}")
+    if not ranges:
+        raise ValueError(f"pipeline '{pipeline}': a checkpoint needs at least one range")
+    seen: set[TopicPartition] = set()
+    for r in ranges:
+        if r.key in seen:
+            raise InvariantViolation(
+                f"pipeline '{pipeline}': {r.topic}[{r.partition}] appears twice in one "
+                "plan; give each topic-partition one range"
+            )
+        seen.add(r.key)
+    with db.write() as s:
+        p = pipeline_row(s, db, pipeline, lock=True)
+        last, lineage = p.last_checkpoint_id, p.current_lineage
+        new_id = last + 1
+        pending = count_unfinished(s, p.id)
+        if pending >= max_pending:
+            low = lowest_unfinished(s, p.id)
+            lowest = f"{low.checkpoint_id}, {low.state}" if low is not None else "?"
+            resume = low.checkpoint_id if low is not None else "it"
+            raise InvariantViolation(
+                f"pipeline '{pipeline}': cannot plan checkpoint {new_id}: {pending} "
+                f"unfinished checkpoint(s) already (lowest: {lowest}) "
+                f"and max_pending={max_pending}. Resume checkpoint {resume} "
+                "(prepare, commit) or abort it first."
+            )
+        _check_contiguous(s, pipeline, p.id, new_id, ranges)
+        now = utcnow()
+        if not _claim_checkpoint_id(s, p.id, last, lineage, now):
+            raise CheckpointConflict(
+                f"pipeline '{pipeline}': another planner recorded checkpoint {new_id} "
+                "concurrently; resume Ledger.unfinished() instead of planning again",
+                pipeline=pipeline,
+                checkpoint_id=new_id,
+            )
+        s.add(
+            Checkpoint(
+                pipeline_id=p.id,
+                checkpoint_id=new_id,
+                state=PLANNED,
+                lineage=lineage,
+                planned_at=now,
+                **actor_columns(actor),
+            )
+        )
+        s.flush()
+        s.add_all(
+            CheckpointRange(
+                pipeline_id=p.id,
+                checkpoint_id=new_id,
+                topic=r.topic,
+                partition=r.partition,
+                start_offset=r.start,
+                end_offset=r.end,
+                skipped_from=r.skipped_from,
+            )
+            for r in ranges
+        )
+        for r in ranges:
+            set_head(s, p.id, r.key, r.end, lineage, new_id)
+        skipped = {
+            f"{r.topic}[{r.partition}]": [r.skipped_from, r.start]
+            for r in ranges
+            if r.skipped_from is not None
+        }
+        add_event(
+            s,
+            p.id,
+            new_id,
+            "transition",
+            to_state=PLANNED,
+            actor=actor,
+            at=now,
+            details={**(details or {}), **({"skipped": skipped} if skipped else {})},
+        )
+        s.flush()
+        return checkpoint_record_of(s, pipeline, require_checkpoint(s, db, pipeline, p.id, new_id))
+
+
+def mark_prepared(
+    db: Database,
+    pipeline: str,
+    checkpoint_id: int,
+    *,
+    attempt: str,
+    staging_location: str,
+    records: int,
+    bytes_: int,
+    shard_counts: Mapping[int, int],
+    range_stats: Mapping[TopicPartition, tuple[int | None, int | None]] | None = None,
+    spark_app_id: str | None = None,
+    actor: Actor | None = None,
+) -> CheckpointRecord:
+    """PLANNED -> PREPARED; see :meth:`Ledger.mark_prepared`."""
+    if records < 0 or bytes_ < 0 or any(v < 0 for v in shard_counts.values()):
+        raise ValueError("records, bytes_ and shard counts must be >= 0")
+    with db.write() as s:
+        pid = pipeline_row(s, db, pipeline).id
+        now = utcnow()
+        moved = _move(
+            s,
+            pipeline,
+            pid,
+            checkpoint_id,
+            PLANNED,
+            PREPARED,
+            {
+                "prepared_attempt": attempt,
+                "staging_location": staging_location,
+                "records": records,
+                "bytes": bytes_,
+                "shard_counts": {str(k): int(v) for k, v in shard_counts.items()},
+                "prepared_at": now,
+                "spark_app_id": spark_app_id,
+                **actor_columns(actor),
+            },
+        )
+        row = require_checkpoint(s, db, pipeline, pid, checkpoint_id)
+        if not moved:
+            if row.state == PREPARED and row.prepared_attempt == attempt:
+                return checkpoint_record_of(s, pipeline, row)
+            raise conflict(pipeline, row, PLANNED.value, "prepare")
+        for (topic, partition), (lo, hi) in (range_stats or {}).items():
+            hit = rowcount(
+                s.execute(
+                    update(CheckpointRange)
+                    .where(
+                        CheckpointRange.pipeline_id == pid,
+                        CheckpointRange.checkpoint_id == checkpoint_id,
+                        CheckpointRange.topic == topic,
+                        CheckpointRange.partition == partition,
+                    )
+                    .values(min_timestamp=lo, max_timestamp=hi)
+                    .execution_options(synchronize_session=False)
+                )
+            )
+            if hit != 1:
+                raise InvariantViolation(
+                    f"pipeline '{pipeline}', checkpoint {checkpoint_id}: range_stats "
+                    f"names {topic}[{partition}], which this checkpoint does not read"
+                )
+        add_event(
+            s,
+            pid,
+            checkpoint_id,
+            "transition",
+            from_state=PLANNED,
+            to_state=PREPARED,
+            actor=actor,
+            at=now,
+            details={
+                "attempt": attempt,
+                "staging_location": staging_location,
+                "records": records,
+                "bytes": bytes_,
+                "spark_app_id": spark_app_id,
+            },
+        )
+        return checkpoint_record_of(s, pipeline, row)
+
+
+def mark_committed(
+    db: Database, pipeline: str, checkpoint_id: int, *, actor: Actor | None = None
+) -> CheckpointRecord:
+    """PREPARED -> COMMITTED; see :meth:`Ledger.mark_committed`."""
+    with db.write() as s:
+        pid = pipeline_row(s, db, pipeline).id
+        row = require_checkpoint(s, db, pipeline, pid, checkpoint_id)
+        if row.state == COMMITTED:
+            return checkpoint_record_of(s, pipeline, row)
+        if row.state != PREPARED:
+            raise conflict(pipeline, row, PREPARED.value, "commit")
+        check_order(s, pipeline, pid, checkpoint_id, "commit")
+        pending = (
+            s.execute(
+                select(CommitShard.shard).where(
+                    CommitShard.pipeline_id == pid,
+                    CommitShard.checkpoint_id == checkpoint_id,
+                    CommitShard.state != ShardState.COMMITTED,
+                )
+            )
+            .scalars()
+            .all()
+        )
+        if pending:
+            raise InvariantViolation(
+                f"pipeline '{pipeline}', checkpoint {checkpoint_id}: shards {sorted(pending)} "
+                "are not recorded COMMITTED yet; finish (or recover) those shards first"
+            )
+        now = utcnow()
+        moved = _move(
+            s,
+            pipeline,
+            pid,
+            checkpoint_id,
+            PREPARED,
+            COMMITTED,
+            {"committed_at": now, **actor_columns(actor)},
+        )
+        row = require_checkpoint(s, db, pipeline, pid, checkpoint_id)
+        if not moved:
+            if row.state == COMMITTED:
+                return checkpoint_record_of(s, pipeline, row)
+            raise conflict(pipeline, row, PREPARED.value, "commit")
+        add_event(
+            s,
+            pid,
+            checkpoint_id,
+            "transition",
+            from_state=PREPARED,
+            to_state=COMMITTED,
+            actor=actor,
+            at=now,
+            details={"commit_owner": row.commit_owner},
+        )
+        return checkpoint_record_of(s, pipeline, row)
+
+
+def abort(
+    db: Database, pipeline: str, checkpoint_id: int, *, reason: str, actor: Actor | None = None
+) -> CheckpointRecord:
+    """PLANNED/PREPARED -> ABORTED, cascading to later unfinished checkpoints; see
+    :meth:`Ledger.abort`."""
+    with db.write() as s:
+        p = pipeline_row(s, db, pipeline, lock=True)
+        row = require_checkpoint(s, db, pipeline, p.id, checkpoint_id)
+        if row.state == ABORTED:
+            return checkpoint_record_of(s, pipeline, row)
+        if row.state == COMMITTED:
+            raise conflict(pipeline, row, "PLANNED or PREPARED", "abort")
+        later = (
+            s.execute(
+                select(Checkpoint)
+                .where(
+                    Checkpoint.pipeline_id == p.id,
+                    Checkpoint.checkpoint_id > checkpoint_id,
+                    Checkpoint.state.in_(UNFINISHED_STATES),
+                )
+                .order_by(Checkpoint.checkpoint_id)
+            )
+            .scalars()
+            .all()
+        )
+        now = utcnow()
+        targets = [(row.checkpoint_id, row.state)] + [(r.checkpoint_id, r.state) for r in later]
+        for cp, source in targets:
+            cascade = cp != checkpoint_id
+            why = reason if not cascade else f"checkpoint {checkpoint_id} aborted: {reason}"
+            values = {"aborted_at": now, "abort_reason": why, **actor_columns(actor)}
+            if not _move(s, pipeline, p.id, cp, source, ABORTED, values):
+                current = require_checkpoint(s, db, pipeline, p.id, cp)
+                raise conflict(pipeline, current, source.value, "abort")
+            add_event(
+                s,
+                p.id,
+                cp,
+                "transition",
+                from_state=source,
+                to_state=ABORTED,
+                actor=actor,
+                at=now,
+                details={"reason": why, **({"cascade_from": checkpoint_id} if cascade else {})},
+            )
+        # Replan from the same start: each partition's head goes back to the start of
+        # the earliest aborted checkpoint that reads it.
+        reverted: set[TopicPartition] = set()
+        for cp, _ in targets:
+            for rg in s.execute(
+                select(CheckpointRange).where(
+                    CheckpointRange.pipeline_id == p.id, CheckpointRange.checkpoint_id == cp
+                )
+            ).scalars():
+                key = (rg.topic, rg.partition)
+                if key in reverted:
+                    continue
+                reverted.add(key)
+                start = rg.skipped_from if rg.skipped_from is not None else rg.start_offset
+                set_head(s, p.id, key, start, row.lineage, None)
+        p.updated_at = now
+        row = require_checkpoint(s, db, pipeline, p.id, checkpoint_id)
+        return checkpoint_record_of(s, pipeline, row)

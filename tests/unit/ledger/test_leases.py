@@ -1,0 +1,97 @@
+"""The commit lease (a compare-and-set) and the commit shard rows."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import TYPE_CHECKING
+
+import pytest
+
+from airflow_provider_eo.ledger import (
+    CheckpointConflict,
+    CommitLeaseHeld,
+    InvariantViolation,
+    Ledger,
+    RangeSpec,
+)
+
+if TYPE_CHECKING:
+    from tests.unit.ledger.conftest import LedgerSteps
+
+P = "orders"
+
+
+def test_commit_lease_cas(ledger: Ledger, steps: LedgerSteps, monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_provider_eo.ledger import leases
+
+    ledger.plan(P, [RangeSpec("t", 0, 0, 10)])
+    steps.prepare(1)
+    now = dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)
+    monkeypatch.setattr(leases, "utcnow", lambda: now)
+    lease = ledger.acquire_commit_lease(P, 1, owner="worker-a", ttl_s=30)
+    assert lease.commit_owner == "worker-a"
+    assert lease.commit_lease_until == now + dt.timedelta(seconds=30)
+    with pytest.raises(CommitLeaseHeld, match="being committed by 'worker-a'") as held:
+        ledger.acquire_commit_lease(P, 1, owner="worker-b", ttl_s=30)
+    assert held.value.owner == "worker-a"
+    # Same owner renews.
+    now += dt.timedelta(seconds=20)
+    assert ledger.acquire_commit_lease(P, 1, owner="worker-a", ttl_s=30).commit_lease_until == (
+        now + dt.timedelta(seconds=30)
+    )
+    now += dt.timedelta(seconds=29)
+    with pytest.raises(CommitLeaseHeld):
+        ledger.acquire_commit_lease(P, 1, owner="worker-b", ttl_s=30)
+    # Expired: another owner takes over.
+    now += dt.timedelta(seconds=2)
+    assert ledger.acquire_commit_lease(P, 1, owner="worker-b", ttl_s=30).commit_owner == "worker-b"
+    assert ledger.release_commit_lease(P, 1, owner="worker-a") is False
+    assert ledger.release_commit_lease(P, 1, owner="worker-b") is True
+    assert ledger.acquire_commit_lease(P, 1, owner="worker-c", ttl_s=1).commit_owner == "worker-c"
+    owners = [e.details["owner"] for e in ledger.events(P, 1) if e.kind == "lease"]
+    assert owners == ["worker-a", "worker-b", "worker-c"]
+
+
+def test_shards_gate_the_commit(ledger: Ledger, steps: LedgerSteps) -> None:
+    ledger.plan(P, [RangeSpec("t", 0, 0, 10)])
+    with pytest.raises(CheckpointConflict, match="expected state PREPARED, found PLANNED"):
+        ledger.record_shard(
+            P, 1, 0, transactional_id="x", producer_id=None, producer_epoch=None, state="PENDING", records=0
+        )
+    steps.prepare(1)
+    for shard in (0, 1):
+        ledger.record_shard(
+            P,
+            1,
+            shard,
+            transactional_id=f"eo.orders.{shard}",
+            producer_id=1,
+            producer_epoch=0,
+            state="PENDING",
+            records=5,
+        )
+    ledger.record_shard(
+        P, 1, 0, transactional_id="eo.orders.0", producer_id=1, producer_epoch=0, state="COMMITTED", records=5
+    )
+    with pytest.raises(InvariantViolation, match=r"shards \[1\] are not recorded COMMITTED"):
+        ledger.mark_committed(P, 1)
+    with pytest.raises(InvariantViolation, match="cannot go back to PENDING"):
+        ledger.record_shard(
+            P,
+            1,
+            0,
+            transactional_id="eo.orders.0",
+            producer_id=1,
+            producer_epoch=0,
+            state="PENDING",
+            records=5,
+        )
+    ledger.record_shard(
+        P, 1, 1, transactional_id="eo.orders.1", producer_id=2, producer_epoch=3, state="COMMITTED", records=5
+    )
+    done = ledger.mark_committed(P, 1)
+    assert [(s.shard, s.producer_epoch) for s in done.shards] == [(0, 0), (1, 3)]
+    with pytest.raises(ValueError):
+        ledger.record_shard(
+            P, 1, 2, transactional_id="x", producer_id=None, producer_epoch=None, state="DONE", records=0
+        )
