@@ -4,7 +4,14 @@ The sink partition of each record, in order of precedence:
 
 1. an explicit ``partition`` column set by the transform;
 2. the Java client's murmur2 of the key (so keys land where Java producers put them);
-3. for a record with neither, a hash of the source position and output position.
+3. for a record with neither, a hash fixed by the input, never by how Spark ran the job:
+   the source position (``xxhash64(topic, partition, offset)``) when the transform kept
+   provenance, else the record's own content (``xxhash64(value, headers)``). The row's
+   position after the transform (``monotonically_increasing_id``) is not used: a shuffle,
+   a re-run stage or other shuffle settings change it. Two prepares of the same checkpoint
+   thus put every keyless record into the same sink partition. All outputs of one source
+   record share its partition (in the transform's output order); records without
+   provenance that are byte-identical share one too.
 """
 
 from __future__ import annotations
@@ -43,11 +50,14 @@ def expr_id(df: DataFrame, name: str) -> int | None:
 
 
 def fallback_partition(sink_partitions: int) -> Column:
-    """The sink partition of a record with neither key nor explicit partition."""
+    """The sink partition of a record with neither key nor explicit partition (see the module
+    docstring): a hash of the source position, or of the content when provenance is gone."""
     from pyspark.sql import functions as F
 
-    fallback = F.xxhash64("src_topic", "src_partition", "src_offset", "seq")
-    return F.pmod(fallback, F.lit(sink_partitions)).cast("int")
+    by_source = F.xxhash64("src_topic", "src_partition", "src_offset")
+    by_content = F.xxhash64("value", "headers")
+    chosen = F.when(F.col("src_offset").isNotNull(), by_source).otherwise(by_content)
+    return F.pmod(chosen, F.lit(sink_partitions)).cast("int")
 
 
 def record_size() -> Column:
@@ -150,7 +160,7 @@ def staged_frame(
         (F.col("partition").cast("int") if "partition" in cols else F.lit(None).cast("int")).alias(
             "explicit_partition"
         ),
-    ).withColumn("seq", F.monotonically_increasing_id())
+    ).withColumn("seq", F.monotonically_increasing_id())  # ordering only, never placement
     murmur = kafka_partitioner(out.sparkSession, sink_partitions)
     sink_partition = (
         F.when(F.col("explicit_partition").isNotNull(), F.col("explicit_partition"))
