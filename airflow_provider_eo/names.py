@@ -1,4 +1,5 @@
-"""Every name the protocol derives: transactional ids, marker groups, staging paths.
+"""Every name the protocol derives: transactional ids, marker groups, staging paths, and the
+names the Airflow operator and the Spark driver must spell alike.
 
 One module so that a rename can never make two parts disagree.
 """
@@ -8,6 +9,26 @@ from __future__ import annotations
 import os
 
 from airflow_provider_eo.pipeline import Pipeline
+
+PIPELINE_OVERRIDES_ENV = "EO_PIPELINE_OVERRIDES_JSON"
+"""Environment variable carrying the settings that came from Airflow connections (JSON with
+``kafka`` and ``ledger_url``) from the submit operator to the prepare driver; never put on a
+command line (it holds secrets)."""
+
+PREPARE_APP = "eo-prepare"
+"""The Spark application name of a prepare job (``spark-submit --name``)."""
+
+
+def prepare_app_name(pipeline_name: str, checkpoint_id: int | None = None) -> str:
+    """The Spark application name of the prepare job of one pipeline (and checkpoint)."""
+    base = f"{PREPARE_APP}-{pipeline_name}"
+    return base if checkpoint_id is None else f"{base}-{checkpoint_id}"
+
+
+def lease_owner(pipeline: Pipeline) -> str:
+    """The commit lease's default owner: the pipeline's transactional-id namespace
+    (``{prefix}.{pipeline}``), so two committers with different prefixes never share it."""
+    return f"{pipeline.transactional_id_prefix}.{pipeline.name}"
 
 
 def transactional_id(pipeline: Pipeline, shard: int) -> str:

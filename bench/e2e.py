@@ -198,7 +198,7 @@ def main() -> int:
         spark = get_spark("eo-bench")
         ledger = Ledger(pipeline.ledger_url)
         from airflow_provider_eo.examples.transforms import upper
-        from airflow_provider_eo.spark.prepare import _kafka_source
+        from airflow_provider_eo.spark.source import kafka_source as _kafka_source
 
         log("warming up: a 10k-record checkpoint through both paths (JIT, Spark, and the broker's")
         log("  transaction/offsets topics, which a long-running cluster already has)")

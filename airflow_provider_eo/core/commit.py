@@ -286,7 +286,7 @@ def commit_checkpoint(
             pipeline, ledger, cp, shards, f"staged output failed verification ({exc})", actor
         )
         raise  # unreachable: the helper always raises
-    owner = owner or f"{pipeline.transactional_id_prefix}.{pipeline.name}"
+    owner = owner or names.lease_owner(pipeline)
     published = skipped = 0
     for shard in range(shards):
         n, was_done = _publish_shard(pipeline, ledger, cp, manifest, shard, shards, owner)

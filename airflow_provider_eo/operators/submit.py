@@ -12,9 +12,9 @@ from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
+from airflow_provider_eo import names
 from airflow_provider_eo.ledger import CheckpointState
 from airflow_provider_eo.operators.base import (
-    PIPELINE_OVERRIDES_ENV,
     open_ledger,
     parse_checkpoint_id,
     pipeline_overrides,
@@ -128,7 +128,7 @@ class EoSubmitOperator(SparkSubmitOperator):
         kafka_conn_id: str | None = None,
         ledger_conn_id: str | None = None,
         conn_id: str = "spark_default",
-        name: str = "eo-prepare",
+        name: str = names.PREPARE_APP,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("application", "")
@@ -188,7 +188,7 @@ class EoSubmitOperator(SparkSubmitOperator):
             return {**summary, **self._submit_only(probe)}
         env = {**local_driver_env(self.pipeline), **(self.env_vars or {})}
         if overrides:
-            env[PIPELINE_OVERRIDES_ENV] = overrides
+            env[names.PIPELINE_OVERRIDES_ENV] = overrides
         self.env_vars = env
         self._hook = self._get_hook()
         super().execute(context)

@@ -1,0 +1,244 @@
+"""Shape the transform's output into staged records: columns, sink partition, size checks.
+
+The sink partition of each record, in order of precedence:
+
+1. an explicit ``partition`` column set by the transform;
+2. the Java client's murmur2 of the key (so keys land where Java producers put them);
+3. for a record with neither, a hash fixed by the input, never by how Spark ran the job:
+   the source position (``xxhash64(topic, partition, offset)``) when the transform kept
+   provenance, else the record's own content (``xxhash64(value, headers)``). The row's
+   position after the transform (``monotonically_increasing_id``) is not used: a shuffle,
+   a re-run stage or other shuffle settings change it. Two prepares of the same checkpoint
+   thus put every keyless record into the same sink partition. All outputs of one source
+   record share its partition (in the transform's output order); records without
+   provenance that are byte-identical share one too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_eo.errors import PrepareError
+from airflow_provider_eo.kafka import admin
+from airflow_provider_eo.kafka.client_config import librdkafka_config
+from airflow_provider_eo.pipeline import Pipeline
+from airflow_provider_eo.spark.source import PROVENANCE_COLUMN
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, Observation
+
+# Bytes a record adds on the wire beyond key, value and headers (record + batch framing),
+# plus our provenance headers; used for the max.message.bytes check.
+RECORD_OVERHEAD_BYTES = 200
+
+STAGED_ORDER = ("sink_partition", "src_topic", "src_partition", "src_offset", "seq")
+"""Sort order inside a staged partition: source order, then the transform's output order."""
+
+
+def expr_id(df: DataFrame, name: str) -> int | None:
+    """The analyzed plan's expression id of column ``name`` (None when unknown)."""
+    try:
+        output = df._jdf.queryExecution().analyzed().output()
+        for i in range(output.size()):
+            attr = output.apply(i)
+            if attr.name() == name:
+                return int(attr.exprId().id())
+    except Exception:  # not a classic (py4j) DataFrame
+        return None
+    return None
+
+
+def fallback_partition(sink_partitions: int) -> Column:
+    """The sink partition of a record with neither key nor explicit partition (see the module
+    docstring): a hash of the source position, or of the content when provenance is gone."""
+    from pyspark.sql import functions as F
+
+    by_source = F.xxhash64("src_topic", "src_partition", "src_offset")
+    by_content = F.xxhash64("value", "headers")
+    chosen = F.when(F.col("src_offset").isNotNull(), by_source).otherwise(by_content)
+    return F.pmod(chosen, F.lit(sink_partitions)).cast("int")
+
+
+def record_size() -> Column:
+    """A staged record's size on the wire (key, value, headers and framing), in bytes."""
+    from pyspark.sql import functions as F
+
+    header_bytes = F.coalesce(
+        F.aggregate(
+            F.col("headers"),
+            F.lit(0).cast("long"),
+            lambda acc, h: acc + F.length(h["key"]) + F.coalesce(F.length(h["value"]), F.lit(0)),
+        ),
+        F.lit(0).cast("long"),
+    )
+    return (
+        F.coalesce(F.length("value"), F.lit(0))
+        + F.coalesce(F.length("key"), F.lit(0))
+        + header_bytes
+        + F.lit(RECORD_OVERHEAD_BYTES)
+    )
+
+
+def staged_frame(
+    out: DataFrame, sink_partitions: int, where: str, source: DataFrame | None = None
+) -> DataFrame:
+    """Validate the transform's output and shape it into the staged columns: key, value,
+    headers, src_topic/src_partition/src_offset, explicit_partition, seq, sink_partition, size.
+
+    ``where`` names the pipeline and checkpoint in errors.
+    """
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import (
+        ArrayType,
+        BinaryType,
+        IntegerType,
+        LongType,
+        StringType,
+        StructType,
+    )
+
+    from airflow_provider_eo.spark.udfs import kafka_partitioner
+
+    cols = set(out.columns)
+    if "partition" in cols and source is not None:
+        # The source's own `partition` column passed through untouched is the *source*
+        # partition, not a request for a sink partition: keys are hashed like Java then.
+        source_id = expr_id(source, "partition")
+        if source_id is not None and source_id == expr_id(out, "partition"):
+            cols.discard("partition")
+    if "value" not in cols:
+        raise PrepareError(
+            f"{where}: the transform's output has no 'value' column (columns: "
+            f"{sorted(c for c in cols if not c.startswith('_eo'))}); return a DataFrame with "
+            "'value' (binary or string) and optionally 'key', 'headers', 'partition'"
+        )
+    fields = {f.name: f.dataType for f in out.schema.fields}
+
+    def as_binary(name: str) -> Any:
+        dtype = fields[name]
+        if isinstance(dtype, BinaryType):
+            return F.col(name)
+        if isinstance(dtype, StringType):
+            return F.col(name).cast("binary")
+        raise PrepareError(
+            f"{where}: output column {name!r} has type {dtype.simpleString()}; it must be "
+            "binary or string (serialize it, e.g. F.to_json(...))"
+        )
+
+    value = as_binary("value")
+    key = as_binary("key") if "key" in cols else F.lit(None).cast("binary")
+    if "headers" in cols:
+        htype = fields["headers"]
+        ok = (
+            isinstance(htype, ArrayType)
+            and isinstance(htype.elementType, StructType)
+            and {f.name for f in htype.elementType.fields} >= {"key", "value"}
+        )
+        if not ok:
+            raise PrepareError(
+                f"{where}: output column 'headers' must be array<struct<key:string,value:binary>>"
+            )
+        headers = F.col("headers")
+    else:
+        headers = F.lit(None).cast("array<struct<key:string,value:binary>>")
+    if PROVENANCE_COLUMN in cols:
+        src_topic = F.col(f"{PROVENANCE_COLUMN}.topic")
+        src_partition = F.col(f"{PROVENANCE_COLUMN}.partition")
+        src_offset = F.col(f"{PROVENANCE_COLUMN}.offset")
+    else:  # the transform dropped provenance: order by output position instead
+        src_topic = F.lit(None).cast(StringType())
+        src_partition = F.lit(None).cast(IntegerType())
+        src_offset = F.lit(None).cast(LongType())
+    shaped = out.select(
+        key.alias("key"),
+        value.alias("value"),
+        headers.alias("headers"),
+        src_topic.alias("src_topic"),
+        src_partition.alias("src_partition"),
+        src_offset.alias("src_offset"),
+        (F.col("partition").cast("int") if "partition" in cols else F.lit(None).cast("int")).alias(
+            "explicit_partition"
+        ),
+    ).withColumn("seq", F.monotonically_increasing_id())  # ordering only, never placement
+    murmur = kafka_partitioner(out.sparkSession, sink_partitions)
+    sink_partition = (
+        F.when(F.col("explicit_partition").isNotNull(), F.col("explicit_partition"))
+        .when(F.col("key").isNotNull(), murmur(F.col("key")))
+        .otherwise(fallback_partition(sink_partitions))
+    )
+    return shaped.withColumn("sink_partition", sink_partition).withColumn("size", record_size())
+
+
+def sink_max_message_bytes(pipeline: Pipeline) -> int:
+    """The sink topic's ``max.message.bytes`` (the pipeline's setting when the broker will not
+    say, e.g. describe refused by ACLs)."""
+    from confluent_kafka.admin import ConfigResource, ResourceType
+
+    try:
+        client = admin.admin_client(librdkafka_config(pipeline.kafka))
+        futures = client.describe_configs([ConfigResource(ResourceType.TOPIC, pipeline.sink_topic)])
+        configs = next(iter(futures.values())).result(timeout=15)
+        return int(configs["max.message.bytes"].value)
+    except Exception:  # describe may be forbidden by ACLs: fall back to the setting
+        return pipeline.sink_max_message_bytes
+
+
+def bad_partition(sink_partitions: int) -> Column:
+    """True for a record whose sink partition the sink topic does not have."""
+    from pyspark.sql import functions as F
+
+    return (F.col("sink_partition") < 0) | (F.col("sink_partition") >= sink_partitions)
+
+
+def observe_limits(staged: DataFrame, limits: Observation, max_bytes: int, sink_partitions: int) -> DataFrame:
+    """``staged`` counting, during the write, records over ``max_bytes`` (``oversize``) and
+    records aimed at a partition the sink lacks (``bad_partition``)."""
+    from pyspark.sql import functions as F
+
+    return staged.observe(
+        limits,
+        F.count(F.when(F.col("size") > max_bytes, 1)).alias("oversize"),
+        F.count(F.when(bad_partition(sink_partitions), 1)).alias("bad_partition"),
+    )
+
+
+def limits_error(
+    written: Callable[[], DataFrame],
+    seen: dict[str, Any],
+    *,
+    pipeline: Pipeline,
+    max_bytes: int,
+    sink_partitions: int,
+    where: str,
+) -> PrepareError | None:
+    """The error for a staged output that broke a limit (None when none did); ``seen`` is the
+    :func:`observe_limits` observation, ``written`` reads the staged files back, called only
+    to name an offender."""
+    from pyspark.sql import functions as F
+
+    if seen.get("oversize"):
+        first = (
+            written()
+            .where(F.col("size") > max_bytes)
+            .select("src_topic", "src_partition", "src_offset", "size")
+            .first()
+        )
+        record = (
+            f"an output record of {first['size']} bytes (from {first['src_topic']}"
+            f"[{first['src_partition']}] offset {first['src_offset']})"
+            if first is not None
+            else "an output record"
+        )
+        return PrepareError(
+            f"{where}: {record} exceeds the sink topic {pipeline.sink_topic!r} "
+            f"max.message.bytes={max_bytes} ({seen['oversize']} record(s) do); nothing was "
+            "published. Shrink the record in the transform or raise the topic's max.message.bytes."
+        )
+    if seen.get("bad_partition"):
+        bad = written().where(bad_partition(sink_partitions)).select("sink_partition").first()
+        return PrepareError(
+            f"{where}: the transform set partition={bad['sink_partition'] if bad else '?'} but "
+            f"{pipeline.sink_topic!r} has {sink_partitions} partitions"
+        )
+    return None

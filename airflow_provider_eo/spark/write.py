@@ -1,0 +1,65 @@
+"""Write shaped records as Parquet, one folder per sink partition, in source order.
+
+A transform without a shuffle is written without one too: each source task writes its own
+files in source order. Otherwise (or when that would leave too many small files) the rows
+are repartitioned by sink partition and sorted back to source order.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+from airflow_provider_eo.spark.shape import STAGED_ORDER
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+# Small row groups: the commit streams a row group at a time, so this bounds its memory
+# whatever the checkpoint size (Spark's default is 128 MB).
+PARQUET_ROW_GROUP_BYTES = 8 * 1024 * 1024
+# A shuffle-free write leaves up to (tasks x sink partitions) files; above this, shuffle.
+MAX_UNSHUFFLED_FILES = 1024
+
+
+def narrow_tasks(df: DataFrame) -> int | None:
+    """How many Spark tasks produce ``df`` when its physical plan has no shuffle, else None.
+
+    Without a shuffle every task holds whole, consecutive slices of source partitions (the
+    Kafka source makes one task per offset range, split ranges in offset order), so sorting
+    inside each task keeps source order, and Spark's file names (``part-<task>-…``) put a
+    sink partition's files in task order: no repartition by sink partition is needed.
+    """
+    try:
+        qe = df._jdf.queryExecution()
+        if re.search(r"(?<!Broadcast)Exchange", qe.executedPlan().toString()):
+            return None
+        return int(qe.toRdd().getNumPartitions())
+    except Exception:  # not a classic (py4j) DataFrame: take the general path
+        return None
+
+
+def needs_shuffle(narrow: int | None, sink_partitions: int) -> bool:
+    """Whether the staged rows must be repartitioned by sink partition before the write:
+    the plan already shuffles (``narrow`` is None) or a shuffle-free write would leave more
+    than :data:`MAX_UNSHUFFLED_FILES` files."""
+    return narrow is None or narrow * sink_partitions > MAX_UNSHUFFLED_FILES
+
+
+def write_staged(staged: DataFrame, data_dir: str, sink_partitions: int) -> None:
+    """Write ``staged`` (from :func:`shape.staged_frame`) under ``data_dir`` partitioned by
+    ``sink_partition``; fails if ``data_dir`` exists (an attempt folder is never reused)."""
+    if needs_shuffle(narrow_tasks(staged), sink_partitions):
+        # A shuffling transform (or too many small files otherwise): one task per sink
+        # partition; the sort below restores source order inside it.
+        parallelism = staged.sparkSession.sparkContext.defaultParallelism
+        tasks = max(1, min(sink_partitions, parallelism * 2))
+        staged = staged.repartition(tasks, "sink_partition")
+    (
+        staged.sortWithinPartitions(*STAGED_ORDER)
+        .drop("explicit_partition")
+        .write.mode("errorifexists")
+        .option("parquet.block.size", str(PARQUET_ROW_GROUP_BYTES))
+        .partitionBy("sink_partition")
+        .parquet(data_dir)
+    )

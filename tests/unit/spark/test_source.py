@@ -1,0 +1,39 @@
+"""The bounded read's Kafka source options and the per-range summary (pure logic)."""
+
+from __future__ import annotations
+
+import json
+
+from airflow_provider_eo.ledger import RangeSpec
+from airflow_provider_eo.spark import source
+
+
+def test_source_options_name_exactly_the_live_ranges() -> None:
+    ranges = [
+        RangeSpec("a", 0, 5, 9),
+        RangeSpec("a", 1, 7, 7),  # empty: never read
+        RangeSpec("a", 2, 0, 3),
+        RangeSpec("b", 0, 10, 11),
+    ]
+    opts = source.source_options(ranges)
+    assert json.loads(opts["assign"]) == {"a": [0, 2], "b": [0]}
+    assert json.loads(opts["startingOffsets"]) == {"a": {"0": 5, "2": 0}, "b": {"0": 10}}
+    assert json.loads(opts["endingOffsets"]) == {"a": {"0": 9, "2": 3}, "b": {"0": 11}}
+    assert source.live_ranges(ranges) == [ranges[0], ranges[2], ranges[3]]
+
+
+def test_range_summary_counts_records_read_not_offsets() -> None:
+    live = [RangeSpec("a", 0, 0, 10), RangeSpec("a", 1, 4, 8)]
+    # A transactional input: 10 offsets planned but 7 records read (markers, aborted data).
+    stats = {"n0": 7, "lo0": 1000, "hi0": 2000, "n1": None, "lo1": None, "hi1": None}
+    read, manifest_ranges, timestamps = source.range_summary(live, stats)
+    assert read == 7
+    assert manifest_ranges == [
+        {"topic": "a", "partition": 0, "start": 0, "end": 10, "read": 7},
+        {"topic": "a", "partition": 1, "start": 4, "end": 8, "read": 0},
+    ]
+    assert timestamps == {("a", 0): (1000, 2000), ("a", 1): (None, None)}
+
+
+def test_range_summary_of_nothing() -> None:
+    assert source.range_summary([], {}) == (0, [], {})

@@ -1,0 +1,83 @@
+"""Every derived name: transactional ids, marker groups, shards, staging paths, provenance."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from airflow_provider_eo import names
+from airflow_provider_eo.pipeline import Pipeline
+
+
+def _pipeline(**kw: object) -> Pipeline:
+    settings: dict[str, object] = {
+        "name": "orders",
+        "kafka": {"bootstrap.servers": "127.0.0.1:1"},
+        "source_topics": ["in"],
+        "sink_topic": "out",
+        "staging_dir": "/stage",
+        **kw,
+    }
+    return Pipeline(**settings)  # type: ignore[arg-type]
+
+
+def test_transactional_id_is_stable_per_shard_and_namespaced_by_prefix() -> None:
+    p = _pipeline(transactional_id_prefix="acme")
+    assert names.transactional_id(p, 0) == "acme.orders.0"
+    assert names.transactional_id(p, 3) == "acme.orders.3"
+    assert names.transactional_id(p, 3) == names.transactional_id(p, 3)
+    assert names.transactional_id(_pipeline(), 0) == "eo.orders.0"
+
+
+def test_lease_owner_is_the_transactional_namespace() -> None:
+    p = _pipeline(transactional_id_prefix="acme")
+    assert names.lease_owner(p) == "acme.orders"
+    assert names.transactional_id(p, 1).startswith(names.lease_owner(p) + ".")
+    assert names.lease_owner(_pipeline()) != names.lease_owner(p)
+
+
+def test_marker_group_is_per_pipeline() -> None:
+    assert names.marker_group(_pipeline()) == "eo-marker.orders"
+    assert names.marker_group(_pipeline(name="other")) != names.marker_group(_pipeline())
+
+
+def test_prepare_app_names() -> None:
+    assert names.prepare_app_name("orders") == f"{names.PREPARE_APP}-orders"
+    assert names.prepare_app_name("orders", 12) == f"{names.PREPARE_APP}-orders-12"
+
+
+@pytest.mark.parametrize(
+    ("commit_shards", "sink_partitions", "expected"),
+    [(1, 6, 1), (3, 6, 3), (8, 6, 6), (4, 1, 1)],
+)
+def test_shard_count_is_capped_by_sink_partitions(
+    commit_shards: int, sink_partitions: int, expected: int
+) -> None:
+    assert names.shard_count(_pipeline(commit_shards=commit_shards), sink_partitions) == expected
+
+
+def test_shard_of_maps_every_partition_to_a_used_shard() -> None:
+    p = _pipeline(commit_shards=3)
+    shards = [names.shard_of(p, part, 7) for part in range(7)]
+    assert shards == [0, 1, 2, 0, 1, 2, 0]
+    # Each shard's marker lives on the sink partition with its number: it must publish it.
+    assert all(names.shard_of(p, s, 7) == s for s in range(names.shard_count(p, 7)))
+    assert {names.shard_of(_pipeline(), part, 7) for part in range(7)} == {0}
+
+
+def test_staging_paths_nest_attempts_under_the_checkpoint() -> None:
+    p = _pipeline()
+    cp = names.checkpoint_dir(p, 42)
+    assert cp == os.path.join("/stage", "orders", "cp-0000000042")
+    assert names.attempt_dir(p, 42, "a1") == os.path.join(cp, "attempt-a1")
+    # Zero-padded ids sort as numbers do.
+    assert sorted([names.checkpoint_dir(p, 10), names.checkpoint_dir(p, 9)])[0].endswith("9")
+
+
+def test_parse_provenance() -> None:
+    assert names.parse_provenance(b"orders:3 1:17 in:0:99") == (b"orders:3", b"1:17", b"in:0:99")
+    assert names.parse_provenance(b"orders:3 1:17 -") == (b"orders:3", b"1:17", b"-")
+    assert names.parse_provenance(b"not ours") is None
+    assert names.parse_provenance(b"") is None
+    assert names.parse_provenance(b"a b c d") is None
