@@ -17,6 +17,7 @@ from airflow_provider_eo.ledger.errors import (
 from airflow_provider_eo.ledger.records import (
     Actor,
     CheckpointRecord,
+    CommitPlan,
     EventRecord,
     PipelineRecord,
     RangeSpec,
@@ -47,6 +48,7 @@ __all__ = [
     "CheckpointRecord",
     "CheckpointState",
     "CommitLeaseHeld",
+    "CommitPlan",
     "EventRecord",
     "InvalidTransition",
     "InvariantViolation",

@@ -19,6 +19,7 @@ from airflow_provider_eo.ledger.models import (
 from airflow_provider_eo.ledger.records import (
     Actor,
     CheckpointRecord,
+    CommitPlan,
     EventRecord,
     PipelineRecord,
     RangeSpec,
@@ -50,6 +51,8 @@ def pipeline_record(row: Pipeline) -> PipelineRecord:
         last_checkpoint_id=row.last_checkpoint_id,
         created_at=row.created_at,
         updated_at=row.updated_at,
+        identity=row.identity,
+        transactional_id_prefix=row.transactional_id_prefix,
     )
 
 
@@ -118,6 +121,7 @@ def checkpoint_record(
         commit_owner=row.commit_owner,
         commit_lease_until=row.commit_lease_until,
         abort_reason=row.abort_reason,
+        commit_plan=CommitPlan.from_json(row.commit_plan) if row.commit_plan else None,
     )
 
 

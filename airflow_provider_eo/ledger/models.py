@@ -104,6 +104,10 @@ class Pipeline(Base):
     current_lineage: Mapped[int] = mapped_column(Integer, default=1)
     # Highest checkpoint id handed out: the compare-and-set that serializes planners.
     last_checkpoint_id: Mapped[int] = mapped_column(Integer, default=0)
+    # Random id made when this ledger registered the pipeline; carried by the commit markers.
+    identity: Mapped[str] = mapped_column(String(64))
+    # Pinned at the first commit: every committer must use it (Kafka fences only one id).
+    transactional_id_prefix: Mapped[str | None] = mapped_column(String(200))
 
 
 class Lineage(Base):
@@ -158,6 +162,8 @@ class Checkpoint(Base):
     commit_owner: Mapped[str | None] = mapped_column(String(250))
     commit_lease_until: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
     abort_reason: Mapped[str | None] = mapped_column(Text)
+    # CommitPlan.to_json(), frozen at plan time (NULL for rows planned before revision 0002).
+    commit_plan: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
 class CheckpointRange(Base):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
@@ -34,6 +36,7 @@ def ensure_pipeline(
                         updated_at=now,
                         current_lineage=1,
                         last_checkpoint_id=0,
+                        identity=uuid.uuid4().hex,
                     )
                     s.add(row)
                     s.flush()
@@ -46,7 +49,13 @@ def ensure_pipeline(
                             reason="pipeline created",
                         )
                     )
-                    add_event(s, row.id, None, "pipeline_created", details={"fingerprint": fingerprint})
+                    add_event(
+                        s,
+                        row.id,
+                        None,
+                        "pipeline_created",
+                        details={"fingerprint": fingerprint, "identity": row.identity},
+                    )
                 elif row.fingerprint != fingerprint:
                     if not allow_fingerprint_change:
                         raise PipelineFingerprintMismatch(

@@ -97,6 +97,66 @@ class ShardRecord:
 
 
 @dataclass(frozen=True)
+class CommitPlan:
+    """How a checkpoint is published, frozen when it is planned (DESIGN.md section 2).
+
+    Every commit try of the checkpoint uses this plan, never the current settings, so a
+    setting changed between a partial commit and its retry cannot move a sink partition
+    to another shard (a duplicate) or drop a shard (a loss). Changed settings apply from
+    the next checkpoint.
+
+    :param sink_topic: the topic the output is published to.
+    :param sink_partitions: the sink's partition count the output was partitioned for.
+    :param transactional_id_prefix: the pipeline's pinned prefix (``{prefix}.{pipeline}.{shard}``).
+    :param marker_group: the consumer group holding this pipeline's commit markers.
+    :param shard_of_partition: the commit shard of each sink partition, by partition number.
+    """
+
+    sink_topic: str
+    sink_partitions: int
+    transactional_id_prefix: str
+    marker_group: str
+    shard_of_partition: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.shard_of_partition) != self.sink_partitions:
+            raise ValueError(
+                f"commit plan for {self.sink_topic!r}: {len(self.shard_of_partition)} shard "
+                f"assignments for {self.sink_partitions} sink partitions"
+            )
+
+    @property
+    def shards(self) -> int:
+        """Number of commit shards (each has its own transactional id and marker)."""
+        return max(self.shard_of_partition, default=-1) + 1
+
+    def partitions_of(self, shard: int) -> list[int]:
+        """The sink partitions shard ``shard`` publishes, in order."""
+        return [p for p, s in enumerate(self.shard_of_partition) if s == shard]
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON stored in the checkpoint row."""
+        return {
+            "sink_topic": self.sink_topic,
+            "sink_partitions": self.sink_partitions,
+            "transactional_id_prefix": self.transactional_id_prefix,
+            "marker_group": self.marker_group,
+            "shard_of_partition": list(self.shard_of_partition),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> CommitPlan:
+        """The inverse of :meth:`to_json`."""
+        return cls(
+            sink_topic=str(data["sink_topic"]),
+            sink_partitions=int(data["sink_partitions"]),
+            transactional_id_prefix=str(data["transactional_id_prefix"]),
+            marker_group=str(data["marker_group"]),
+            shard_of_partition=tuple(int(x) for x in data["shard_of_partition"]),
+        )
+
+
+@dataclass(frozen=True)
 class CheckpointRecord:
     pipeline: str
     checkpoint_id: int
@@ -123,6 +183,8 @@ class CheckpointRecord:
     commit_owner: str | None = None
     commit_lease_until: dt.datetime | None = None
     abort_reason: str | None = None
+    #: Frozen at plan time; None only for checkpoints planned before ledger revision 0002.
+    commit_plan: CommitPlan | None = None
 
     @property
     def offsets(self) -> dict[TopicPartition, tuple[int, int]]:
@@ -184,6 +246,11 @@ class PipelineRecord:
     last_checkpoint_id: int
     created_at: dt.datetime
     updated_at: dt.datetime
+    #: Created when this ledger first registered the pipeline; written into every commit
+    #: marker so a re-created ledger or a second deployment with the same name is refused.
+    identity: str = ""
+    #: The transactional-id prefix pinned at the pipeline's first commit (None before it).
+    transactional_id_prefix: str | None = None
 
 
 @dataclass(frozen=True)
