@@ -8,7 +8,12 @@ from datetime import timedelta
 from typing import Any
 
 from airflow_provider_eo.operators.base import parse_checkpoint_id, resolve_pipeline
-from airflow_provider_eo.triggers.checkpoint import DONE_STATES, EoCheckpointTrigger
+from airflow_provider_eo.triggers.checkpoint import (
+    DONE_STATES,
+    MISSING,
+    EoCheckpointTrigger,
+    read_checkpoint_state,
+)
 from airflow_provider_eo.version_compat import (
     AirflowException,
     BaseSensorOperator,
@@ -82,23 +87,12 @@ class EoCheckpointSensor(BaseSensorOperator):
         return pipeline.name, cid, pipeline.ledger_url
 
     @staticmethod
-    def _read(name: str, cid: int, url: str) -> tuple[str, str | None]:
-        from airflow_provider_eo.ledger import CheckpointNotFound, Ledger
-
-        with Ledger(url, create=False) as ledger:
-            try:
-                cp = ledger.get(name, cid)
-            except CheckpointNotFound as exc:
-                return "MISSING", str(exc)
-        return cp.state.value, cp.abort_reason
-
-    @staticmethod
     def _success(name: str, cid: int, state: str) -> dict[str, Any]:
         return {"status": "success", "pipeline": name, "checkpoint_id": cid, "state": state}
 
     def _raise_for(self, name: str, cid: int, state: str, reason: str | None) -> None:
         event = {"status": "failed", "pipeline": name, "checkpoint_id": cid, "state": state}
-        if state in ("ABORTED", "MISSING"):
+        if state in ("ABORTED", MISSING):
             raise CheckpointAborted(
                 f"pipeline {name!r}: checkpoint {cid} is {state}"
                 f"{f' ({reason})' if reason else ''}; nothing will be committed from it, the "
@@ -111,7 +105,7 @@ class EoCheckpointSensor(BaseSensorOperator):
             return super().execute(context)
         name, cid, url = self._target()
         if self.check_before_defer:
-            state, reason = self._read(name, cid, url)
+            state, reason = read_checkpoint_state(url, name, cid)
             if state in DONE_STATES:
                 self.log.info("pipeline %s: checkpoint %s is already %s", name, cid, state)
                 return self._success(name, cid, state)
@@ -155,7 +149,7 @@ class EoCheckpointSensor(BaseSensorOperator):
 
     def poke(self, context: Context) -> PokeReturnValue | bool:
         name, cid, url = self._target()
-        state, reason = self._read(name, cid, url)
+        state, reason = read_checkpoint_state(url, name, cid)
         if state in DONE_STATES:
             return PokeReturnValue(is_done=True, xcom_value=self._success(name, cid, state))
         self._raise_for(name, cid, state, reason)
