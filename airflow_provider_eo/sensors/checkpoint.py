@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from airflow_provider_eo.operators.base import parse_checkpoint_id, resolve_pipeline
+from airflow_provider_eo.operators.base import PipelineTaskMixin
 from airflow_provider_eo.triggers.checkpoint import (
     DONE_STATES,
     MISSING,
@@ -38,7 +38,7 @@ class CheckpointWaitTimeout(CheckpointNotPrepared):
     """The sensor's timeout passed while the checkpoint was still PLANNED."""
 
 
-class EoCheckpointSensor(BaseSensorOperator):
+class EoCheckpointSensor(PipelineTaskMixin, BaseSensorOperator):
     """Wait until a checkpoint is PREPARED (or already COMMITTED) in the ledger.
 
     Deferrable by default: the wait runs in the triggerer (:class:`EoCheckpointTrigger`,
@@ -75,15 +75,13 @@ class EoCheckpointSensor(BaseSensorOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(poke_interval=poke_interval, timeout=timeout, **kwargs)
-        self.pipeline = pipeline
-        self.checkpoint_id = checkpoint_id
-        self.ledger_conn_id = ledger_conn_id
+        self._set_pipeline_args(pipeline=pipeline, checkpoint_id=checkpoint_id, ledger_conn_id=ledger_conn_id)
         self.deferrable = deferrable
         self.check_before_defer = check_before_defer
 
     def _target(self) -> tuple[str, int, str]:
-        cid = parse_checkpoint_id(self.checkpoint_id, task_id=self.task_id)
-        pipeline = resolve_pipeline(self.pipeline, ledger_conn_id=self.ledger_conn_id)
+        cid = self.target_checkpoint()
+        pipeline = self.resolve_pipeline()
         return pipeline.name, cid, pipeline.ledger_url
 
     @staticmethod
