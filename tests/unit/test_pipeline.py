@@ -3,6 +3,7 @@ message naming the pipeline and what to change."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
@@ -98,6 +99,7 @@ def test_startup_validates_itself(startup: dict[str, Any], match: str) -> None:
 
 def test_fingerprint_covers_what_must_not_change_silently() -> None:
     base = _pipeline(source_topics=["a", "b"], transform="m:f")
+    assert dataclasses.replace(base, name="renamed").fingerprint() == base.fingerprint()
     assert base.fingerprint() == _pipeline(source_topics=["b", "a"], transform="m:f").fingerprint()
     assert (
         base.fingerprint()
