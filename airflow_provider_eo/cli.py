@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 
 from airflow_provider_eo.errors import EoError
+from airflow_provider_eo.ledger import cli as ledger_cli
 from airflow_provider_eo.stack.errors import StackError
 
 app = typer.Typer(
@@ -249,20 +250,12 @@ def audit_cmd(ref: PipelineRef, as_json: JsonFlag = False) -> None:
     raise typer.Exit(0 if report.ok else 2)
 
 
-def _mount_optional() -> None:
-    """Mount command groups whose modules exist (they land one issue at a time)."""
-    try:
-        from airflow_provider_eo.ledger import cli as ledger_cli
-    except ImportError:
-        return
-    app.command("pipelines")(ledger_cli.pipelines_cmd)
-    app.command("checkpoints")(ledger_cli.checkpoints_cmd)
-    ledger_app = typer.Typer(help="The checkpoint ledger's schema.", no_args_is_help=True)
-    ledger_app.command("upgrade")(ledger_cli.upgrade_cmd)
-    app.add_typer(ledger_app, name="ledger")
-
-
-_mount_optional()
+# The ledger's read commands at top level, its schema command as `eo ledger upgrade`.
+app.command("pipelines")(ledger_cli.pipelines_cmd)
+app.command("checkpoints")(ledger_cli.checkpoints_cmd)
+_ledger_app = typer.Typer(help="The checkpoint ledger's schema.", no_args_is_help=True)
+_ledger_app.command("upgrade")(ledger_cli.upgrade_cmd)
+app.add_typer(_ledger_app, name="ledger")
 
 
 def main() -> None:
