@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 
 from airflow_provider_eo.errors import EoError
+from airflow_provider_eo.ledger import cli as ledger_cli
 from airflow_provider_eo.stack.errors import StackError
 
 app = typer.Typer(
@@ -94,14 +95,14 @@ def demo(
     """Run the main job on the embedded defaults: three exactly-once checkpoints and the audit."""
     try:
         if airflow:
-            from airflow_provider_eo.airflow_demo import run_airflow_demo
+            from airflow_provider_eo.demo.airflow import run_airflow_demo
 
             code = run_airflow_demo()
         else:
-            from airflow_provider_eo.demo import run_demo
+            from airflow_provider_eo.demo.direct import run_demo
 
             code = run_demo(keep_broker=keep)
-    except StackError as exc:
+    except _user_errors() as exc:
         _fail(str(exc))
         return
     raise typer.Exit(code)
@@ -243,44 +244,18 @@ def audit_cmd(ref: PipelineRef, as_json: JsonFlag = False) -> None:
     if as_json:
         print(json.dumps(report.as_dict()))
     else:
+        from airflow_provider_eo.demo.render import print_audit
+
         print_audit(report)
     raise typer.Exit(0 if report.ok else 2)
 
 
-def print_audit(report: Any) -> None:
-    """The audit as a table plus a one-line verdict."""
-    from rich.table import Table
-
-    table = Table(title=f"audit of {report.pipeline} -> {report.sink_topic} (read_committed)")
-    for col in ("checkpoint", "expected", "observed", "duplicates", "missing"):
-        table.add_column(col, justify="right")
-    for c in report.checkpoints:
-        table.add_row(
-            str(c.checkpoint_id), str(c.expected), str(c.observed), str(c.duplicates), str(c.missing)
-        )
-    out.print(table)
-    verdict = "[green]exactly once[/]" if report.ok else "[red]NOT exactly once[/]"
-    out.print(
-        f"{verdict}: duplicates={report.duplicates} missing={report.missing} "
-        f"unexpected={report.unexpected} foreign={report.foreign}",
-        highlight=False,
-    )
-
-
-def _mount_optional() -> None:
-    """Mount command groups whose modules exist (they land one issue at a time)."""
-    try:
-        from airflow_provider_eo.ledger import cli as ledger_cli
-    except ImportError:
-        return
-    app.command("pipelines")(ledger_cli.pipelines_cmd)
-    app.command("checkpoints")(ledger_cli.checkpoints_cmd)
-    ledger_app = typer.Typer(help="The checkpoint ledger's schema.", no_args_is_help=True)
-    ledger_app.command("upgrade")(ledger_cli.upgrade_cmd)
-    app.add_typer(ledger_app, name="ledger")
-
-
-_mount_optional()
+# The ledger's read commands at top level, its schema command as `eo ledger upgrade`.
+app.command("pipelines")(ledger_cli.pipelines_cmd)
+app.command("checkpoints")(ledger_cli.checkpoints_cmd)
+_ledger_app = typer.Typer(help="The checkpoint ledger's schema.", no_args_is_help=True)
+_ledger_app.command("upgrade")(ledger_cli.upgrade_cmd)
+app.add_typer(_ledger_app, name="ledger")
 
 
 def main() -> None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from airflow_provider_eo.errors import ConfigError
+from airflow_provider_eo.ledger.urls import DEFAULT_LEDGER_URL
 
 StartupMode = Literal["earliest", "latest", "group", "timestamp", "offsets"]
 
@@ -23,7 +24,6 @@ _FORBIDDEN_CLIENT_KEYS = {
     "enable.auto.commit": "offsets move only inside the commit transaction",
     "group.id": "use Pipeline(consumer_group=...)",
 }
-_SECRET_KEYS = ("password", "secret", "sasl.oauthbearer.config", "ssl.key", "token")
 # The broker's default transaction.max.timeout.ms (15 minutes).
 BROKER_MAX_TRANSACTION_TIMEOUT_MS = 900_000
 
@@ -86,7 +86,6 @@ class Pipeline:
     :param sink_max_message_bytes: the sink's ``max.message.bytes`` when it cannot be read
         from the broker (records larger than this are refused at prepare time).
     :param keep_committed_staging: how many committed checkpoints' staging folders to keep.
-    :param dead_letter_topic: reserved; must be ``None`` for now.
     """
 
     name: str
@@ -94,7 +93,7 @@ class Pipeline:
     source_topics: Sequence[str]
     sink_topic: str
     transform: str | None = None
-    ledger_url: str = "sqlite:///.eo/ledger.db"
+    ledger_url: str = DEFAULT_LEDGER_URL
     staging_dir: str = ".eo/staging"
     max_records_per_checkpoint: int = 100_000
     startup: Startup = field(default_factory=Startup)
@@ -107,7 +106,6 @@ class Pipeline:
     sink_max_message_bytes: int = 1_048_588
     keep_committed_staging: int = 0
     max_pending: int = 1
-    dead_letter_topic: str | None = None
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name or ""):
@@ -157,10 +155,6 @@ class Pipeline:
             raise PipelineConfigError(
                 f"pipeline {self.name!r}: transform {self.transform!r} must be 'module:function'"
             )
-        if self.dead_letter_topic is not None:
-            raise PipelineConfigError(
-                f"pipeline {self.name!r}: dead_letter_topic is not supported yet; leave it None"
-            )
 
     @property
     def group_id(self) -> str:
@@ -175,10 +169,6 @@ class Pipeline:
             "transform": self.transform,
         }
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:32]
-
-    def redacted_kafka(self) -> dict[str, Any]:
-        """The client config with every secret value replaced (safe to log or store)."""
-        return {k: ("***" if any(s in k.lower() for s in _SECRET_KEYS) else v) for k, v in self.kafka.items()}
 
     def to_json(self) -> str:
         """Serialize for a spark-submit argument (secrets included: never log this)."""

@@ -8,12 +8,16 @@ from airflow_provider_eo import __version__
 
 
 def get_provider_info() -> dict[str, Any]:
-    """The provider's metadata: hooks, operators, sensors, triggers, connection types, config."""
+    """The provider's metadata: hooks, operators, sensors, triggers and connection types.
+
+    Only what exists: no ``config`` section, since the provider reads no ``[eo]`` option
+    (a pipeline names its ledger; an ``eo_ledger`` connection can replace it).
+    """
     return {
         "package-name": "airflow-provider-eo",
         "name": "Exactly-once Kafka/Spark (eo)",
         "description": "Exactly-once Kafka -> PySpark -> Kafka pipelines with checkpoints, "
-        "two-phase commit, a queryable ledger, savepoints, backfills and an audit.",
+        "two-phase commit, a queryable ledger and an audit.",
         "versions": [__version__],
         "integrations": [
             {
@@ -60,18 +64,4 @@ def get_provider_info() -> dict[str, Any]:
                 "connection-type": "eo_ledger",
             }
         ],
-        "config": {
-            "eo": {
-                "description": "Settings of the exactly-once provider.",
-                "options": {
-                    "default_ledger_url": {
-                        "description": "SQLAlchemy URL of the checkpoint ledger when a pipeline names none.",
-                        "version_added": "0.1.0",
-                        "type": "string",
-                        "example": "postgresql+psycopg://eo@db/eo",
-                        "default": "sqlite:///eo-ledger.db",
-                    },
-                },
-            }
-        },
     }

@@ -30,7 +30,8 @@ stamp=$(sha256sum pyproject.toml | cut -c1-16)
 if [ "$(cat .venv/.eo-installed 2>/dev/null || true)" != "$stamp" ]; then
   say "installing the package and its pinned dependencies into .venv (first run takes ~1-2 min)"
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e '.[dev]'
+  # pip >= 25.1 (upgraded just above) installs PEP 735 dependency groups.
+  .venv/bin/python -m pip install -q -e . --group dev
   echo "$stamp" > .venv/.eo-installed
 fi
 

@@ -12,6 +12,7 @@ import dataclasses
 import json
 from typing import Any
 
+from airflow_provider_eo.errors import ConfigError
 from airflow_provider_eo.pipeline import _FORBIDDEN_CLIENT_KEYS, Pipeline
 from airflow_provider_eo.version_compat import BaseHook
 
@@ -56,7 +57,7 @@ class EoKafkaHook(BaseHook):
         conn = self.get_connection(self.kafka_config_id)
         extra = conn.extra_dejson
         if not isinstance(extra, dict):
-            raise ValueError(
+            raise ConfigError(
                 f"connection {self.kafka_config_id!r}: extra must be a JSON object of librdkafka "
                 'settings, e.g. {"bootstrap.servers": "host:9092"}'
             )
@@ -69,7 +70,7 @@ class EoKafkaHook(BaseHook):
         if conn.password and "sasl.password" not in config:
             config["sasl.password"] = conn.password
         if not config.get("bootstrap.servers"):
-            raise ValueError(
+            raise ConfigError(
                 f"connection {self.kafka_config_id!r} has no bootstrap.servers (set it in the "
                 "extra JSON or the host field)"
             )

@@ -6,12 +6,9 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import URL
 
-try:  # Airflow 3
-    from airflow.sdk.bases.hook import BaseHook
-except ImportError:  # pragma: no cover - Airflow 2 layout
-    from airflow.hooks.base import BaseHook  # type: ignore[no-redef,attr-defined]
-
+from airflow_provider_eo.errors import ConfigError
 from airflow_provider_eo.ledger.urls import redact_url
+from airflow_provider_eo.version_compat import BaseHook
 
 if TYPE_CHECKING:
     from airflow_provider_eo.ledger.store import Ledger
@@ -81,7 +78,7 @@ class LedgerHook(BaseHook):
         looks_like_file = not conn.port and (host.startswith(("/", ".")) or host.endswith(".db"))
         if dialect in _SQLITE_TYPES or (not dialect and looks_like_file):
             if not host:
-                raise ValueError(
+                raise ConfigError(
                     f"connection {self.eo_ledger_conn_id!r}: a SQLite ledger needs the file "
                     "path in the host field"
                 )

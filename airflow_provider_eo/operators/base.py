@@ -1,4 +1,5 @@
-"""What every eo operator and sensor shares: resolving the pipeline at execute time.
+"""What every eo operator and the sensor share: their common arguments
+(:class:`PipelineTaskMixin`) and resolving the pipeline at execute time.
 
 A pipeline is referenced by its import path ``"module:ATTR"`` so that parsing a DAG
 imports nothing heavy and touches no Kafka, Spark or ledger. At execute time the
@@ -16,10 +17,6 @@ from typing import Any
 from airflow_provider_eo.ledger import Actor, Ledger
 from airflow_provider_eo.pipeline import Pipeline, load_pipeline
 from airflow_provider_eo.version_compat import AirflowSkipException, Context, task_identity
-
-# The Spark job loads the pipeline by reference too; settings that came from Airflow
-# connections reach it through this environment variable (JSON: kafka, ledger_url).
-PIPELINE_OVERRIDES_ENV = "EO_PIPELINE_OVERRIDES_JSON"
 
 
 def resolve_pipeline(
@@ -71,3 +68,54 @@ def parse_checkpoint_id(value: Any, *, task_id: str) -> int:
         raise ValueError(
             f"{task_id}: checkpoint_id must be an integer (or a template rendering one), got {value!r}"
         ) from None
+
+
+# Templated arguments every eo task has; the tasks that work on one checkpoint add
+# "checkpoint_id".
+PIPELINE_TEMPLATE_FIELDS: tuple[str, ...] = ("pipeline", "kafka_conn_id", "ledger_conn_id")
+
+
+class PipelineTaskMixin:
+    """The arguments shared by the plan, submit and commit operators and the checkpoint
+    sensor: the pipeline reference, the connections applied over it, and (except for the
+    plan) the checkpoint to work on. Mixed in before the Airflow base class.
+
+    Each task's ``__init__`` keeps its keyword-only signature and documents these
+    arguments; it stores them with :meth:`_set_pipeline_args` (no work, no imports).
+    """
+
+    task_id: str
+    pipeline: str
+    checkpoint_id: int | str | None
+    kafka_conn_id: str | None
+    ledger_conn_id: str | None
+
+    def _set_pipeline_args(
+        self,
+        *,
+        pipeline: str,
+        checkpoint_id: int | str | None = None,
+        kafka_conn_id: str | None = None,
+        ledger_conn_id: str | None = None,
+    ) -> None:
+        self.pipeline = pipeline
+        self.checkpoint_id = checkpoint_id
+        self.kafka_conn_id = kafka_conn_id
+        self.ledger_conn_id = ledger_conn_id
+
+    def resolve_pipeline(self) -> Pipeline:
+        """The pipeline with this task's connections applied (see :func:`resolve_pipeline`)."""
+        return resolve_pipeline(
+            self.pipeline, kafka_conn_id=self.kafka_conn_id, ledger_conn_id=self.ledger_conn_id
+        )
+
+    def target_checkpoint(self) -> int:
+        """The (rendered) ``checkpoint_id`` as an int; skips the task when the plan had none."""
+        return parse_checkpoint_id(self.checkpoint_id, task_id=self.task_id)
+
+    def pipeline_overrides(self, pipeline: Pipeline) -> str | None:
+        """JSON of the settings that came from this task's connections (see
+        :func:`pipeline_overrides`; secrets included: never log it)."""
+        return pipeline_overrides(
+            pipeline, kafka_conn_id=self.kafka_conn_id, ledger_conn_id=self.ledger_conn_id
+        )

@@ -7,15 +7,15 @@ from typing import Any
 
 from airflow_provider_eo.core.commit import commit_checkpoint
 from airflow_provider_eo.operators.base import (
+    PIPELINE_TEMPLATE_FIELDS,
+    PipelineTaskMixin,
     actor_for,
     open_ledger,
-    parse_checkpoint_id,
-    resolve_pipeline,
 )
 from airflow_provider_eo.version_compat import BaseOperator, Context
 
 
-class EoCommitOperator(BaseOperator):
+class EoCommitOperator(PipelineTaskMixin, BaseOperator):
     """Publish a PREPARED checkpoint in Kafka transactions and mark it COMMITTED.
 
     Idempotent: committing a COMMITTED checkpoint does nothing, and a retry after any
@@ -34,7 +34,7 @@ class EoCommitOperator(BaseOperator):
         ledger URL. (templated)
     """
 
-    template_fields: Sequence[str] = ("pipeline", "checkpoint_id", "kafka_conn_id", "ledger_conn_id")
+    template_fields: Sequence[str] = (*PIPELINE_TEMPLATE_FIELDS, "checkpoint_id")
     ui_color = "#e8fde9"
 
     def __init__(
@@ -47,16 +47,16 @@ class EoCommitOperator(BaseOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.pipeline = pipeline
-        self.checkpoint_id = checkpoint_id
-        self.kafka_conn_id = kafka_conn_id
-        self.ledger_conn_id = ledger_conn_id
+        self._set_pipeline_args(
+            pipeline=pipeline,
+            checkpoint_id=checkpoint_id,
+            kafka_conn_id=kafka_conn_id,
+            ledger_conn_id=ledger_conn_id,
+        )
 
     def execute(self, context: Context) -> dict[str, Any]:
-        checkpoint_id = parse_checkpoint_id(self.checkpoint_id, task_id=self.task_id)
-        pipeline = resolve_pipeline(
-            self.pipeline, kafka_conn_id=self.kafka_conn_id, ledger_conn_id=self.ledger_conn_id
-        )
+        checkpoint_id = self.target_checkpoint()
+        pipeline = self.resolve_pipeline()
         actor = actor_for(context)
         with open_ledger(pipeline) as ledger:
             result = commit_checkpoint(pipeline, ledger, checkpoint_id, actor=actor)

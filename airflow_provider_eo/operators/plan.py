@@ -7,7 +7,12 @@ from typing import Any
 
 from airflow_provider_eo.core.plan import plan_checkpoint
 from airflow_provider_eo.ledger import CheckpointConflict, CheckpointRecord, InvariantViolation
-from airflow_provider_eo.operators.base import actor_for, open_ledger, resolve_pipeline
+from airflow_provider_eo.operators.base import (
+    PIPELINE_TEMPLATE_FIELDS,
+    PipelineTaskMixin,
+    actor_for,
+    open_ledger,
+)
 from airflow_provider_eo.version_compat import (
     AirflowException,
     AirflowSkipException,
@@ -39,7 +44,7 @@ def checkpoint_summary(cp: CheckpointRecord, **extra: Any) -> dict[str, Any]:
     }
 
 
-class EoPlanOperator(BaseOperator):
+class EoPlanOperator(PipelineTaskMixin, BaseOperator):
     """Plan the pipeline's next checkpoint, or resume its unfinished one.
 
     Restart-from-checkpoint is a DAG retry: while a checkpoint is unfinished, every call
@@ -61,7 +66,7 @@ class EoPlanOperator(BaseOperator):
     :param skip_when_empty: skip (default) instead of returning ``None`` when nothing is new.
     """
 
-    template_fields: Sequence[str] = ("pipeline", "kafka_conn_id", "ledger_conn_id")
+    template_fields: Sequence[str] = PIPELINE_TEMPLATE_FIELDS
     ui_color = "#e8f4fd"
 
     def __init__(
@@ -74,15 +79,11 @@ class EoPlanOperator(BaseOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.pipeline = pipeline
-        self.kafka_conn_id = kafka_conn_id
-        self.ledger_conn_id = ledger_conn_id
+        self._set_pipeline_args(pipeline=pipeline, kafka_conn_id=kafka_conn_id, ledger_conn_id=ledger_conn_id)
         self.skip_when_empty = skip_when_empty
 
     def execute(self, context: Context) -> dict[str, Any] | None:
-        pipeline = resolve_pipeline(
-            self.pipeline, kafka_conn_id=self.kafka_conn_id, ledger_conn_id=self.ledger_conn_id
-        )
+        pipeline = self.resolve_pipeline()
         actor = actor_for(context)
         with open_ledger(pipeline) as ledger:
             try:

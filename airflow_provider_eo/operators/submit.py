@@ -15,10 +15,9 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow_provider_eo import names
 from airflow_provider_eo.ledger import CheckpointState
 from airflow_provider_eo.operators.base import (
+    PIPELINE_TEMPLATE_FIELDS,
+    PipelineTaskMixin,
     open_ledger,
-    parse_checkpoint_id,
-    pipeline_overrides,
-    resolve_pipeline,
 )
 from airflow_provider_eo.version_compat import (
     AirflowException,
@@ -83,7 +82,7 @@ def local_driver_env(pipeline_ref: str) -> dict[str, str]:
     return env
 
 
-class EoSubmitOperator(SparkSubmitOperator):
+class EoSubmitOperator(PipelineTaskMixin, SparkSubmitOperator):
     """Run the provider's prepare job for one checkpoint with ``spark-submit``.
 
     A :class:`SparkSubmitOperator` (any ``spark`` connection, client or cluster deploy
@@ -113,10 +112,8 @@ class EoSubmitOperator(SparkSubmitOperator):
 
     template_fields: Sequence[str] = (
         *SparkSubmitOperator.template_fields,
-        "pipeline",
+        *PIPELINE_TEMPLATE_FIELDS,
         "checkpoint_id",
-        "kafka_conn_id",
-        "ledger_conn_id",
     )
     ui_color = "#fdf2e8"
 
@@ -133,16 +130,16 @@ class EoSubmitOperator(SparkSubmitOperator):
     ) -> None:
         kwargs.setdefault("application", "")
         super().__init__(conn_id=conn_id, name=name, **kwargs)
-        self.pipeline = pipeline
-        self.checkpoint_id = checkpoint_id
-        self.kafka_conn_id = kafka_conn_id
-        self.ledger_conn_id = ledger_conn_id
+        self._set_pipeline_args(
+            pipeline=pipeline,
+            checkpoint_id=checkpoint_id,
+            kafka_conn_id=kafka_conn_id,
+            ledger_conn_id=ledger_conn_id,
+        )
 
     def execute(self, context: Context) -> dict[str, Any]:  # type: ignore[override]
-        checkpoint_id = parse_checkpoint_id(self.checkpoint_id, task_id=self.task_id)
-        pipeline = resolve_pipeline(
-            self.pipeline, kafka_conn_id=self.kafka_conn_id, ledger_conn_id=self.ledger_conn_id
-        )
+        checkpoint_id = self.target_checkpoint()
+        pipeline = self.resolve_pipeline()
         with open_ledger(pipeline) as ledger:
             cp = ledger.get(pipeline.name, checkpoint_id)
         summary: dict[str, Any] = {"pipeline": pipeline.name, "checkpoint_id": checkpoint_id}
@@ -175,9 +172,7 @@ class EoSubmitOperator(SparkSubmitOperator):
         self.jars = _merge_csv(self.jars, connector_jars_csv())
         probe = self._get_hook()  # resolves the connection: master and deploy mode
         cluster = probe._connection["deploy_mode"] == "cluster"
-        overrides = pipeline_overrides(
-            pipeline, kafka_conn_id=self.kafka_conn_id, ledger_conn_id=self.ledger_conn_id
-        )
+        overrides = self.pipeline_overrides(pipeline)
         if cluster:
             if overrides:
                 raise AirflowFailException(

@@ -7,8 +7,13 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from airflow_provider_eo.operators.base import parse_checkpoint_id, resolve_pipeline
-from airflow_provider_eo.triggers.checkpoint import DONE_STATES, EoCheckpointTrigger
+from airflow_provider_eo.operators.base import PipelineTaskMixin
+from airflow_provider_eo.triggers.checkpoint import (
+    DONE_STATES,
+    MISSING,
+    EoCheckpointTrigger,
+    read_checkpoint_state,
+)
 from airflow_provider_eo.version_compat import (
     AirflowException,
     BaseSensorOperator,
@@ -33,7 +38,7 @@ class CheckpointWaitTimeout(CheckpointNotPrepared):
     """The sensor's timeout passed while the checkpoint was still PLANNED."""
 
 
-class EoCheckpointSensor(BaseSensorOperator):
+class EoCheckpointSensor(PipelineTaskMixin, BaseSensorOperator):
     """Wait until a checkpoint is PREPARED (or already COMMITTED) in the ledger.
 
     Deferrable by default: the wait runs in the triggerer (:class:`EoCheckpointTrigger`,
@@ -70,27 +75,14 @@ class EoCheckpointSensor(BaseSensorOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(poke_interval=poke_interval, timeout=timeout, **kwargs)
-        self.pipeline = pipeline
-        self.checkpoint_id = checkpoint_id
-        self.ledger_conn_id = ledger_conn_id
+        self._set_pipeline_args(pipeline=pipeline, checkpoint_id=checkpoint_id, ledger_conn_id=ledger_conn_id)
         self.deferrable = deferrable
         self.check_before_defer = check_before_defer
 
     def _target(self) -> tuple[str, int, str]:
-        cid = parse_checkpoint_id(self.checkpoint_id, task_id=self.task_id)
-        pipeline = resolve_pipeline(self.pipeline, ledger_conn_id=self.ledger_conn_id)
+        cid = self.target_checkpoint()
+        pipeline = self.resolve_pipeline()
         return pipeline.name, cid, pipeline.ledger_url
-
-    @staticmethod
-    def _read(name: str, cid: int, url: str) -> tuple[str, str | None]:
-        from airflow_provider_eo.ledger import CheckpointNotFound, Ledger
-
-        with Ledger(url, create=False) as ledger:
-            try:
-                cp = ledger.get(name, cid)
-            except CheckpointNotFound as exc:
-                return "MISSING", str(exc)
-        return cp.state.value, cp.abort_reason
 
     @staticmethod
     def _success(name: str, cid: int, state: str) -> dict[str, Any]:
@@ -98,7 +90,7 @@ class EoCheckpointSensor(BaseSensorOperator):
 
     def _raise_for(self, name: str, cid: int, state: str, reason: str | None) -> None:
         event = {"status": "failed", "pipeline": name, "checkpoint_id": cid, "state": state}
-        if state in ("ABORTED", "MISSING"):
+        if state in ("ABORTED", MISSING):
             raise CheckpointAborted(
                 f"pipeline {name!r}: checkpoint {cid} is {state}"
                 f"{f' ({reason})' if reason else ''}; nothing will be committed from it, the "
@@ -111,7 +103,7 @@ class EoCheckpointSensor(BaseSensorOperator):
             return super().execute(context)
         name, cid, url = self._target()
         if self.check_before_defer:
-            state, reason = self._read(name, cid, url)
+            state, reason = read_checkpoint_state(url, name, cid)
             if state in DONE_STATES:
                 self.log.info("pipeline %s: checkpoint %s is already %s", name, cid, state)
                 return self._success(name, cid, state)
@@ -155,7 +147,7 @@ class EoCheckpointSensor(BaseSensorOperator):
 
     def poke(self, context: Context) -> PokeReturnValue | bool:
         name, cid, url = self._target()
-        state, reason = self._read(name, cid, url)
+        state, reason = read_checkpoint_state(url, name, cid)
         if state in DONE_STATES:
             return PokeReturnValue(is_done=True, xcom_value=self._success(name, cid, state))
         self._raise_for(name, cid, state, reason)

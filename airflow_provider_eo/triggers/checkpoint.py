@@ -10,6 +10,26 @@ from typing import Any
 from airflow_provider_eo.version_compat import BaseTrigger, TriggerEvent
 
 DONE_STATES = frozenset({"PREPARED", "COMMITTED"})
+# The state read reports a checkpoint the ledger does not hold as this pseudo-state.
+MISSING = "MISSING"
+
+
+def read_checkpoint_state(ledger_url: str, pipeline: str, checkpoint_id: int) -> tuple[str, str | None]:
+    """``(state, reason)`` of one checkpoint, read-only; blocking (the trigger runs it in a
+    worker thread). ``state`` is the ledger's state name, or :data:`MISSING` when the
+    ledger holds no such checkpoint; ``reason`` is the abort reason (or why it is missing).
+
+    The one state read of the sensor's poke/pre-defer check and of the trigger.
+    """
+    from airflow_provider_eo.ledger import CheckpointNotFound, Ledger
+
+    # create=False: no schema upgrade, no file creation; reads only.
+    with Ledger(ledger_url, create=False) as ledger:
+        try:
+            cp = ledger.get(pipeline, checkpoint_id)
+        except CheckpointNotFound as exc:
+            return MISSING, str(exc)
+    return cp.state.value, cp.abort_reason
 
 
 class EoCheckpointTrigger(BaseTrigger):
@@ -63,20 +83,6 @@ class EoCheckpointTrigger(BaseTrigger):
             },
         )
 
-    def _read_state(self) -> tuple[str, str | None]:
-        """(state, reason) of the checkpoint; blocking, runs in a worker thread."""
-        from airflow_provider_eo.ledger import CheckpointNotFound, Ledger
-
-        # create=False: no schema upgrade, no file creation; reads only.
-        ledger = Ledger(self.ledger_url, create=False)
-        try:
-            cp = ledger.get(self.pipeline, self.checkpoint_id)
-        except CheckpointNotFound as exc:
-            return "MISSING", str(exc)
-        finally:
-            ledger.close()
-        return cp.state.value, cp.abort_reason
-
     def _event(self, status: str, state: str, reason: str | None = None) -> TriggerEvent:
         payload: dict[str, Any] = {
             "status": status,
@@ -95,7 +101,9 @@ class EoCheckpointTrigger(BaseTrigger):
         state = "UNKNOWN"
         while True:
             try:
-                state, reason = await asyncio.to_thread(self._read_state)
+                state, reason = await asyncio.to_thread(
+                    read_checkpoint_state, self.ledger_url, self.pipeline, self.checkpoint_id
+                )
             except LedgerError as exc:  # unreachable database: keep polling until the deadline
                 self.log.warning("%s: cannot read the ledger (%s); polling again", where, exc)
             else:
@@ -105,7 +113,7 @@ class EoCheckpointTrigger(BaseTrigger):
                 if state == "ABORTED":
                     yield self._event("failed", state, reason or f"{where} was ABORTED")
                     return
-                if state == "MISSING":
+                if state == MISSING:
                     yield self._event("failed", state, reason or f"{where} is not in the ledger")
                     return
             if self.deadline is not None and time.time() >= self.deadline:

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_eo.demo import _produce_sample
+from airflow_provider_eo.demo.sample import produce_sample
 from airflow_provider_eo.kafka.audit import audit_pipeline
 from airflow_provider_eo.ledger import CheckpointState, Ledger
 
@@ -24,7 +24,7 @@ def _audit_clean(pipeline: Any) -> list[Any]:
 
 def test_three_runs_commit_three_checkpoints(airflow_env: Any, kafka_bootstrap: str) -> None:
     pipeline = airflow_env.pipeline()
-    committed, _aborted = _produce_sample(kafka_bootstrap, pipeline.source_topics[0])
+    committed, _aborted = produce_sample(kafka_bootstrap, pipeline.source_topics[0])
 
     runs = airflow_env.run_dag_test("eo_pipeline", runs=3)
 
@@ -45,7 +45,7 @@ def test_prepare_fails_first_try_retry_prepares_same_checkpoint(
     airflow_env: Any, kafka_bootstrap: str
 ) -> None:
     pipeline = airflow_env.pipeline()
-    _committed, _ = _produce_sample(kafka_bootstrap, pipeline.source_topics[0])
+    _committed, _ = produce_sample(kafka_bootstrap, pipeline.source_topics[0])
 
     (run,) = airflow_env.run_dag_test("eo_pipeline", runs=1, prepare_fault_runs="1")
 
@@ -68,7 +68,7 @@ def test_commit_killed_after_kafka_commit_retry_publishes_nothing(
     airflow_env: Any, kafka_bootstrap: str
 ) -> None:
     pipeline = airflow_env.pipeline()
-    committed, _ = _produce_sample(kafka_bootstrap, pipeline.source_topics[0])
+    committed, _ = produce_sample(kafka_bootstrap, pipeline.source_topics[0])
 
     runs = airflow_env.run_dag_test("eo_pipeline", runs=2, commit_fault_runs="1")
 

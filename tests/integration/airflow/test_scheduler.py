@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from eo_harness import wait_for
 
-from airflow_provider_eo.demo import _produce_sample
+from airflow_provider_eo.demo.sample import produce_sample
 from airflow_provider_eo.kafka.audit import audit_pipeline
 from airflow_provider_eo.ledger import CheckpointNotFound, CheckpointState, Ledger
 
@@ -117,7 +117,7 @@ def _component_logs(home: Path) -> str:
 
 def test_scheduled_runs_defer_and_commit(deployment: Any, kafka_bootstrap: str) -> None:
     pipeline = deployment.pipeline()
-    _produce_sample(kafka_bootstrap, pipeline.source_topics[0])
+    produce_sample(kafka_bootstrap, pipeline.source_topics[0])
     deferred: set[str] = set()
     committed: list[Any] = []
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_eo.ledger import Ledger, RangeSpec
-from airflow_provider_eo.triggers.checkpoint import EoCheckpointTrigger
+from airflow_provider_eo.triggers.checkpoint import MISSING, EoCheckpointTrigger, read_checkpoint_state
 
 PIPELINE = "orders"
 
@@ -131,3 +131,20 @@ def test_unreachable_ledger_keeps_polling_until_deadline(tmp_path: Path) -> None
     )
     event = _first_event(trigger)
     assert event["status"] == "timeout" and event["state"] == "UNKNOWN"
+
+
+def test_read_checkpoint_state_is_the_one_read_of_sensor_and_trigger(ledger_url: str) -> None:
+    assert read_checkpoint_state(ledger_url, PIPELINE, 1) == ("PLANNED", None)
+    state, reason = read_checkpoint_state(ledger_url, PIPELINE, 99)
+    assert state == MISSING and reason and "99" in reason
+    _prepare(ledger_url)
+    assert read_checkpoint_state(ledger_url, PIPELINE, 1) == ("PREPARED", None)
+    with Ledger(ledger_url) as ledger:
+        ledger.abort(PIPELINE, 1, reason="staging lost")
+    assert read_checkpoint_state(ledger_url, PIPELINE, 1) == ("ABORTED", "staging lost")
+
+
+def test_sensor_uses_the_shared_read() -> None:
+    from airflow_provider_eo.sensors import checkpoint as sensor_module
+
+    assert sensor_module.read_checkpoint_state is read_checkpoint_state

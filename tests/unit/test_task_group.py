@@ -45,7 +45,7 @@ def test_example_dag_parses_without_services() -> None:
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[3] / "dags" / "eo_pipeline.py"
+    path = Path(__file__).resolve().parents[2] / "dags" / "eo_pipeline.py"
     spec = importlib.util.spec_from_file_location("eo_pipeline_example", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

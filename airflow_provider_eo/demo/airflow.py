@@ -1,4 +1,4 @@
-"""``eo demo --airflow``: the example DAG under real Airflow 3 (``dag.test()``), with one
+"""``eo demo`` (``--airflow``, the default): the example DAG under real Airflow 3 (``dag.test()``), with one
 injected Spark failure that the task retry recovers from.
 
 The Airflow part runs in a child process with its own temporary ``AIRFLOW_HOME`` (SQLite
@@ -19,24 +19,45 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
-console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)  # wide tables in logs
+from airflow_provider_eo.demo.render import (
+    FAILED,
+    OK,
+    console,
+    mark,
+    print_audit,
+    print_checkpoints,
+    print_dag_run,
+)
+from airflow_provider_eo.demo.sample import DEMO_TOPIC, seed_demo_topics
+from airflow_provider_eo.stack.errors import StackError
 
 RESULT_PREFIX = "EO_AIRFLOW_DEMO_RESULT "
 DAG_FILES = ("eo_pipeline.py", "eo_demo_pipelines.py")
 RUNS = 3
 
 
-def _dags_source() -> Path:
+class DemoNeedsCheckout(StackError):
+    """The Airflow demo runs the example DAGs of a source checkout's ``dags/`` folder, which
+    the installed package does not ship. Nothing was started; no data is involved."""
+
+
+def dags_source(root: Path | None = None) -> Path:
+    """The checkout's ``dags/`` folder holding :data:`DAG_FILES`.
+
+    :param root: the checkout (default: the project root, see ``stack.paths.project_root``).
+    :raises DemoNeedsCheckout: when a file is missing (e.g. run from an installed wheel).
+    """
     from airflow_provider_eo.stack.paths import project_root
 
-    folder = project_root() / "dags"
+    folder = (root or project_root()) / "dags"
     missing = [name for name in DAG_FILES if not (folder / name).is_file()]
     if missing:
-        raise FileNotFoundError(
-            f"the example DAGs {missing} are not in {folder}; run the Airflow demo from a checkout "
-            "of airflow-provider-eo"
+        raise DemoNeedsCheckout(
+            f"`eo demo` runs the example DAGs dags/{' and dags/'.join(DAG_FILES)}, and "
+            f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not in {folder}: the "
+            "installed package does not ship them, the Airflow demo needs a source checkout of "
+            "airflow-provider-eo. Clone the repository and run `make demo` at its root, or run "
+            "`eo demo --no-airflow` (the same pipeline without Airflow, no checkout needed)."
         )
     return folder
 
@@ -98,29 +119,26 @@ def run_airflow_demo() -> int:
     """Local Kafka + temporary Airflow home + the example DAG for three checkpoints (one
     injected Spark failure, recovered by the retry); prints the ledger and the audit.
     Stops what it started. Returns 0 when the audit is clean."""
-    from airflow_provider_eo.cli import print_audit
-    from airflow_provider_eo.demo import seed_demo_topics
     from airflow_provider_eo.kafka.audit import audit_pipeline
     from airflow_provider_eo.ledger import CheckpointState, Ledger
-    from airflow_provider_eo.ledger.cli import render_checkpoints_table
     from airflow_provider_eo.stack.kafka import LocalKafka
     from airflow_provider_eo.stack.paths import state_dir
 
     started = time.monotonic()
-    dags_source = _dags_source()
+    checkout_dags = dags_source()
     kafka = LocalKafka()
     was_running = kafka.info() is not None
     with console.status("starting the local Kafka broker (KRaft) ..."):
         info = kafka.up()
-    console.print(f"[green]✓[/] Kafka {info.version} on {info.bootstrap}")
+    console.print(f"{OK} Kafka {info.version} on {info.bootstrap}")
     home = Path(tempfile.mkdtemp(prefix="eo-airflow-demo-"))
     ok = False
     try:
         run = uuid.uuid4().hex[:6]
-        source, sink = f"eo-demo-events-{run}", f"eo-demo-enriched-{run}"
+        source, sink = f"{DEMO_TOPIC}-{run}", f"eo-demo-enriched-{run}"
         committed, aborted = seed_demo_topics(info.bootstrap, source, sink)
         console.print(
-            f"[green]✓[/] produced {committed} committed and {aborted} aborted events into {source!r}"
+            f"{OK} produced {committed} committed and {aborted} aborted events into {source!r}"
         )
         demo_dir = state_dir() / "airflow-demo" / run
         pipeline_env = {
@@ -136,7 +154,7 @@ def run_airflow_demo() -> int:
         dags = home / "dags"
         dags.mkdir()
         for name in DAG_FILES:
-            shutil.copy(dags_source / name, dags / name)
+            shutil.copy(checkout_dags / name, dags / name)
         env = _airflow_env(home, dags, pipeline_env)
         log_path = home / "airflow-demo.log"
         with (
@@ -151,7 +169,7 @@ def run_airflow_demo() -> int:
                 check=True,
                 timeout=600,
             )
-        console.print(f"[green]✓[/] Airflow home {home}")
+        console.print(f"{OK} Airflow home {home}")
         with (
             console.status(
                 f"dag.test() x{RUNS}: plan >> prepare (spark-submit) >> wait >> commit; the first prepare "
@@ -160,7 +178,7 @@ def run_airflow_demo() -> int:
             log_path.open("a") as log,
         ):
             proc = subprocess.run(
-                [sys.executable, "-m", "airflow_provider_eo.airflow_demo"],
+                [sys.executable, "-m", "airflow_provider_eo.demo.airflow"],
                 env=env,
                 stdout=subprocess.PIPE,
                 stderr=log,
@@ -172,20 +190,14 @@ def run_airflow_demo() -> int:
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_PREFIX)]
         if proc.returncode != 0 or not lines:
             tail = log_path.read_text(errors="replace")[-4000:]
-            console.print(f"[red]✗[/] the DAG runs failed (exit {proc.returncode}); log tail:\n{tail}")
+            console.print(f"{FAILED} the DAG runs failed (exit {proc.returncode}); log tail:\n{tail}")
             return 1
         for n, r in enumerate(json.loads(lines[-1][len(RESULT_PREFIX) :]), start=1):
-            order = ("plan", "prepare", "wait", "commit")
-            steps = sorted(r["tis"].items(), key=lambda kv: order.index(kv[0].split(".")[-1]))
-            tries = ", ".join(f"{t.split('.')[-1]}#{try_}" for t, (_s, try_) in steps)
-            mark = "[green]✓[/]" if r["state"] == "success" else "[red]✗[/]"
-            console.print(
-                f"{mark} run {n} {r['run_id']}: {r['state']}  tries: {tries}  ({r['seconds']:.1f}s)"
-            )
+            print_dag_run(n, r)
         pipeline = _load_pipeline(dags, pipeline_env)
         with Ledger(pipeline.ledger_url) as ledger:
             checkpoints = ledger.list_checkpoints(pipeline.name)
-            console.print(render_checkpoints_table(checkpoints, title=f"checkpoints of {pipeline.name}"))
+            print_checkpoints(checkpoints, title=f"checkpoints of {pipeline.name}")
             report = audit_pipeline(pipeline, ledger)
         print_audit(report)
         ok = (
@@ -193,9 +205,7 @@ def run_airflow_demo() -> int:
             and len(checkpoints) == RUNS
             and all(c.state is CheckpointState.COMMITTED for c in checkpoints)
         )
-        console.print(
-            f"{'[green]✓[/]' if ok else '[red]✗[/]'} Airflow demo  [{time.monotonic() - started:.1f}s]"
-        )
+        console.print(f"{mark(ok)} Airflow demo  [{time.monotonic() - started:.1f}s]")
         return 0 if ok else 1
     finally:
         if ok:
