@@ -65,7 +65,7 @@ from airflow_provider_eo.kafka import admin  # noqa: E402
 from airflow_provider_eo.kafka.audit import high_watermarks, read_sink  # noqa: E402
 from airflow_provider_eo.ledger import CheckpointState, Ledger  # noqa: E402
 from airflow_provider_eo.pipeline import Pipeline  # noqa: E402
-from airflow_provider_eo.stack.kafka import LocalKafka  # noqa: E402
+from airflow_provider_eo.stack.kafka import LocalKafka, pid_alive, port_in_use  # noqa: E402
 
 KINDS = ("none", "kill_prepare", "kill_commit", "stop_commit", "restart_broker", "stop_postgres")
 # After every kind has been injected once, faults are drawn with these weights.
@@ -305,9 +305,12 @@ class Torture:
         max_records: int,
         transaction_timeout_ms: int,
         rate: float,
+        batch_bytes: int | None,
         log: Callable[[str], None],
     ) -> None:
         self.seed, self.work, self.spark, self.log = seed, work, spark, log
+        self.batch_bytes = batch_bytes
+        self.config: dict[str, Any] = {}
         self.rng = random.Random(seed)
         self.source_partitions, self.sink_partitions = source_partitions, sink_partitions
         self.commit_shards, self.max_records = commit_shards, max_records
@@ -333,14 +336,15 @@ class Torture:
         server = self.pg.start()
         self._pg_admin(f'CREATE DATABASE "{self.db_name}"', server)
         self.pg_url = server.rsplit("/", 1)[0] + f"/{self.db_name}"
-        config = {"bootstrap.servers": info.bootstrap}
+        config = self.config = {"bootstrap.servers": info.bootstrap}
         topic_config = {"max.message.bytes": str(MAX_MESSAGE_BYTES)}
         source, sink = f"torture-src-{self.seed}", f"torture-sink-{self.seed}"
         admin.ensure_topic(config, source, partitions=self.source_partitions, topic_config=topic_config)
         admin.ensure_topic(config, sink, partitions=self.sink_partitions, topic_config=topic_config)
         self.pipeline = Pipeline(
             name=f"torture-{self.seed}-{uuid.uuid4().hex[:6]}",
-            kafka=config,
+            # See run(): without it the commit's batches can exceed the sink's limit.
+            kafka={**config, **({"batch.size": self.batch_bytes} if self.batch_bytes else {})},
             source_topics=[source],
             sink_topic=sink,
             transform="eo_test_transforms:identity",
@@ -510,7 +514,7 @@ class Torture:
             self._spawn(n, fault=step)
             self._reap()
             return f"EO_FAULT={step}" if self._last_code_killed() else None
-        delay = self.rng.uniform(0.0, 8.0)
+        delay = self.rng.uniform(1.0, 15.0)
         self._spawn(n)
 
         def planned() -> bool:
@@ -543,7 +547,7 @@ class Torture:
             return None
         paused = time.monotonic()
         sink = [(self.pipeline.sink_topic, p) for p in range(self.sink_partitions)]
-        config = dict(self.pipeline.kafka)
+        config = self.config
 
         def aborted_by_broker() -> bool:
             # Past the timeout, and the broker has aborted the open transaction (LSO = HW).
@@ -570,7 +574,15 @@ class Torture:
         self._spawn(n)
         time.sleep(delay)  # a random moment in the run-once is the fault itself
         in_flight = not self._exited()
+        old = self.kafka.info()
         self.kafka.down(timeout_s=0.0 if hard else 30.0)
+        # down() sends SIGKILL without waiting: the next up() must not see the dying broker
+        # still holding its ports (it would move to new ones).
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and (
+            (old is not None and pid_alive(old.pid)) or port_in_use(self.port)
+        ):
+            time.sleep(0.1)
         info = self.kafka.up(timeout_s=180)
         if info.port != self.port:
             raise RuntimeError(f"the broker came back on port {info.port}, not {self.port}")
@@ -613,7 +625,7 @@ class Torture:
         self.feeder.stop()
         self.log(f"feeder stopped: {self.feeder.seq} records sent, batches {dict(self.feeder.batches)}")
         source = [(self.pipeline.source_topics[0], p) for p in range(self.source_partitions)]
-        config = dict(self.pipeline.kafka)
+        config = self.config
         for i in range(max_runs):
             try:
                 if self.spark is not None:
@@ -641,7 +653,7 @@ class Torture:
         from airflow_provider_eo.kafka.audit import audit_pipeline
 
         assert self.pipeline is not None and self.ledger is not None
-        config = dict(self.pipeline.kafka)
+        config = self.config
         topic = self.pipeline.source_topics[0]
         committed = Counter(_digest(m.value()) for m in read_sink(config, topic))
         everything = Counter(_digest(m.value()) for m in read_uncommitted(config, topic))
@@ -681,6 +693,7 @@ def run(
     max_records: int = 400,
     transaction_timeout_ms: int = 10_000,
     rate: float = 40.0,
+    batch_bytes: int | None = 60_000,
     log: Callable[[str], None] = _stderr,
 ) -> Result:
     """Run ``cycles`` chaos cycles with ``seed``, catch up, audit; see the module doc.
@@ -692,6 +705,11 @@ def run(
     :param pg_dir: PostgreSQL state folder (default ``$EO_PG_DIR-torture`` or
         ``<repo>/.eo/postgres-torture``): a cluster of its own, since the run stops it.
     :param rate: feeder records per second (on average).
+    :param batch_bytes: ``batch.size`` given in the pipeline's Kafka config, below the
+        sink's 64 KiB ``max.message.bytes``. The commit producer does not bound its batches
+        by the sink's limit itself: with ``None`` a checkpoint holding a near-limit record
+        and its neighbours is refused by the broker (MSG_SIZE_TOO_LARGE) on every commit
+        try and the pipeline wedges (found by this run; seed 11).
     """
     started = time.monotonic()
     work = work_dir or ROOT / ".eo" / "torture" / uuid.uuid4().hex[:8]
@@ -715,6 +733,7 @@ def run(
         max_records=max_records,
         transaction_timeout_ms=transaction_timeout_ms,
         rate=rate,
+        batch_bytes=batch_bytes,
         log=note,
     )
     try:
@@ -758,6 +777,11 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--prepare", choices=("mixed", "child"), default="mixed")
     ap.add_argument("--rate", type=float, default=40.0, help="feeder records per second")
+    ap.add_argument(
+        "--no-batch-limit",
+        action="store_true",
+        help="leave the commit producer's batch.size at librdkafka's default (reproduces the wedge)",
+    )
     args = ap.parse_args()
     # A terminated run still stops its broker and PostgreSQL (the finally in run()).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -771,7 +795,13 @@ def main() -> int:
 
         spark = get_spark("eo-torture")
     try:
-        result = run(args.cycles, args.seed, spark=spark, rate=args.rate)
+        result = run(
+            args.cycles,
+            args.seed,
+            spark=spark,
+            rate=args.rate,
+            batch_bytes=None if args.no_batch_limit else 60_000,
+        )
     finally:
         if spark is not None:
             spark.stop()

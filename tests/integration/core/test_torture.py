@@ -35,9 +35,12 @@ def _torture() -> ModuleType:
 
 def test_torture_short_seeded(spark: Any, tmp_path: Path) -> None:
     torture = _torture()
-    cycles = int(os.environ.get("EO_TORTURE_CYCLES", "9"))
+    cycles = int(os.environ.get("EO_TORTURE_CYCLES", "7"))
     seed = int(os.environ.get("EO_TORTURE_SEED", "11"))
-    result = torture.run(cycles, seed, spark=spark, work_dir=tmp_path / "torture")
+    # Large checkpoints and a slow feeder keep the catch-up to a few runs.
+    result = torture.run(
+        cycles, seed, spark=spark, work_dir=tmp_path / "torture", max_records=5000, rate=15.0
+    )
     print(result.line())
     detail = "\n".join([*result.log, result.line()])
     # Every fault kind was really injected (a missed fault is retried on a later cycle).
