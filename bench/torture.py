@@ -1,0 +1,813 @@
+"""Torture run: `eo run-once` in a loop under a seeded chaos driver, then catch-up and audit.
+
+Usage: .venv/bin/python bench/torture.py --cycles N --seed S [--prepare child|mixed]
+
+A broker of its own (4+ source, 3+ sink partitions, ``max.message.bytes`` = 64 KiB on both
+topics) and a PostgreSQL ledger (``scripts/postgres.sh`` under ``<EO_PG_DIR>-torture``, one
+database per run). A feeder thread produces input continuously: keyed and null-keyed
+records, some in committed and some in aborted transactions, some a little under
+``max.message.bytes``. Each cycle the driver picks (seeded) one fault kind and runs one
+``eo run-once`` child while injecting it:
+
+- ``none``            a clean run-once;
+- ``kill_prepare``    SIGKILL while the child prepares (``EO_FAULT=prepare.*`` or a random
+                      moment after it planned);
+- ``kill_commit``     SIGKILL at a random commit step (``EO_FAULT=commit.*``);
+- ``stop_commit``     SIGSTOP the committer with its transaction open, past the transaction
+                      timeout (until the broker has aborted it), then SIGCONT or SIGKILL;
+- ``restart_broker``  stop the broker (SIGTERM or SIGKILL) while the child runs, start it
+                      again on the same port and data;
+- ``stop_postgres``   stop PostgreSQL (the ledger) while the child runs, then start it.
+
+A failed run-once is simply retried by the next cycle (restart-from-checkpoint). Afterwards
+the feeder stops, run-once repeats until the ledger has consumed every source partition to
+its end, and the sink is audited two ways: by value (every committed input record exactly
+once, aborted input never) and by the ledger's auditor (every committed checkpoint's
+staged records exactly once). Group offsets must equal the last committed ends.
+
+``--prepare mixed`` (default) prepares in this process's Spark session, except in
+``kill_prepare`` cycles, so a cycle does not pay a JVM start; ``child`` lets every
+run-once child prepare by itself (slower, the most literal form).
+
+The last line is machine-readable:
+``torture: seed=<n> cycles=<n> faults=<n> kinds=<k:n,...> in=<n> out=<n> duplicates=<n>
+missing=<n> group_offsets_ok=<bool>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = ROOT / "tests"
+for _p in (str(TESTS), str(ROOT)):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition  # noqa: E402
+
+from airflow_provider_eo.kafka import admin  # noqa: E402
+from airflow_provider_eo.kafka.audit import high_watermarks, read_sink  # noqa: E402
+from airflow_provider_eo.ledger import CheckpointState, Ledger  # noqa: E402
+from airflow_provider_eo.pipeline import Pipeline  # noqa: E402
+from airflow_provider_eo.stack.kafka import LocalKafka, pid_alive, port_in_use  # noqa: E402
+
+KINDS = ("none", "kill_prepare", "kill_commit", "stop_commit", "restart_broker", "stop_postgres")
+# After every kind has been injected once, faults are drawn with these weights.
+WEIGHTS = (2, 2, 2, 1, 1, 1)
+PG_SCRIPT = ROOT / "scripts" / "postgres.sh"
+EO = str(Path(sys.executable).with_name("eo"))
+MAX_MESSAGE_BYTES = 64 * 1024
+KILL_COMMIT_STEPS = (
+    "commit.after_begin",
+    "commit.before_commit_txn",
+    "commit.after_commit_txn",
+    "commit.before_ledger",
+)
+
+
+def _stderr(msg: str) -> None:
+    print(f"[torture {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Result:
+    """What a torture run found. ``ok`` is the exactly-once verdict."""
+
+    seed: int
+    cycles: int
+    faults: int = 0
+    kinds: Counter[str] = field(default_factory=Counter)
+    missed: int = 0  # faults chosen but not reached (e.g. the child finished first)
+    failed_runs: int = 0  # run-once children that did not exit 0
+    records_in: int = 0  # committed source records (read_committed)
+    aborted_in: int = 0  # source records of aborted transactions
+    records_out: int = 0  # sink records (read_committed)
+    duplicates: int = 0
+    missing: int = 0
+    group_offsets_ok: bool = False
+    audit: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+    log: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """Nothing duplicated, nothing missing, group offsets at the committed ends."""
+        return self.duplicates == 0 and self.missing == 0 and self.group_offsets_ok
+
+    def line(self) -> str:
+        """The machine-readable summary line."""
+        kinds = ",".join(f"{k}:{self.kinds.get(k, 0)}" for k in KINDS)
+        return (
+            f"torture: seed={self.seed} cycles={self.cycles} faults={self.faults} kinds={kinds} "
+            f"in={self.records_in} out={self.records_out} duplicates={self.duplicates} "
+            f"missing={self.missing} group_offsets_ok={self.group_offsets_ok}"
+        )
+
+
+class Postgres:
+    """The ledger's PostgreSQL cluster, driven by ``scripts/postgres.sh`` in ``state_dir``."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.env = {**os.environ, "EO_PG_DIR": str(state_dir)}
+
+    def _script(self, action: str) -> dict[str, str]:
+        proc = subprocess.run(
+            ["bash", str(PG_SCRIPT), action], env=self.env, capture_output=True, text=True, timeout=600
+        )
+        if proc.returncode != 0 and action != "status":
+            raise RuntimeError(f"postgres.sh {action} failed ({proc.returncode}): {proc.stderr[-2000:]}")
+        return dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
+
+    def running(self) -> bool:
+        return "EO_PG_URL" in self._script("status")
+
+    def start(self) -> str:
+        """Start (idempotent); the URL of the maintenance database ``eo``."""
+        return self._script("start")["EO_PG_URL"]
+
+    def stop(self) -> None:
+        self._script("stop")
+
+
+class Feeder(threading.Thread):
+    """Produces source records until stopped: unique values ``<seed>:<seq>:...``, ~20% null
+    keys, some in committed and some in aborted transactions, ~1% just under the topic's
+    ``max.message.bytes``. Survives broker restarts (failed clients are re-created)."""
+
+    def __init__(
+        self, bootstrap: str, topic: str, seed: int, rate: float, log: Callable[[str], None]
+    ) -> None:
+        super().__init__(name="torture-feeder", daemon=True)
+        self.bootstrap, self.topic, self.rate, self.log = bootstrap, topic, rate, log
+        self.rng = random.Random(seed * 7919 + 1)
+        self.tag = f"{seed}-{uuid.uuid4().hex[:6]}"
+        self.halt = threading.Event()
+        self.seq = 0
+        self.errors = 0
+        self.batches: Counter[str] = Counter()
+        self._plain: Producer | None = None
+        self._txn: Producer | None = None
+
+    def _conf(self) -> dict[str, Any]:
+        # Batches stay under the topic's 64 KiB max.message.bytes (librdkafka does not split
+        # a batch the broker refuses as too large).
+        return {"bootstrap.servers": self.bootstrap, "batch.size": 60_000, "linger.ms": 5, "log_level": 2}
+
+    def _record(self) -> tuple[bytes | None, bytes]:
+        self.seq += 1
+        key = None if self.rng.random() < 0.2 else f"k{self.rng.randrange(50)}".encode()
+        head = f"{self.tag}:{self.seq}:".encode()
+        if self.rng.random() < 0.01:
+            size = MAX_MESSAGE_BYTES - self.rng.randint(1024, 2048)  # room for eo's headers
+            return key, head + b"L" * (size - len(head))
+        return key, head + b"x" * self.rng.randint(10, 200)
+
+    def _send(self, producer: Producer, n: int) -> None:
+        for _ in range(n):
+            key, value = self._record()
+            while True:
+                try:
+                    producer.produce(self.topic, key=key, value=value)
+                    break
+                except BufferError:
+                    producer.poll(0.1)
+
+    def _plain_batch(self, n: int) -> None:
+        if self._plain is None:
+            self._plain = Producer(
+                {**self._conf(), "enable.idempotence": True, "message.timeout.ms": 120_000}
+            )
+        self._send(self._plain, n)
+        self._plain.poll(0)
+
+    def _txn_batch(self, n: int, commit: bool) -> None:
+        try:
+            if self._txn is None:
+                self._txn = Producer(
+                    {
+                        **self._conf(),
+                        "transactional.id": f"torture-feed-{self.tag}",
+                        "transaction.timeout.ms": 10_000,
+                    }
+                )
+                self._txn.init_transactions(30)
+            self._txn.begin_transaction()
+            self._send(self._txn, n)
+            if commit:
+                self._txn.commit_transaction(30)
+            else:
+                self._txn.flush(30)
+                self._txn.abort_transaction(30)
+            self.batches["txn_commit" if commit else "txn_abort"] += 1
+        except KafkaException as exc:
+            # Whatever became of it, the source itself says (read_committed vs uncommitted).
+            self.errors += 1
+            self.log(f"feeder: transaction failed ({exc}); new producer")
+            self._txn = None  # the next init_transactions fences and aborts it
+            self.halt.wait(1.0)
+
+    def run(self) -> None:
+        while not self.halt.is_set():
+            n = self.rng.randint(1, 20)
+            r = self.rng.random()
+            try:
+                if r < 0.15:
+                    self._txn_batch(n, commit=False)
+                elif r < 0.30:
+                    self._txn_batch(n, commit=True)
+                else:
+                    self._plain_batch(n)
+                    self.batches["plain"] += 1
+            except KafkaException as exc:
+                self.errors += 1
+                self.log(f"feeder: {exc}; new producer")
+                self._plain = None
+            self.halt.wait(n / self.rate)
+        if self._plain is not None and self._plain.flush(120) > 0:
+            self.log("feeder: some plain records were not delivered (the audit reads the source)")
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.join(timeout=180)
+
+
+def _digest(value: bytes | None) -> bytes:
+    return hashlib.blake2b(value or b"", digest_size=16).digest()
+
+
+def read_uncommitted(config: dict[str, Any], topic: str, timeout_s: float = 120.0) -> list[Any]:
+    """Every record in ``topic`` up to its high watermark, aborted transactions included."""
+    parts = admin.partitions_of(config, [topic])[topic]
+    ends = high_watermarks(config, [(topic, p) for p in parts])
+    starts = admin.list_offsets(config, [(topic, p) for p in parts], spec="earliest")
+    todo = {p for p in parts if ends[(topic, p)] > starts[(topic, p)]}
+    consumer = Consumer(
+        {
+            **config,
+            "group.id": f"torture-{uuid.uuid4().hex[:8]}",
+            "isolation.level": "read_uncommitted",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
+    out: list[Any] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        consumer.assign([TopicPartition(topic, p, starts[(topic, p)]) for p in todo])
+        while todo and time.monotonic() < deadline:
+            for msg in consumer.consume(10_000, 0.5):
+                err = msg.error()
+                p = int(msg.partition() or 0)
+                if err is not None:
+                    eof = err.code() == KafkaError._PARTITION_EOF
+                    if eof and consumer.position([TopicPartition(topic, p)])[0].offset >= ends[(topic, p)]:
+                        todo.discard(p)
+                    continue
+                out.append(msg)
+                if int(msg.offset() or 0) + 1 >= ends[(topic, p)]:
+                    todo.discard(p)
+    finally:
+        consumer.close()
+    if todo:
+        raise TimeoutError(f"torture: could not read {topic} partitions {sorted(todo)} to the end")
+    return out
+
+
+class Torture:
+    """One torture run's stack, pipeline, feeder and chaos driver (see the module doc)."""
+
+    def __init__(
+        self,
+        *,
+        seed: int,
+        work: Path,
+        pg_dir: Path,
+        spark: Any,
+        source_partitions: int,
+        sink_partitions: int,
+        commit_shards: int,
+        max_records: int,
+        transaction_timeout_ms: int,
+        rate: float,
+        batch_bytes: int | None,
+        log: Callable[[str], None],
+    ) -> None:
+        self.seed, self.work, self.spark, self.log = seed, work, spark, log
+        self.batch_bytes = batch_bytes
+        self.config: dict[str, Any] = {}
+        self.rng = random.Random(seed)
+        self.source_partitions, self.sink_partitions = source_partitions, sink_partitions
+        self.commit_shards, self.max_records = commit_shards, max_records
+        self.transaction_timeout_ms, self.rate = transaction_timeout_ms, rate
+        self.kafka = LocalKafka(home=work / "kafka")
+        self.pg = Postgres(pg_dir)
+        self.pg_was_running = False
+        self.db_name = f"torture_{uuid.uuid4().hex[:10]}"
+        self.pg_url = ""
+        self.port = 0
+        self.pipeline: Pipeline | None = None
+        self.ledger: Ledger | None = None
+        self.feeder: Feeder | None = None
+        self.child: subprocess.Popen[bytes] | None = None
+        self._last_code: int | None = None  # exit code of the last reaped child
+
+    # -- set-up and tear-down ------------------------------------------------------------
+    def up(self) -> None:
+        self.log(f"starting a broker under {self.kafka.home}")
+        info = self.kafka.up(timeout_s=120)
+        self.port = info.port
+        self.pg_was_running = self.pg.running()
+        server = self.pg.start()
+        self._pg_admin(f'CREATE DATABASE "{self.db_name}"', server)
+        self.pg_url = server.rsplit("/", 1)[0] + f"/{self.db_name}"
+        config = self.config = {"bootstrap.servers": info.bootstrap}
+        topic_config = {"max.message.bytes": str(MAX_MESSAGE_BYTES)}
+        source, sink = f"torture-src-{self.seed}", f"torture-sink-{self.seed}"
+        admin.ensure_topic(config, source, partitions=self.source_partitions, topic_config=topic_config)
+        admin.ensure_topic(config, sink, partitions=self.sink_partitions, topic_config=topic_config)
+        self.pipeline = Pipeline(
+            name=f"torture-{self.seed}-{uuid.uuid4().hex[:6]}",
+            # See run(): without it the commit's batches can exceed the sink's limit.
+            kafka={**config, **({"batch.size": self.batch_bytes} if self.batch_bytes else {})},
+            source_topics=[source],
+            sink_topic=sink,
+            transform="eo_test_transforms:identity",
+            ledger_url=self.pg_url,
+            staging_dir=str(self.work / "staging"),
+            max_records_per_checkpoint=self.max_records,
+            commit_shards=self.commit_shards,
+            transaction_timeout_ms=self.transaction_timeout_ms,
+        )
+        self.ledger = Ledger(self.pg_url)
+        self.log(f"pipeline {self.pipeline.name}: ledger {self.pg_url}, broker {info.bootstrap}")
+        self.feeder = Feeder(info.bootstrap, source, self.seed, self.rate, self.log)
+        self.feeder.start()
+
+    def _pg_admin(self, sql: str, server: str) -> None:
+        from sqlalchemy import create_engine
+
+        engine = create_engine(server.rsplit("/", 1)[0] + "/postgres", isolation_level="AUTOCOMMIT")
+        try:
+            with engine.connect() as conn:
+                conn.exec_driver_sql(sql)
+        finally:
+            engine.dispose()
+
+    def down(self) -> None:
+        self._reap()
+        if self.feeder is not None and self.feeder.is_alive():
+            self.feeder.stop()
+        if self.ledger is not None:
+            self.ledger.close()
+        try:
+            server = self.pg.start()
+            self._pg_admin(f'DROP DATABASE IF EXISTS "{self.db_name}" WITH (FORCE)', server)
+        finally:
+            if not self.pg_was_running:
+                self.pg.stop()
+            self.kafka.wipe()
+
+    # -- children --------------------------------------------------------------------------
+    def _spawn(self, cycle: int, fault: str | None = None, action: str = "kill") -> subprocess.Popen[bytes]:
+        assert self.pipeline is not None
+        env = {
+            **os.environ,
+            "EO_TEST_PIPELINE_JSON": self.pipeline.to_json(),
+            "PYTHONPATH": os.pathsep.join(
+                p for p in (str(TESTS), str(ROOT), os.environ.get("PYTHONPATH")) if p
+            ),
+            "PYSPARK_PYTHON": sys.executable,
+        }
+        env.pop("EO_FAULT", None)
+        env.pop("EO_FAULT_ACTION", None)
+        if fault:
+            env["EO_FAULT"], env["EO_FAULT_ACTION"] = fault, action
+        self._last_code = None
+        out = (self.work / f"cycle-{cycle:04d}.log").open("ab")
+        # Its own process group: a kill takes the child's Spark JVM with it.
+        self.child = subprocess.Popen(
+            [EO, "run-once", "eo_test_pipelines:from_env", "--json"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        out.close()
+        return self.child
+
+    def _signal(self, sig: int) -> None:
+        if self.child is not None:
+            try:
+                os.killpg(self.child.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def _reap(self, timeout_s: float = 300.0) -> int | None:
+        """Wait for the child (killing it after ``timeout_s``); sweep its process group."""
+        child = self.child
+        if child is None:
+            return None
+        try:
+            code = child.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.log(f"child {child.pid} still running after {timeout_s:.0f}s: SIGKILL")
+            self._signal(signal.SIGCONT)
+            self._signal(signal.SIGKILL)
+            code = child.wait(timeout=60)
+        self._signal(signal.SIGKILL)  # leftovers (a JVM) of a killed child
+        self.child = None
+        self._last_code = code
+        return code
+
+    def _exited(self) -> bool:
+        return self.child is None or self.child.poll() is not None
+
+    def _wait(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
+        """Poll ``predicate`` until true (True), the child exits or the deadline (False)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if predicate():
+                return True
+            if self._exited():
+                return predicate()
+            time.sleep(0.1)
+        return False
+
+    def _state(self) -> str:
+        assert self.child is not None
+        try:
+            return Path(f"/proc/{self.child.pid}/stat").read_text().split(") ", 1)[1][0]
+        except (OSError, IndexError):
+            return "?"
+
+    # -- ledger helpers ---------------------------------------------------------------------
+    def _unfinished(self) -> Any:
+        assert self.ledger is not None and self.pipeline is not None
+        try:
+            return self.ledger.unfinished(self.pipeline.name)
+        except Exception:  # the ledger may be down (a stop_postgres cycle) or not registered yet
+            return None
+
+    def _prepare_here(self) -> None:
+        """Plan and prepare in this process's Spark session (``--prepare mixed``)."""
+        from airflow_provider_eo.core.plan import plan_checkpoint
+        from airflow_provider_eo.spark.prepare import prepare_checkpoint
+
+        assert self.ledger is not None and self.pipeline is not None
+        try:
+            cp = plan_checkpoint(self.pipeline, self.ledger)
+            if cp is not None and cp.state is CheckpointState.PLANNED:
+                prepare_checkpoint(self.spark, self.pipeline, self.ledger, cp.checkpoint_id)
+        except Exception as exc:  # the child's run-once retries whatever failed here
+            self.log(f"  in-process prepare failed: {type(exc).__name__}: {str(exc)[:200]}")
+
+    def _commit_here(self) -> None:
+        from airflow_provider_eo.core.commit import commit_checkpoint
+
+        assert self.ledger is not None and self.pipeline is not None
+        cp = self._unfinished()
+        if cp is not None and cp.state is CheckpointState.PREPARED:
+            try:
+                commit_checkpoint(self.pipeline, self.ledger, cp.checkpoint_id)
+            except Exception as exc:
+                self.log(f"  in-process commit failed: {type(exc).__name__}: {str(exc)[:200]}")
+
+    # -- faults: each returns a description when injected, None when missed ------------------
+    def cycle(self, n: int, kind: str) -> tuple[str | None, int | None]:
+        """Run one cycle with fault ``kind``: (what was injected or None, child exit code)."""
+        if self.spark is not None and kind != "kill_prepare":
+            self._prepare_here()
+        fn = getattr(self, f"_fault_{kind}")
+        try:
+            injected = fn(n)
+        finally:
+            self._reap()
+        return injected, self._last_code
+
+    def _fault_none(self, n: int) -> str | None:
+        self._spawn(n)
+        return "none"
+
+    def _fault_kill_prepare(self, n: int) -> str | None:
+        cp = self._unfinished()
+        if cp is not None and cp.state is CheckpointState.PREPARED:
+            self._commit_here()  # so that the child has a checkpoint to prepare
+        if self.rng.random() < 0.5:
+            step = self.rng.choice(("prepare.after_write", "prepare.before_ledger"))
+            self._spawn(n, fault=step)
+            self._reap()
+            return f"EO_FAULT={step}" if self._last_code_killed() else None
+        delay = self.rng.uniform(1.0, 15.0)
+        self._spawn(n)
+
+        def planned() -> bool:
+            cp = self._unfinished()
+            return cp is not None and cp.state is CheckpointState.PLANNED
+
+        if not self._wait(planned, 120) or self._exited():
+            return None
+        time.sleep(delay)  # the random moment inside prepare is the fault itself
+        if self._exited():
+            return None
+        self._signal(signal.SIGKILL)
+        return f"SIGKILL {delay:.1f}s after plan"
+
+    def _last_code_killed(self) -> bool:
+        return self._last_code == -signal.SIGKILL
+
+    def _fault_kill_commit(self, n: int) -> str | None:
+        step = self.rng.choice(KILL_COMMIT_STEPS)
+        self._spawn(n, fault=step)
+        self._reap()
+        return f"EO_FAULT={step}" if self._last_code_killed() else None
+
+    def _fault_stop_commit(self, n: int) -> str | None:
+        assert self.pipeline is not None
+        step = self.rng.choice(("commit.after_begin", "commit.before_commit_txn"))
+        resume = self.rng.random() < 0.5
+        child = self._spawn(n, fault=step, action="pause")
+        if not self._wait(lambda: self._state() == "T", 180):
+            return None
+        paused = time.monotonic()
+        sink = [(self.pipeline.sink_topic, p) for p in range(self.sink_partitions)]
+        config = self.config
+
+        def aborted_by_broker() -> bool:
+            # Past the timeout, and the broker has aborted the open transaction (LSO = HW).
+            if time.monotonic() - paused < self.transaction_timeout_ms / 1000 + 1:
+                return False
+            try:
+                return admin.list_offsets(config, sink, spec="latest") == high_watermarks(config, sink)
+            except Exception:
+                return False
+
+        deadline = time.monotonic() + self.transaction_timeout_ms / 1000 + 60
+        while time.monotonic() < deadline and not aborted_by_broker():
+            time.sleep(0.5)
+        waited = time.monotonic() - paused
+        if resume:
+            os.kill(child.pid, signal.SIGCONT)
+        else:
+            self._signal(signal.SIGKILL)
+        return f"SIGSTOP at {step} for {waited:.1f}s, then {'SIGCONT' if resume else 'SIGKILL'}"
+
+    def _fault_restart_broker(self, n: int) -> str | None:
+        delay = self.rng.uniform(1.0, 5.0)
+        hard = self.rng.random() < 0.5
+        self._spawn(n)
+        time.sleep(delay)  # a random moment in the run-once is the fault itself
+        in_flight = not self._exited()
+        old = self.kafka.info()
+        self.kafka.down(timeout_s=0.0 if hard else 30.0)
+        # down() sends SIGKILL without waiting: the next up() must not see the dying broker
+        # still holding its ports (it would move to new ones).
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and (
+            (old is not None and pid_alive(old.pid)) or port_in_use(self.port)
+        ):
+            time.sleep(0.1)
+        info = self.kafka.up(timeout_s=180)
+        if info.port != self.port:
+            raise RuntimeError(f"the broker came back on port {info.port}, not {self.port}")
+        how = "SIGKILL" if hard else "SIGTERM"
+        return f"broker {how} {delay:.1f}s into the run{'' if in_flight else ' (child had exited)'}"
+
+    def _fault_stop_postgres(self, n: int) -> str | None:
+        delay = self.rng.uniform(1.0, 5.0)
+        outage = self.rng.uniform(1.0, 8.0)
+        self._spawn(n)
+        time.sleep(delay)  # a random moment in the run-once is the fault itself
+        in_flight = not self._exited()
+        self.pg.stop()
+        self._wait(lambda: False, outage)  # down for `outage` s, or until the child gave up
+        moved = self._pg_back(self.pg.start())
+        return f"PostgreSQL down {delay:.1f}s into the run{'' if in_flight else ' (child had exited)'}{moved}"
+
+    def _pg_back(self, server: str) -> str:
+        """Point the pipeline at the restarted server: scripts/postgres.sh picks a new port
+        when the old one is still in TIME_WAIT, as an operator's failover would."""
+        from dataclasses import replace
+
+        assert self.pipeline is not None and self.ledger is not None
+        url = server.rsplit("/", 1)[0] + f"/{self.db_name}"
+        if url == self.pg_url:
+            return ""
+        self.pg_url = url
+        self.pipeline = replace(self.pipeline, ledger_url=url)
+        self.ledger.close()
+        self.ledger = Ledger(url)
+        return f" (back on {url.rsplit('@', 1)[1]})"
+
+    # -- catch-up and audit ------------------------------------------------------------------
+    def catch_up(self, max_runs: int = 200) -> None:
+        """Stop the feeder; run-once until nothing is unfinished and every source partition
+        is consumed to its last stable offset."""
+        from airflow_provider_eo.core.runner import run_once
+
+        assert self.feeder is not None and self.pipeline is not None and self.ledger is not None
+        self.feeder.stop()
+        self.log(f"feeder stopped: {self.feeder.seq} records sent, batches {dict(self.feeder.batches)}")
+        source = [(self.pipeline.source_topics[0], p) for p in range(self.source_partitions)]
+        config = self.config
+        for i in range(max_runs):
+            try:
+                if self.spark is not None:
+                    r = run_once(self.pipeline, ledger=self.ledger, spark=self.spark)
+                    steps = r.steps
+                else:
+                    self._spawn(10_000 + i)
+                    code = self._reap()
+                    steps = [f"exit {code}"]
+            except Exception as exc:
+                self.log(f"catch-up run {i}: {type(exc).__name__}: {str(exc)[:300]}")
+                time.sleep(1.0)  # a retry, as a task retry would, not a synchronisation
+                continue
+            ends = admin.list_offsets(config, source, spec="latest")
+            heads = self.ledger.next_starts(self.pipeline.name)
+            behind = {tp: (heads.get(tp), end) for tp, end in ends.items() if heads.get(tp, 0) < end}
+            if self._unfinished() is None and not behind:
+                self.log(f"caught up after {i + 1} run(s)")
+                return
+            if i % 10 == 0:
+                self.log(f"catch-up run {i}: {steps}; behind {behind}")
+        raise RuntimeError(f"torture: the pipeline did not catch up in {max_runs} runs")
+
+    def audit(self, result: Result) -> None:
+        from airflow_provider_eo.kafka.audit import audit_pipeline
+
+        assert self.pipeline is not None and self.ledger is not None
+        config = self.config
+        topic = self.pipeline.source_topics[0]
+        committed = Counter(_digest(m.value()) for m in read_sink(config, topic))
+        everything = Counter(_digest(m.value()) for m in read_uncommitted(config, topic))
+        aborted = everything - committed
+        sink = Counter(_digest(m.value()) for m in read_sink(config, self.pipeline.sink_topic))
+        result.records_in = sum(committed.values())
+        result.aborted_in = sum(aborted.values())
+        result.records_out = sum(sink.values())
+        extra = sink - committed  # duplicates, and anything never committed at the source
+        lost = committed - sink
+        leaked = sum(n for v, n in extra.items() if v in aborted)
+        report = audit_pipeline(self.pipeline, self.ledger)
+        result.audit = report.as_dict()
+        result.audit.pop("checkpoints", None)
+        result.audit["aborted_input_leaked"] = leaked
+        result.duplicates = max(sum(extra.values()), report.duplicates + report.unexpected)
+        result.missing = max(sum(lost.values()), report.missing)
+        # Group offsets: the last committed ends (no checkpoint is unfinished after catch-up).
+        source = [(topic, p) for p in range(self.source_partitions)]
+        heads = {tp: o for tp, o in self.ledger.next_starts(self.pipeline.name).items() if tp in source}
+        group = admin.committed_group_offsets(config, self.pipeline.group_id, source)
+        result.group_offsets_ok = bool(heads) and group == heads
+        if not result.group_offsets_ok:
+            self.log(f"group offsets {group} != ledger ends {heads}")
+
+
+def run(
+    cycles: int,
+    seed: int,
+    *,
+    spark: Any = None,
+    work_dir: Path | None = None,
+    pg_dir: Path | None = None,
+    source_partitions: int = 4,
+    sink_partitions: int = 3,
+    commit_shards: int = 2,
+    max_records: int = 400,
+    transaction_timeout_ms: int = 10_000,
+    rate: float = 40.0,
+    batch_bytes: int | None = 60_000,
+    log: Callable[[str], None] = _stderr,
+) -> Result:
+    """Run ``cycles`` chaos cycles with ``seed``, catch up, audit; see the module doc.
+
+    :param spark: a SparkSession to prepare in (``--prepare mixed``); ``None`` lets every
+        ``eo run-once`` child prepare by itself.
+    :param work_dir: folder for the broker, staging and per-cycle child logs (kept when the
+        run is not ok; default ``<repo>/.eo/torture/<id>``).
+    :param pg_dir: PostgreSQL state folder (default ``$EO_PG_DIR-torture`` or
+        ``<repo>/.eo/postgres-torture``): a cluster of its own, since the run stops it.
+    :param rate: feeder records per second (on average).
+    :param batch_bytes: ``batch.size`` given in the pipeline's Kafka config, below the
+        sink's 64 KiB ``max.message.bytes``. The commit producer does not bound its batches
+        by the sink's limit itself: with ``None`` a checkpoint holding a near-limit record
+        and its neighbours is refused by the broker (MSG_SIZE_TOO_LARGE) on every commit
+        try and the pipeline wedges (found by this run; seed 11).
+    """
+    started = time.monotonic()
+    work = work_dir or ROOT / ".eo" / "torture" / uuid.uuid4().hex[:8]
+    work.mkdir(parents=True, exist_ok=True)
+    base = os.environ.get("EO_PG_DIR")
+    pg = pg_dir or (Path(base + "-torture") if base else ROOT / ".eo" / "postgres-torture")
+    result = Result(seed=seed, cycles=cycles)
+
+    def note(msg: str) -> None:
+        result.log.append(msg)
+        log(msg)
+
+    t = Torture(
+        seed=seed,
+        work=work,
+        pg_dir=pg,
+        spark=spark,
+        source_partitions=source_partitions,
+        sink_partitions=sink_partitions,
+        commit_shards=commit_shards,
+        max_records=max_records,
+        transaction_timeout_ms=transaction_timeout_ms,
+        rate=rate,
+        batch_bytes=batch_bytes,
+        log=note,
+    )
+    try:
+        t.up()
+        todo = list(KINDS)  # every kind is injected once before the weighted draws
+        t.rng.shuffle(todo)
+        for n in range(1, cycles + 1):
+            kind = todo[0] if todo else t.rng.choices(KINDS, weights=WEIGHTS)[0]
+            before = t._unfinished()
+            cycle_started = time.monotonic()
+            injected, code = t.cycle(n, kind)
+            if code != 0:
+                result.failed_runs += 1
+            if injected is None:
+                result.missed += 1
+            else:
+                if kind in todo:
+                    todo.remove(kind)
+                result.kinds[kind] += 1
+                result.faults += kind != "none"
+            at = f"checkpoint {before.checkpoint_id} {before.state.value}" if before else "no unfinished"
+            note(
+                f"cycle {n}/{cycles} {kind}: {injected or 'missed'}; exit {code}; {at} before; "
+                f"{time.monotonic() - cycle_started:.1f}s"
+            )
+        t.catch_up()
+        t.audit(result)
+    finally:
+        result.seconds = time.monotonic() - started
+        t.down()
+    note(f"audit: {result.audit}; in-aborted={result.aborted_in} failed_runs={result.failed_runs}")
+    note(f"{result.seconds:.0f}s, work folder {work}")
+    if result.ok:
+        shutil.rmtree(work, ignore_errors=True)
+    return result
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cycles", type=int, default=100)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--prepare", choices=("mixed", "child"), default="mixed")
+    ap.add_argument("--rate", type=float, default=40.0, help="feeder records per second")
+    ap.add_argument(
+        "--no-batch-limit",
+        action="store_true",
+        help="leave the commit producer's batch.size at librdkafka's default (reproduces the wedge)",
+    )
+    args = ap.parse_args()
+    # A terminated run still stops its broker and PostgreSQL (the finally in run()).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(TESTS), str(ROOT), os.environ.get("PYTHONPATH")) if p
+    )
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    spark = None
+    if args.prepare == "mixed":
+        from airflow_provider_eo.spark.session import get_spark
+
+        spark = get_spark("eo-torture")
+    try:
+        result = run(
+            args.cycles,
+            args.seed,
+            spark=spark,
+            rate=args.rate,
+            batch_bytes=None if args.no_batch_limit else 60_000,
+        )
+    finally:
+        if spark is not None:
+            spark.stop()
+    print(result.line(), flush=True)
+    return 0 if result.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
