@@ -103,9 +103,12 @@ def _publish_shard(
         )
 
     last_failure = ""
+    topic_max = admin.topic_max_message_bytes(config, pipeline.sink_topic, pipeline.sink_max_message_bytes)
     for _round in range(MAX_SHARD_ROUNDS):
         failures = DeliveryFailures()
-        producer = new_producer(config, txn_id, pipeline.transaction_timeout_ms, on_failure=failures)
+        producer = new_producer(
+            config, txn_id, pipeline.transaction_timeout_ms, on_failure=failures, topic_max_bytes=topic_max
+        )
         try:
             kafka_call("metadata", connect, producer, pipeline.sink_topic, timeout_s, where=where)
             kafka_call("init_transactions", producer.init_transactions, timeout_s, where=where)

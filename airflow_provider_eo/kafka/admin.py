@@ -114,6 +114,22 @@ def partition_count(config: Mapping[str, Any], topic: str) -> int:
     return len(partitions_of(config, [topic])[topic])
 
 
+def topic_max_message_bytes(config: Mapping[str, Any], topic: str, default: int) -> int:
+    """The topic's ``max.message.bytes``: the largest record batch the broker accepts on it.
+
+    ``default`` (the pipeline's setting) when the broker will not say, e.g. when describing
+    topic configs is refused by ACLs.
+    """
+    from confluent_kafka.admin import ConfigResource, ResourceType
+
+    try:
+        futures = admin_client(config).describe_configs([ConfigResource(ResourceType.TOPIC, topic)])
+        configs = next(iter(futures.values())).result(timeout=15)
+        return int(configs["max.message.bytes"].value)
+    except Exception:  # describe may be forbidden by ACLs: fall back to the setting
+        return default
+
+
 def list_offsets(
     config: Mapping[str, Any],
     partitions: Iterable[tuple[str, int]],

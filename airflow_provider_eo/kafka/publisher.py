@@ -187,8 +187,18 @@ def new_producer(
     transactional_id: str,
     timeout_ms: int,
     on_failure: DeliveryFailures | None = None,
+    *,
+    topic_max_bytes: int | None = None,
 ) -> Producer:
-    """A fresh transactional producer for one shard; failed deliveries go to ``on_failure``."""
+    """A fresh transactional producer for one shard; failed deliveries go to ``on_failure``.
+
+    :param topic_max_bytes: the sink topic's ``max.message.bytes``. The broker applies it to a
+        whole record *batch*, so batches are kept below it: librdkafka's default ``batch.size``
+        (1,000,000) against a smaller topic limit makes every produce request fail with
+        MSG_SIZE_TOO_LARGE although each record fits (found by the torture run: a 64 KiB sink
+        wedged the pipeline at one checkpoint). A single record larger than ``batch.size`` is
+        still sent alone; prepare already refused records over the topic's limit.
+    """
     message_timeout = int(config.get("message.timeout.ms", 0) or 0) or max(1000, timeout_ms - 5000)
     reports: dict[str, Any] = {}
     if on_failure is not None:
@@ -208,8 +218,29 @@ def new_producer(
             "queue.buffering.max.messages": int(config.get("queue.buffering.max.messages", 100_000)),
             # Bounds the commit's memory whatever the checkpoint size (64 MB in flight at most).
             "queue.buffering.max.kbytes": int(config.get("queue.buffering.max.kbytes", 65_536)),
+            **_batch_limits(config, topic_max_bytes),
         }
     )
+
+
+# Room for the record batch header (61 bytes) and librdkafka's own accounting slack.
+BATCH_FRAMING_BYTES = 1024
+LIBRDKAFKA_BATCH_SIZE = 1_000_000
+LIBRDKAFKA_MESSAGE_MAX_BYTES = 1_000_000
+
+
+def _batch_limits(config: Mapping[str, Any], topic_max_bytes: int | None) -> dict[str, int]:
+    """``batch.size`` below the topic's limit, and ``message.max.bytes`` at least the topic's
+    limit (so a record prepare accepted is never refused locally); user settings win when
+    they are already safe."""
+    if topic_max_bytes is None:
+        return {}
+    batch = int(config.get("batch.size", LIBRDKAFKA_BATCH_SIZE))
+    message_max = int(config.get("message.max.bytes", LIBRDKAFKA_MESSAGE_MAX_BYTES))
+    return {
+        "batch.size": max(1, min(batch, topic_max_bytes - BATCH_FRAMING_BYTES)),
+        "message.max.bytes": max(message_max, topic_max_bytes + BATCH_FRAMING_BYTES),
+    }
 
 
 def connect(producer: Producer, topic: str, timeout_s: float) -> None:

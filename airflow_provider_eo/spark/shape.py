@@ -173,15 +173,9 @@ def staged_frame(
 def sink_max_message_bytes(pipeline: Pipeline) -> int:
     """The sink topic's ``max.message.bytes`` (the pipeline's setting when the broker will not
     say, e.g. describe refused by ACLs)."""
-    from confluent_kafka.admin import ConfigResource, ResourceType
-
-    try:
-        client = admin.admin_client(librdkafka_config(pipeline.kafka))
-        futures = client.describe_configs([ConfigResource(ResourceType.TOPIC, pipeline.sink_topic)])
-        configs = next(iter(futures.values())).result(timeout=15)
-        return int(configs["max.message.bytes"].value)
-    except Exception:  # describe may be forbidden by ACLs: fall back to the setting
-        return pipeline.sink_max_message_bytes
+    return admin.topic_max_message_bytes(
+        librdkafka_config(pipeline.kafka), pipeline.sink_topic, pipeline.sink_max_message_bytes
+    )
 
 
 def bad_partition(sink_partitions: int) -> Column:

@@ -71,3 +71,22 @@ def test_record_refused_by_the_broker_aborts_the_shard_and_names_the_record(
     result = h.commit(cp.checkpoint_id)
     assert result.checkpoint.state is CheckpointState.COMMITTED
     h.assert_exactly_once(expected_records=41 + AFTER)
+
+
+def test_batches_stay_below_the_sink_topics_limit(harness: Callable[..., Any]) -> None:
+    """Records that each fit the sink's ``max.message.bytes`` are committed, whatever
+    librdkafka's default ``batch.size`` (1 MB): the broker applies the limit to a whole batch.
+    Found by the torture run: a 64 KiB sink wedged the pipeline on every commit try."""
+    h = harness(source_partitions=1, sink_partitions=1)
+    _set_max_message_bytes(h.config, h.pipeline.source_topics[0], 1_048_588)
+    _set_max_message_bytes(h.config, h.pipeline.sink_topic, 64 * 1024)
+    producer = Producer(h.config)
+    for i in range(30):  # each ~40 KB: fits alone, two of them do not
+        producer.produce(h.pipeline.source_topics[0], key=b"k", value=f"{i}:".encode() + b"y" * 40_000)
+    assert producer.flush(30) == 0
+
+    cp = h.plan()
+    h.prepare(cp.checkpoint_id)
+    result = h.commit(cp.checkpoint_id)
+    assert result.checkpoint.state is CheckpointState.COMMITTED
+    h.assert_exactly_once(expected_records=30)
