@@ -62,7 +62,7 @@ def dags_source(root: Path | None = None) -> Path:
     return folder
 
 
-def _airflow_env(home: Path, dags: Path, pipeline_env: dict[str, str]) -> dict[str, str]:
+def _airflow_env(home: Path, dags: Path, checkout: Path, pipeline_env: dict[str, str]) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "EO_FAULT"))}
     bin_dir = os.path.dirname(sys.executable)
     env.update(
@@ -79,7 +79,9 @@ def _airflow_env(home: Path, dags: Path, pipeline_env: dict[str, str]) -> dict[s
             "PYSPARK_PYTHON": sys.executable,
             "PYSPARK_DRIVER_PYTHON": sys.executable,
             "SPARK_LOCAL_IP": "127.0.0.1",
-            "PYTHONPATH": str(dags),
+            # The checkout too: the child, its tasks and the Spark driver run the same
+            # package as this process, not another copy installed in the venv.
+            "PYTHONPATH": os.pathsep.join([str(dags), str(checkout)]),
             "PYTHONUNBUFFERED": "1",
             **pipeline_env,
         }
@@ -155,7 +157,7 @@ def run_airflow_demo() -> int:
         dags.mkdir()
         for name in DAG_FILES:
             shutil.copy(checkout_dags / name, dags / name)
-        env = _airflow_env(home, dags, pipeline_env)
+        env = _airflow_env(home, dags, checkout_dags.parent, pipeline_env)
         log_path = home / "airflow-demo.log"
         with (
             console.status("migrating a temporary Airflow metadata database (SQLite) ..."),

@@ -47,7 +47,9 @@ def airflow_base_env(home: Path, dags: Path) -> dict[str, str]:
             "PYSPARK_PYTHON": sys.executable,
             "PYSPARK_DRIVER_PYTHON": sys.executable,
             "SPARK_LOCAL_IP": "127.0.0.1",
-            "PYTHONPATH": os.pathsep.join([str(dags), str(HERE)]),
+            # ROOT too: the tasks and the Spark driver run this checkout's package, not
+            # whichever copy the venv has installed (an editable install of another checkout).
+            "PYTHONPATH": os.pathsep.join([str(dags), str(HERE), str(ROOT)]),
             "PYTHONUNBUFFERED": "1",
         }
     )
