@@ -117,16 +117,6 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     return (EoError,)
 
 
-def _checkpoint_summary(cp: Any) -> dict[str, Any]:
-    return {
-        "pipeline": cp.pipeline,
-        "checkpoint": cp.checkpoint_id,
-        "state": cp.state.value,
-        "records": cp.records,
-        "ranges": [r.compact() for r in cp.ranges],
-    }
-
-
 def _emit(summary: dict[str, Any], as_json: bool) -> None:
     if as_json:
         print(json.dumps(summary))
@@ -162,7 +152,7 @@ def plan_cmd(ref: PipelineRef, as_json: JsonFlag = False) -> None:
     except _user_errors() as exc:
         _fail(str(exc))
         return
-    _emit(_checkpoint_summary(cp) if cp else {"pipeline": pipeline.name, "checkpoint": None}, as_json)
+    _emit(cp.summary() if cp else {"pipeline": pipeline.name, "checkpoint_id": None}, as_json)
 
 
 CheckpointOpt = Annotated[int | None, typer.Option(help="Checkpoint id (default: the unfinished one).")]
@@ -195,7 +185,7 @@ def prepare_cmd(ref: PipelineRef, checkpoint: CheckpointOpt = None, as_json: Jso
         return prepare_checkpoint(spark, pipeline, ledger, cid, actor=Actor.here())
 
     result = _run_phase(ref, checkpoint, phase)
-    _emit({**_checkpoint_summary(result.checkpoint), "attempt": result.attempt, "note": result.note}, as_json)
+    _emit({**result.checkpoint.summary(), "attempt": result.attempt, "note": result.note}, as_json)
 
 
 @app.command("commit")
@@ -211,7 +201,7 @@ def commit_cmd(ref: PipelineRef, checkpoint: CheckpointOpt = None, as_json: Json
     )
     _emit(
         {
-            **_checkpoint_summary(result.checkpoint),
+            **result.checkpoint.summary(),
             "published": result.published,
             "seconds": round(result.seconds, 3),
             "note": result.note,
@@ -244,7 +234,7 @@ def audit_cmd(ref: PipelineRef, as_json: JsonFlag = False) -> None:
     if as_json:
         print(json.dumps(report.as_dict()))
     else:
-        from airflow_provider_eo.demo.render import print_audit
+        from airflow_provider_eo.render import print_audit
 
         print_audit(report)
     raise typer.Exit(0 if report.ok else 2)

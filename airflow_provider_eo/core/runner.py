@@ -22,17 +22,10 @@ class CycleResult:
     seconds: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
-        """Summary: checkpoint id, state, records, ranges."""
+        """The checkpoint's :meth:`~CheckpointRecord.summary` plus the steps run and the time."""
         cp = self.checkpoint
-        return {
-            "pipeline": self.pipeline,
-            "checkpoint": cp.checkpoint_id if cp else None,
-            "state": cp.state.value if cp else None,
-            "records": cp.records if cp else 0,
-            "ranges": [r.compact() for r in cp.ranges] if cp else [],
-            "steps": self.steps,
-            "seconds": round(self.seconds, 3),
-        }
+        base = cp.summary() if cp else {"pipeline": self.pipeline, "checkpoint_id": None, "records": 0}
+        return {**base, "steps": self.steps, "seconds": round(self.seconds, 3)}
 
 
 def run_once(

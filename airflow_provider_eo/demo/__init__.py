@@ -7,8 +7,8 @@ provider's production path).
   (``eo demo --no-airflow``);
 - :mod:`~airflow_provider_eo.demo.airflow` runs the example DAG under real Airflow 3
   (``eo demo``; needs the ``dags/`` folder of a source checkout);
-- :mod:`~airflow_provider_eo.demo.render` prints what both show (the one place with rich
-  tables of the demo and of ``eo audit``).
+- both print through :mod:`airflow_provider_eo.render`, the one module with the rich tables
+  of the demo and of the ``eo`` commands.
 
 Nothing here imports :mod:`airflow_provider_eo.cli`; the CLI imports this package lazily,
 inside its commands. This package imports nothing at import time.

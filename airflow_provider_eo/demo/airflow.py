@@ -19,7 +19,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_eo.demo.render import (
+from airflow_provider_eo.demo.sample import DEMO_TOPIC, seed_demo_topics
+from airflow_provider_eo.render import (
     FAILED,
     OK,
     console,
@@ -28,7 +29,6 @@ from airflow_provider_eo.demo.render import (
     print_checkpoints,
     print_dag_run,
 )
-from airflow_provider_eo.demo.sample import DEMO_TOPIC, seed_demo_topics
 from airflow_provider_eo.stack.errors import StackError
 
 RESULT_PREFIX = "EO_AIRFLOW_DEMO_RESULT "

@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 import uuid
 
-from airflow_provider_eo.demo.render import OK, console, print_audit, print_checkpoints
 from airflow_provider_eo.demo.sample import DEMO_TOPIC, seed_demo_topics
+from airflow_provider_eo.render import OK, console, print_audit, print_checkpoints
 
 
 def run_demo(*, keep_broker: bool = False, checkpoints: int = 3) -> int:

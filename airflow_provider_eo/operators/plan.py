@@ -30,18 +30,8 @@ class PlanRefused(AirflowException):
 
 
 def checkpoint_summary(cp: CheckpointRecord, **extra: Any) -> dict[str, Any]:
-    """The small XCom describing a checkpoint."""
-    ranges = [r.compact() for r in cp.ranges]
-    if len(ranges) > MAX_XCOM_RANGES:
-        ranges = [*ranges[:MAX_XCOM_RANGES], f"... {len(ranges) - MAX_XCOM_RANGES} more"]
-    return {
-        "pipeline": cp.pipeline,
-        "checkpoint_id": cp.checkpoint_id,
-        "state": cp.state.value,
-        "ranges": ranges,
-        "records_planned": sum(max(0, r.end - r.start) for r in cp.ranges),
-        **extra,
-    }
+    """The small XCom describing a checkpoint: its summary, ranges capped at MAX_XCOM_RANGES."""
+    return {**cp.summary(max_ranges=MAX_XCOM_RANGES), **extra}
 
 
 class EoPlanOperator(PipelineTaskMixin, BaseOperator):

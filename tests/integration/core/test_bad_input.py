@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 import eo_test_transforms
@@ -110,26 +109,3 @@ def test_retention_gap_fails_unless_skip(harness: Callable[..., Any]) -> None:
     (r,) = result.checkpoint.ranges
     assert (r.skipped_from, r.start, r.end) == (20, 30, 40)
     skipping.assert_exactly_once(expected_records=30)
-
-
-def test_pipeline_rejects_impossible_settings() -> None:
-    from airflow_provider_eo.pipeline import Pipeline, PipelineConfigError
-
-    base = dict(name="x", kafka={"bootstrap.servers": "b:1"}, source_topics=["a"], sink_topic="b")
-    with pytest.raises(PipelineConfigError, match=r"remove 'transactional\.id'"):
-        Pipeline(**{**base, "kafka": {"bootstrap.servers": "b:1", "transactional.id": "t"}})
-    with pytest.raises(PipelineConfigError, match="also a source topic"):
-        Pipeline(**{**base, "sink_topic": "a"})
-    with pytest.raises(PipelineConfigError, match=r"message\.timeout\.ms"):
-        Pipeline(**{**base, "kafka": {"bootstrap.servers": "b:1", "message.timeout.ms": 90000}})
-    p = Pipeline(**base)
-    assert replace(p, name="y").fingerprint() == p.fingerprint()
-
-
-def test_ledger_unavailable_fails_loudly(harness: Callable[..., Any]) -> None:
-    from airflow_provider_eo.ledger import Ledger, LedgerUnavailable
-
-    port = free_port()
-    with pytest.raises(LedgerUnavailable, match=rf"127.0.0.1:{port}.*unavailable") as info:
-        Ledger(f"postgresql+psycopg://eo:secret@127.0.0.1:{port}/eo")
-    assert "secret" not in str(info.value)

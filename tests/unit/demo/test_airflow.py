@@ -70,7 +70,7 @@ def test_demo_package_never_imports_the_cli() -> None:
     code = (
         "import sys\n"
         "import airflow_provider_eo.demo.airflow, airflow_provider_eo.demo.direct\n"
-        "import airflow_provider_eo.demo.render, airflow_provider_eo.demo.sample\n"
+        "import airflow_provider_eo.render, airflow_provider_eo.demo.sample\n"
         "assert 'airflow_provider_eo.cli' not in sys.modules, 'demo imported the CLI'\n"
         "assert 'airflow' not in sys.modules, 'the demo parent must never import Airflow'\n"
     )

@@ -6,7 +6,8 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from airflow_provider_eo.ledger import Ledger, RangeSpec
-from airflow_provider_eo.ledger.cli import app, render_checkpoints_table
+from airflow_provider_eo.ledger.cli import app
+from airflow_provider_eo.render import checkpoints_table
 
 
 def _seed(ledger: Ledger) -> None:
@@ -55,6 +56,6 @@ def test_upgrade_cmd_uses_env_url(tmp_path, monkeypatch) -> None:  # type: ignor
 def test_render_table(ledger: Ledger) -> None:
     _seed(ledger)
     console = Console(width=200, record=True)
-    console.print(render_checkpoints_table(ledger.list_checkpoints("orders")))
+    console.print(checkpoints_table(ledger.list_checkpoints("orders")))
     text = console.export_text()
     assert "plan→prepare" in text and "t[0]:10-20" in text

@@ -3,6 +3,7 @@ planning itself needs Kafka and is covered by the Airflow integration tests)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -57,7 +58,7 @@ def test_xcom_summary_and_lineage(
 
     monkeypatch.setattr(plan_module, "plan_checkpoint", fake_plan)
     out = EoPlanOperator(task_id="plan", pipeline=pipeline_ref).execute(context)
-    assert out == {
+    expected = {
         "pipeline": "orders",
         "checkpoint_id": 1,
         "state": "PLANNED",
@@ -65,5 +66,7 @@ def test_xcom_summary_and_lineage(
         "records_planned": 9,
         "resumed": False,
     }
+    assert {k: out[k] for k in expected} == expected
+    assert json.loads(json.dumps(out)) == out  # an XCom: JSON all the way down
     actor = seen["actor"]
     assert (actor.dag_id, actor.run_id, actor.task_id, actor.try_number) == ("d", "r1", "eo.x", 1)

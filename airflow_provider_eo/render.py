@@ -1,0 +1,118 @@
+"""Every rich table and line the ``eo`` commands and the demo print, in one module.
+
+The protocol modules never import it; the CLI and the demo do, lazily.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.table import Table
+
+if TYPE_CHECKING:
+    from airflow_provider_eo.kafka.audit import AuditReport
+    from airflow_provider_eo.ledger import CheckpointRecord, PipelineRecord
+
+# Wide enough for the tables when the output is a file or a CI log, not a terminal.
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+
+OK = "[green]✓[/]"
+FAILED = "[red]✗[/]"
+
+# The order of the steps of ``eo_pipeline_group``, for the Airflow demo's run lines.
+_STEP_ORDER = ("plan", "prepare", "wait", "commit")
+
+
+def mark(ok: bool) -> str:
+    """A green tick or a red cross."""
+    return OK if ok else FAILED
+
+
+def _duration(start: dt.datetime | None, end: dt.datetime | None) -> str:
+    if start is None or end is None:
+        return "-"
+    seconds = (end - start).total_seconds()
+    if seconds < 1:
+        return f"{seconds * 1000:.0f}ms"
+    if seconds < 120:
+        return f"{seconds:.1f}s"
+    return f"{seconds / 60:.1f}m"
+
+
+_STATE_STYLE = {"PLANNED": "cyan", "PREPARED": "yellow", "COMMITTED": "green", "ABORTED": "red"}
+
+
+def checkpoints_table(records: Sequence[CheckpointRecord], *, title: str | None = None) -> Table:
+    """A rich table of checkpoints: id, state, lineage, records, ranges, durations."""
+    table = Table(title=title, header_style="bold")
+    table.add_column("id", justify="right")
+    table.add_column("state")
+    table.add_column("lineage", justify="right")
+    table.add_column("records", justify="right")
+    table.add_column("ranges")
+    table.add_column("plan→prepare", justify="right")
+    table.add_column("prepare→commit", justify="right")
+    for r in records:
+        style = _STATE_STYLE.get(r.state.value, "")
+        table.add_row(
+            str(r.checkpoint_id),
+            f"[{style}]{r.state.value}[/]" if style else r.state.value,
+            str(r.lineage),
+            "-" if r.records is None else str(r.records),
+            ", ".join(rg.compact() for rg in r.ranges),
+            _duration(r.planned_at, r.prepared_at),
+            _duration(r.prepared_at, r.committed_at),
+        )
+    return table
+
+
+def pipelines_table(pipelines: Sequence[PipelineRecord], *, title: str | None = None) -> Table:
+    """A rich table of the ledger's pipelines (``eo pipelines``)."""
+    table = Table(title=title, header_style="bold")
+    for col in ("name", "lineage", "last checkpoint", "fingerprint", "updated"):
+        table.add_column(col)
+    for p in pipelines:
+        table.add_row(
+            p.name,
+            str(p.current_lineage),
+            str(p.last_checkpoint_id),
+            p.fingerprint,
+            p.updated_at.isoformat(timespec="seconds"),
+        )
+    return table
+
+
+def print_checkpoints(records: Sequence[CheckpointRecord], *, title: str | None = None) -> None:
+    """The ledger's checkpoint table (the same table as ``eo checkpoints``)."""
+    console.print(checkpoints_table(records, title=title))
+
+
+def print_audit(report: AuditReport) -> None:
+    """The audit as a table plus a one-line verdict."""
+    table = Table(title=f"audit of {report.pipeline} -> {report.sink_topic} (read_committed)")
+    for col in ("checkpoint", "expected", "observed", "duplicates", "missing"):
+        table.add_column(col, justify="right")
+    for c in report.checkpoints:
+        table.add_row(
+            str(c.checkpoint_id), str(c.expected), str(c.observed), str(c.duplicates), str(c.missing)
+        )
+    console.print(table)
+    verdict = "[green]exactly once[/]" if report.ok else "[red]NOT exactly once[/]"
+    console.print(
+        f"{verdict}: duplicates={report.duplicates} missing={report.missing} "
+        f"unexpected={report.unexpected} foreign={report.foreign}"
+    )
+
+
+def print_dag_run(n: int, run: dict[str, Any]) -> None:
+    """One line per DAG run of the Airflow demo: state and the try number of every step."""
+    steps = sorted(run["tis"].items(), key=lambda kv: _STEP_ORDER.index(kv[0].split(".")[-1]))
+    tries = ", ".join(f"{task.split('.')[-1]}#{try_}" for task, (_state, try_) in steps)
+    console.print(
+        f"{mark(run['state'] == 'success')} run {n} {run['run_id']}: {run['state']}  "
+        f"tries: {tries}  ({run['seconds']:.1f}s)"
+    )
