@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 
+from airflow_provider_eo.ledger.records import CommitPlan
 from airflow_provider_eo.pipeline import Pipeline
 
 PIPELINE_OVERRIDES_ENV = "EO_PIPELINE_OVERRIDES_JSON"
@@ -37,7 +38,18 @@ def transactional_id(pipeline: Pipeline, shard: int) -> str:
     Stable per shard so ``init_transactions`` fences the previous attempt's producer; the
     broker keeps state per distinct id, so ids are never made unique per attempt.
     """
-    return f"{pipeline.transactional_id_prefix}.{pipeline.name}.{shard}"
+    return shard_transactional_id(pipeline.transactional_id_prefix, pipeline.name, shard)
+
+
+def shard_transactional_id(prefix: str, pipeline_name: str, shard: int) -> str:
+    """``{prefix}.{pipeline}.{shard}``: the one spelling of a shard's transactional id (a
+    frozen :class:`CommitPlan` supplies the prefix, see :func:`plan_transactional_id`)."""
+    return f"{prefix}.{pipeline_name}.{shard}"
+
+
+def plan_transactional_id(plan: CommitPlan, pipeline_name: str, shard: int) -> str:
+    """The transactional id of shard ``shard`` under a checkpoint's frozen commit plan."""
+    return shard_transactional_id(plan.transactional_id_prefix, pipeline_name, shard)
 
 
 def marker_group(pipeline: Pipeline) -> str:
@@ -86,3 +98,22 @@ def shard_count(pipeline: Pipeline, sink_partitions: int) -> int:
 def shard_of(pipeline: Pipeline, sink_partition: int, sink_partitions: int) -> int:
     """The commit shard that publishes ``sink_partition``."""
     return sink_partition % shard_count(pipeline, sink_partitions)
+
+
+def commit_plan(pipeline: Pipeline, sink_partitions: int, prefix: str | None = None) -> CommitPlan:
+    """The commit plan a checkpoint planned now is frozen with (DESIGN.md section 2).
+
+    Today's rules: ``min(commit_shards, sink_partitions)`` shards, sink partition ``p`` goes
+    to shard ``p % shards``, the pipeline's marker group, and ``prefix`` (the pinned
+    transactional-id prefix; the configured one when not given).
+    """
+    if sink_partitions < 1:
+        raise ValueError(f"pipeline {pipeline.name!r}: a sink topic has at least one partition")
+    shards = shard_count(pipeline, sink_partitions)
+    return CommitPlan(
+        sink_topic=pipeline.sink_topic,
+        sink_partitions=sink_partitions,
+        transactional_id_prefix=prefix if prefix is not None else pipeline.transactional_id_prefix,
+        marker_group=marker_group(pipeline),
+        shard_of_partition=tuple(p % shards for p in range(sink_partitions)),
+    )

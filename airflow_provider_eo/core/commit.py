@@ -1,13 +1,19 @@
 """Commit a PREPARED checkpoint: publish its staged output in Kafka transactions.
 
-Per commit shard, in shard order (``notifyCheckpointComplete`` -> ``commit`` in Flink):
+Every try uses the checkpoint's commit plan, frozen when it was planned (sink topic, its
+partition count, the shard -> partition map, the transactional-id prefix, the marker group),
+never the current settings; a process configured with another transactional-id prefix than
+the one pinned for the pipeline is refused before anything is produced.
+
+Per commit shard of the plan, in shard order (``notifyCheckpointComplete`` -> ``commit``):
 
 1. A fresh producer with the shard's stable transactional id; ``init_transactions``
    fences any zombie and aborts whatever an earlier attempt left open.
 2. Read the shard's commit marker. Already at this checkpoint: the shard is done (the
    crash came after the Kafka commit) and nothing is re-sent.
-3. Check the ledger lease (a committer with a different transactional id is refused
-   here, because Kafka cannot fence it), then begin, produce the shard's staged records,
+3. Take the ledger lease (on the database's clock; it keeps healthy committers from
+   fencing each other, the pinned prefix is what lets Kafka fence every other committer),
+   then begin, produce the shard's staged records,
    send the marker (and, with the last shard, the pipeline group's offsets) with
    ``send_offsets_to_transaction``, and commit.
 4. A retriable failure repeats the call; an abortable one aborts and redoes the shard;
@@ -29,6 +35,7 @@ from dataclasses import dataclass
 
 from airflow_provider_eo import names, staging
 from airflow_provider_eo.core.fault_seam import fault_point, fault_triggered
+from airflow_provider_eo.core.plan import frozen_commit_plan
 from airflow_provider_eo.errors import CommitError, NotPrepared, StagingError
 from airflow_provider_eo.kafka import admin
 from airflow_provider_eo.kafka.client_config import librdkafka_config
@@ -44,7 +51,7 @@ from airflow_provider_eo.kafka.publisher import (
     offsets,
     produce_staged,
 )
-from airflow_provider_eo.ledger import Actor, CheckpointRecord, CheckpointState, Ledger
+from airflow_provider_eo.ledger import Actor, CheckpointRecord, CheckpointState, CommitPlan, Ledger
 from airflow_provider_eo.pipeline import Pipeline
 
 MAX_SHARD_ROUNDS = 5
@@ -61,14 +68,15 @@ class CommitResult:
     note: str = ""
 
 
-def marker_position(pipeline: Pipeline, shard: int) -> int:
+def marker_position(pipeline: Pipeline, shard: int, plan: CommitPlan | None = None) -> int:
     """The last checkpoint id shard ``shard`` committed (-1 when none). Reads only stable
-    (committed) transactional offsets."""
+    (committed) transactional offsets; with ``plan``, in the plan's marker group and sink
+    topic (else the pipeline's current ones)."""
     config = librdkafka_config(pipeline.kafka)
-    found = admin.committed_group_offsets(
-        config, names.marker_group(pipeline), [(pipeline.sink_topic, shard)]
-    )
-    return found.get((pipeline.sink_topic, shard), -1)
+    group = plan.marker_group if plan is not None else names.marker_group(pipeline)
+    sink = plan.sink_topic if plan is not None else pipeline.sink_topic
+    found = admin.committed_group_offsets(config, group, [(sink, shard)])
+    return found.get((sink, shard), -1)
 
 
 def _publish_shard(
@@ -77,17 +85,17 @@ def _publish_shard(
     cp: CheckpointRecord,
     manifest: staging.Manifest,
     shard: int,
-    shards: int,
+    plan: CommitPlan,
     owner: str,
 ) -> tuple[int, bool]:
-    """Publish one shard exactly once. Returns (records produced, skipped by marker)."""
+    """Publish one shard of the frozen ``plan`` exactly once. Returns (records produced,
+    skipped by marker)."""
     config = librdkafka_config(pipeline.kafka)
-    txn_id = names.transactional_id(pipeline, shard)
+    txn_id = names.plan_transactional_id(plan, pipeline.name, shard)
+    sink = plan.sink_topic
     where = f"pipeline {pipeline.name!r}, checkpoint {cp.checkpoint_id}, shard {shard}: "
     timeout_s = pipeline.transaction_timeout_ms / 1000
-    partitions = sorted(
-        p for p in manifest.files if names.shard_of(pipeline, p, manifest.sink_partitions) == shard
-    )
+    partitions = [p for p in plan.partitions_of(shard) if p in manifest.files]
     expected = sum(f.records for p in partitions for f in manifest.files[p])
 
     def record(*, state: str, records: int) -> None:
@@ -110,13 +118,13 @@ def _publish_shard(
             config, txn_id, pipeline.transaction_timeout_ms, on_failure=failures, topic_max_bytes=topic_max
         )
         try:
-            kafka_call("metadata", connect, producer, pipeline.sink_topic, timeout_s, where=where)
+            kafka_call("metadata", connect, producer, sink, timeout_s, where=where)
             kafka_call("init_transactions", producer.init_transactions, timeout_s, where=where)
-            if marker_position(pipeline, shard) >= cp.checkpoint_id:
+            if marker_position(pipeline, shard, plan) >= cp.checkpoint_id:
                 record(state="COMMITTED", records=expected)
                 return 0, True
-            # Kafka fences only the same transactional id; the lease stops a committer
-            # configured with another prefix before anything is produced.
+            # Every committer uses the pinned prefix, so init_transactions above fenced any
+            # other; the lease (database clock) only keeps live committers from taking turns.
             ledger.acquire_commit_lease(
                 pipeline.name, cp.checkpoint_id, owner=owner, ttl_s=2 * timeout_s + 30
             )
@@ -127,7 +135,7 @@ def _publish_shard(
             for partition in partitions:
                 batches = staging.iter_batches(cp.staging_location or "", manifest.files[partition])
                 produced += produce_staged(
-                    producer, pipeline.sink_topic, partition, batches, ckpt_header, where=where
+                    producer, sink, partition, batches, ckpt_header, where=where
                 )
                 fault_point("commit.after_begin")
             # Everything acknowledged by the broker before the commit step (commit would
@@ -136,16 +144,16 @@ def _publish_shard(
             if failures:  # a refused record: the transaction can only be aborted now
                 raise Abortable(failures.describe())
             fault_point("commit.before_commit_txn")
-            marker = {(pipeline.sink_topic, shard): cp.checkpoint_id}
+            marker = {(sink, shard): cp.checkpoint_id}
             kafka_call(
                 "send_offsets_to_transaction(marker)",
                 producer.send_offsets_to_transaction,
                 offsets(marker),
-                group_metadata(config, names.marker_group(pipeline)),
+                group_metadata(config, plan.marker_group),
                 timeout_s,
                 where=where,
             )
-            if shard == shards - 1:  # the last shard also moves the pipeline's group
+            if shard == plan.shards - 1:  # the plan's last shard also moves the pipeline's group
                 ends = {(r.topic, r.partition): r.end for r in cp.ranges}
                 kafka_call(
                     "send_offsets_to_transaction(group)",
@@ -197,7 +205,7 @@ def _publish_shard(
                     f"{where}{last_failure}. The broker refuses this record every time, so "
                     "the shard's transaction was aborted (nothing of it is visible) and the "
                     "checkpoint stays PREPARED. A size refusal means the sink topic "
-                    f"{pipeline.sink_topic!r} lowered max.message.bytes (or the broker its "
+                    f"{sink!r} lowered max.message.bytes (or the broker its "
                     "message.max.bytes) after prepare checked it: raise it above the record's "
                     "size and retry the commit. An authorization refusal needs WRITE on the "
                     "sink topic."
@@ -238,6 +246,15 @@ def _abort_if_unpublished(
     )
 
 
+def _staged_partitions(cp: CheckpointRecord) -> int | None:
+    """The partition count a checkpoint's output was staged for (None when unreadable: the
+    verification below then decides)."""
+    try:
+        return staging.read_manifest(cp.staging_location or "").sink_partitions
+    except (StagingError, OSError):
+        return None
+
+
 def cleanup_staging(pipeline: Pipeline, cp: CheckpointRecord) -> None:
     """Remove staging of committed checkpoints beyond ``keep_committed_staging``."""
     old = cp.checkpoint_id - pipeline.keep_committed_staging
@@ -267,9 +284,18 @@ def commit_checkpoint(
             f"pipeline {pipeline.name!r}: checkpoint {checkpoint_id} is {cp.state.value}, not "
             "PREPARED; run (or retry) its prepare step first"
         )
-    config = librdkafka_config(pipeline.kafka)
-    sink_partitions = admin.partition_count(config, pipeline.sink_topic)
-    shards = names.shard_count(pipeline, sink_partitions)
+    # The frozen plan, never today's settings (a checkpoint from before ledger revision
+    # 0002 freezes one now, for the partition count its output was staged for). Refuses a
+    # process with another transactional-id prefix, and a sink that lost partitions.
+    plan = frozen_commit_plan(
+        pipeline,
+        ledger,
+        cp,
+        staged_partitions=_staged_partitions(cp) if cp.commit_plan is None else None,
+        actor=actor,
+    )
+    sink_partitions = plan.sink_partitions
+    shards = plan.shards
     try:
         manifest = staging.read_manifest(cp.staging_location or "")
         if manifest.checkpoint_id != checkpoint_id or manifest.records != (cp.records or 0):
@@ -280,8 +306,8 @@ def commit_checkpoint(
             )
         if manifest.sink_partitions != sink_partitions:
             raise StagingError(
-                f"sink topic {pipeline.sink_topic!r} now has {sink_partitions} partitions, the "
-                f"staged output was partitioned for {manifest.sink_partitions}"
+                f"the commit plan of sink topic {plan.sink_topic!r} has {sink_partitions} "
+                f"partitions, the staged output was partitioned for {manifest.sink_partitions}"
             )
         staging.verify(cp.staging_location or "", manifest)
     except StagingError as exc:
@@ -292,7 +318,7 @@ def commit_checkpoint(
     owner = owner or names.lease_owner(pipeline)
     published = skipped = 0
     for shard in range(shards):
-        n, was_done = _publish_shard(pipeline, ledger, cp, manifest, shard, shards, owner)
+        n, was_done = _publish_shard(pipeline, ledger, cp, manifest, shard, plan, owner)
         published += n
         skipped += int(was_done)
     fault_point("commit.before_ledger")

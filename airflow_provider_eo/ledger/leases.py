@@ -1,12 +1,20 @@
-"""The commit's rows: the commit lease of a PREPARED checkpoint, and one row per commit shard."""
+"""The commit's rows: the commit lease of a PREPARED checkpoint, and one row per commit shard.
+
+The lease is not what keeps two committers from publishing twice: the pipeline's pinned
+transactional-id prefix is (every committer uses the same ids, so Kafka fences the older
+one). The lease only keeps two healthy committers from fencing each other in turn, and it
+compares times on the DATABASE's clock (:func:`database_now`), never a worker's: a worker
+whose clock runs ahead cannot see a held lease as expired.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
 from typing import Any
 
-from sqlalchemy import or_, update
+from sqlalchemy import or_, text, update
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
 
 from airflow_provider_eo.ledger.engine import Database, rowcount, utcnow
 from airflow_provider_eo.ledger.errors import CommitLeaseHeld, InvariantViolation
@@ -21,6 +29,24 @@ from airflow_provider_eo.ledger.transitions import check_order, conflict
 PREPARED = CheckpointState.PREPARED
 
 
+def database_now(s: Session) -> dt.datetime:
+    """The database server's current time (aware, UTC), read in the caller's transaction.
+
+    SQLite's clock is the host of the ledger file (``strftime(... 'now')`` is UTC, with
+    milliseconds); PostgreSQL's is the server's (``CURRENT_TIMESTAMP``: the transaction's
+    start, so every comparison in one transaction sees one instant).
+    """
+    if s.get_bind().dialect.name == "sqlite":
+        raw = s.execute(text("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')")).scalar_one()
+        return dt.datetime.fromisoformat(str(raw)).replace(tzinfo=dt.timezone.utc)
+    value = s.execute(text("SELECT CURRENT_TIMESTAMP")).scalar_one()
+    if not isinstance(value, dt.datetime):
+        raise TypeError(f"CURRENT_TIMESTAMP returned {value!r}, not a timestamp")
+    if value.tzinfo is None:  # a server without time zones: its clock is taken as UTC
+        return value.replace(tzinfo=dt.timezone.utc)
+    return value.astimezone(dt.timezone.utc)
+
+
 def acquire_commit_lease(
     db: Database, pipeline: str, checkpoint_id: int, *, owner: str, ttl_s: float
 ) -> CheckpointRecord:
@@ -31,7 +57,7 @@ def acquire_commit_lease(
         raise ValueError(f"ttl_s must be > 0, got {ttl_s}")
     with db.write() as s:
         pid = pipeline_row(s, db, pipeline).id
-        now = utcnow()
+        now = database_now(s)  # never this worker's clock: it may be skewed or paused
         before = require_checkpoint(s, db, pipeline, pid, checkpoint_id)
         previous_owner, previous_until = before.commit_owner, before.commit_lease_until
         if before.state == PREPARED:

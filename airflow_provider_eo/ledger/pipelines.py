@@ -1,18 +1,75 @@
-"""Pipeline registration: the row every checkpoint hangs off, and its settings fingerprint."""
+"""Pipeline registration: the row every checkpoint hangs off, its settings fingerprint, and
+its pinned transactional-id prefix."""
 
 from __future__ import annotations
 
 import uuid
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
-from airflow_provider_eo.ledger.engine import Database, utcnow
+from airflow_provider_eo.ledger.engine import Database, rowcount, utcnow
 from airflow_provider_eo.ledger.errors import LedgerError, PipelineFingerprintMismatch
 from airflow_provider_eo.ledger.events import add_event
 from airflow_provider_eo.ledger.mapping import pipeline_record
 from airflow_provider_eo.ledger.models import Lineage, Pipeline
+from airflow_provider_eo.ledger.reads import pipeline_row
 from airflow_provider_eo.ledger.records import PipelineRecord
+
+
+class TransactionalIdPrefixMismatch(LedgerError):
+    """A committer or planner is configured with another transactional-id prefix than the
+    one pinned for the pipeline. Refused before anything is produced, so no data is at risk:
+    Kafka fences committers only within one transactional id, so one pipeline has one
+    prefix for life."""
+
+    def __init__(self, message: str, *, pipeline: str, pinned: str, configured: str) -> None:
+        super().__init__(message)
+        self.pipeline = pipeline
+        self.pinned = pinned
+        self.configured = configured
+
+
+def pin_prefix(s: Session, pid: int, name: str, prefix: str) -> str:
+    """Inside a write transaction: pin ``prefix`` for the pipeline unless one is pinned
+    (one conditional UPDATE ``... WHERE transactional_id_prefix IS NULL``), then compare.
+
+    Returns the pinned prefix; :class:`TransactionalIdPrefixMismatch` when it is another.
+    """
+    if not prefix:
+        raise ValueError(f"pipeline '{name}': the transactional-id prefix must be non-empty")
+    won = rowcount(
+        s.execute(
+            update(Pipeline)
+            .where(Pipeline.id == pid, Pipeline.transactional_id_prefix.is_(None))
+            .values(transactional_id_prefix=prefix)
+            .execution_options(synchronize_session=False)
+        )
+    )
+    pinned = s.execute(select(Pipeline.transactional_id_prefix).where(Pipeline.id == pid)).scalar_one()
+    if won:
+        add_event(s, pid, None, "prefix_pinned", details={"transactional_id_prefix": prefix})
+    if pinned != prefix:
+        raise TransactionalIdPrefixMismatch(
+            f"pipeline '{name}' publishes under transactional_id_prefix {pinned!r} (pinned in "
+            f"the ledger at its first checkpoint), but this process is configured with "
+            f"{prefix!r}. Kafka fences an earlier committer only through the same "
+            "transactional ids, so a committer with another prefix could publish the same "
+            f"output twice: it was refused and nothing was produced. Restore the setting "
+            f"transactional_id_prefix={pinned!r} for this pipeline (or use a new pipeline name "
+            "for a new namespace).",
+            pipeline=name,
+            pinned=str(pinned),
+            configured=prefix,
+        )
+    return prefix
+
+
+def pin_transactional_id_prefix(db: Database, name: str, prefix: str) -> str:
+    """Pin ``prefix`` for the pipeline, or check it against the pinned one; see Ledger."""
+    with db.write() as s:
+        return pin_prefix(s, pipeline_row(s, db, name).id, name, prefix)
 
 
 def ensure_pipeline(

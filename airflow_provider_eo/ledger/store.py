@@ -38,6 +38,7 @@ from airflow_provider_eo.ledger.engine import Database
 from airflow_provider_eo.ledger.records import (
     Actor,
     CheckpointRecord,
+    CommitPlan,
     EventRecord,
     PipelineRecord,
     RangeSpec,
@@ -115,6 +116,16 @@ class Ledger:
             self._db, name, fingerprint, allow_fingerprint_change=allow_fingerprint_change
         )
 
+    def pin_transactional_id_prefix(self, name: str, prefix: str) -> str:
+        """Pin the pipeline's transactional-id prefix, or check ``prefix`` against it.
+
+        One conditional UPDATE (``... WHERE transactional_id_prefix IS NULL``), then a
+        compare: a process configured with another prefix gets
+        :class:`~airflow_provider_eo.ledger.pipelines.TransactionalIdPrefixMismatch` (Kafka
+        fences committers only within one transactional id). Idempotent; returns the prefix.
+        """
+        return pipelines.pin_transactional_id_prefix(self._db, name, prefix)
+
     def get_pipeline(self, name: str) -> PipelineRecord:
         """The pipeline's record; CheckpointNotFound when it is not registered."""
         return reads.get_pipeline(self._db, name)
@@ -164,6 +175,7 @@ class Ledger:
         max_pending: int = 1,
         actor: Actor | None = None,
         details: dict[str, Any] | None = None,
+        commit_plan: CommitPlan | None = None,
     ) -> CheckpointRecord:
         """Record the next checkpoint (PLANNED) reading exactly ``ranges``.
 
@@ -171,10 +183,37 @@ class Ledger:
         start (see :meth:`next_starts`), a repeated partition, and more than
         ``max_pending`` unfinished checkpoints. Not idempotent by itself: callers resume
         :meth:`unfinished` first; two concurrent planners cannot both succeed.
+
+        ``commit_plan`` (how the checkpoint will be published) is stored in the same
+        transaction, and its transactional-id prefix is pinned for the pipeline (a plan
+        with another prefix than the pinned one is refused).
         """
         return transitions.plan(
-            self._db, pipeline, ranges, max_pending=max_pending, actor=actor, details=details
+            self._db,
+            pipeline,
+            ranges,
+            max_pending=max_pending,
+            actor=actor,
+            details=details,
+            commit_plan=commit_plan,
         )
+
+    def freeze_commit_plan(
+        self,
+        pipeline: str,
+        checkpoint_id: int,
+        commit_plan: CommitPlan,
+        *,
+        actor: Actor | None = None,
+    ) -> CheckpointRecord:
+        """Give an unfinished checkpoint planned before ledger revision 0002 its commit plan.
+
+        One conditional UPDATE (``... WHERE commit_plan IS NULL``): the first caller's plan
+        wins and every caller gets the checkpoint with the plan that won. Pins the plan's
+        transactional-id prefix like :meth:`plan`. CheckpointConflict when the checkpoint is
+        finished and has no plan.
+        """
+        return transitions.freeze_commit_plan(self._db, pipeline, checkpoint_id, commit_plan, actor=actor)
 
     def mark_prepared(
         self,
@@ -215,8 +254,9 @@ class Ledger:
         """PREPARED -> COMMITTED once every shard's transaction committed.
 
         Idempotent: committing a COMMITTED checkpoint does nothing and returns it. Refuses
-        (InvariantViolation) while an earlier checkpoint is unfinished or a recorded shard
-        is still PENDING.
+        (InvariantViolation) while an earlier checkpoint is unfinished or a shard of its
+        commit plan is not recorded COMMITTED (without a plan: while a recorded shard is
+        still PENDING).
         """
         return transitions.mark_committed(self._db, pipeline, checkpoint_id, actor=actor)
 
@@ -242,9 +282,10 @@ class Ledger:
 
         A compare-and-set: succeeds when nobody holds the lease, when ``owner`` already
         holds it (renewal), or when the holder's lease expired (take-over). Otherwise
-        :class:`CommitLeaseHeld`. Checked before ``begin_transaction``: Kafka cannot fence a
-        second committer that uses a different transactional id, this lease does.
-        Leases use this host's clock; keep committer clocks in sync (NTP).
+        :class:`CommitLeaseHeld`. Times are the database's clock, never this worker's. The
+        lease keeps healthy committers from fencing each other; it is not what stops a
+        duplicate (a pause beats any lease): the pinned transactional-id prefix is, since
+        it lets Kafka fence every earlier committer.
         """
         return leases.acquire_commit_lease(self._db, pipeline, checkpoint_id, owner=owner, ttl_s=ttl_s)
 

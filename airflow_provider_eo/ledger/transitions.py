@@ -15,7 +15,7 @@ import datetime as dt
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import String, cast, or_, select, update
 from sqlalchemy.orm import Session
 
 from airflow_provider_eo.ledger.engine import Database, rowcount, utcnow
@@ -24,6 +24,7 @@ from airflow_provider_eo.ledger.events import add_event
 from airflow_provider_eo.ledger.lineage import set_head
 from airflow_provider_eo.ledger.mapping import actor_columns, checkpoint_record_of
 from airflow_provider_eo.ledger.models import Checkpoint, CheckpointRange, CommitShard, Pipeline
+from airflow_provider_eo.ledger.pipelines import pin_prefix
 from airflow_provider_eo.ledger.reads import (
     count_unfinished,
     heads,
@@ -31,7 +32,13 @@ from airflow_provider_eo.ledger.reads import (
     pipeline_row,
     require_checkpoint,
 )
-from airflow_provider_eo.ledger.records import Actor, CheckpointRecord, RangeSpec, TopicPartition
+from airflow_provider_eo.ledger.records import (
+    Actor,
+    CheckpointRecord,
+    CommitPlan,
+    RangeSpec,
+    TopicPartition,
+)
 from airflow_provider_eo.ledger.states import UNFINISHED_STATES, CheckpointState, ShardState, check_transition
 
 PLANNED = CheckpointState.PLANNED
@@ -154,6 +161,7 @@ def plan(
     max_pending: int = 1,
     actor: Actor | None = None,
     details: dict[str, Any] | None = None,
+    commit_plan: CommitPlan | None = None,
 ) -> CheckpointRecord:
     """(nothing) -> PLANNED; see :meth:`Ledger.plan`."""
     if max_pending < 1:
@@ -184,6 +192,8 @@ def plan(
                 "(prepare, commit) or abort it first."
             )
         _check_contiguous(s, pipeline, p.id, new_id, ranges)
+        if commit_plan is not None:  # the plan's prefix is the pipeline's, for life
+            pin_prefix(s, p.id, pipeline, commit_plan.transactional_id_prefix)
         now = utcnow()
         if not _claim_checkpoint_id(s, p.id, last, lineage, now):
             raise CheckpointConflict(
@@ -199,6 +209,8 @@ def plan(
                 state=PLANNED,
                 lineage=lineage,
                 planned_at=now,
+                # Left out (SQL NULL) without a plan: the ORM would store a JSON 'null'.
+                **({"commit_plan": commit_plan.to_json()} if commit_plan is not None else {}),
                 **actor_columns(actor),
             )
         )
@@ -230,7 +242,11 @@ def plan(
             to_state=PLANNED,
             actor=actor,
             at=now,
-            details={**(details or {}), **({"skipped": skipped} if skipped else {})},
+            details={
+                **(details or {}),
+                **({"skipped": skipped} if skipped else {}),
+                **({"commit_plan": commit_plan.to_json()} if commit_plan is not None else {}),
+            },
         )
         s.flush()
         return checkpoint_record_of(s, pipeline, require_checkpoint(s, db, pipeline, p.id, new_id))
@@ -330,17 +346,22 @@ def mark_committed(
         if row.state != PREPARED:
             raise conflict(pipeline, row, PREPARED.value, "commit")
         check_order(s, pipeline, pid, checkpoint_id, "commit")
-        pending = (
-            s.execute(
-                select(CommitShard.shard).where(
-                    CommitShard.pipeline_id == pid,
-                    CommitShard.checkpoint_id == checkpoint_id,
-                    CommitShard.state != ShardState.COMMITTED,
+        recorded: dict[int, ShardState] = {
+            shard: state
+            for shard, state in s.execute(
+                select(CommitShard.shard, CommitShard.state).where(
+                    CommitShard.pipeline_id == pid, CommitShard.checkpoint_id == checkpoint_id
                 )
             )
-            .scalars()
-            .all()
-        )
+        }
+        if row.commit_plan is not None:
+            # The frozen plan says which shards exist: each must be recorded COMMITTED. A row
+            # outside the plan (a try made with other settings before the plan was frozen)
+            # neither blocks nor replaces one of the plan's shards.
+            shards = CommitPlan.from_json(row.commit_plan).shards
+            pending = [n for n in range(shards) if recorded.get(n) != ShardState.COMMITTED]
+        else:  # planned before revision 0002 and never frozen: every recorded shard
+            pending = [n for n, state in recorded.items() if state != ShardState.COMMITTED]
         if pending:
             raise InvariantViolation(
                 f"pipeline '{pipeline}', checkpoint {checkpoint_id}: shards {sorted(pending)} "
@@ -437,4 +458,50 @@ def abort(
                 set_head(s, p.id, key, start, row.lineage, None)
         p.updated_at = now
         row = require_checkpoint(s, db, pipeline, p.id, checkpoint_id)
+        return checkpoint_record_of(s, pipeline, row)
+
+
+def freeze_commit_plan(
+    db: Database,
+    pipeline: str,
+    checkpoint_id: int,
+    commit_plan: CommitPlan,
+    *,
+    actor: Actor | None = None,
+) -> CheckpointRecord:
+    """Record ``commit_plan`` for an unfinished checkpoint that has none; see
+    :meth:`Ledger.freeze_commit_plan`."""
+    with db.write() as s:
+        p = pipeline_row(s, db, pipeline)
+        pin_prefix(s, p.id, pipeline, commit_plan.transactional_id_prefix)
+        won = rowcount(
+            s.execute(
+                update(Checkpoint)
+                .where(
+                    Checkpoint.pipeline_id == p.id,
+                    Checkpoint.checkpoint_id == checkpoint_id,
+                    Checkpoint.state.in_(UNFINISHED_STATES),
+                    # SQL NULL (rows from before revision 0002), or a JSON null.
+                    or_(
+                        Checkpoint.commit_plan.is_(None),
+                        cast(Checkpoint.commit_plan, String) == "null",
+                    ),
+                )
+                .values(commit_plan=commit_plan.to_json())
+                .execution_options(synchronize_session=False)
+            )
+        )
+        row = require_checkpoint(s, db, pipeline, p.id, checkpoint_id)
+        s.refresh(row)
+        if won:
+            add_event(
+                s,
+                p.id,
+                checkpoint_id,
+                "commit_plan_frozen",
+                actor=actor,
+                details={"commit_plan": commit_plan.to_json()},
+            )
+        elif row.commit_plan is None:
+            raise conflict(pipeline, row, "PLANNED or PREPARED", "freeze the commit plan of")
         return checkpoint_record_of(s, pipeline, row)

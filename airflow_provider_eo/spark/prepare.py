@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from airflow_provider_eo import names, staging
 from airflow_provider_eo.core.fault_seam import fault_point
+from airflow_provider_eo.core.plan import frozen_commit_plan
 from airflow_provider_eo.errors import PrepareError
 from airflow_provider_eo.kafka import admin
 from airflow_provider_eo.kafka.client_config import librdkafka_config
@@ -90,7 +91,10 @@ def prepare_checkpoint(
             "PLANNED checkpoints can be prepared (an aborted range is replanned by the next plan)"
         )
     config = librdkafka_config(pipeline.kafka)
-    sink_partitions = admin.partition_count(config, pipeline.sink_topic)
+    # The output is partitioned for the checkpoint's frozen commit plan, never the sink's
+    # live partition count (a checkpoint from before ledger revision 0002 freezes it now).
+    commit_plan = frozen_commit_plan(pipeline, ledger, cp, actor=actor)
+    sink_partitions = commit_plan.sink_partitions
     admin.partitions_of(config, pipeline.source_topics)  # a deleted source is a clear error
     max_bytes = shape.sink_max_message_bytes(pipeline)
     attempt = attempt or new_attempt()
@@ -146,7 +150,7 @@ def prepare_checkpoint(
         pipeline=pipeline.name,
         checkpoint_id=checkpoint_id,
         attempt=attempt,
-        sink_topic=pipeline.sink_topic,
+        sink_topic=commit_plan.sink_topic,
         sink_partitions=sink_partitions,
         files=files,
         records_read=records_read,
@@ -158,7 +162,7 @@ def prepare_checkpoint(
     # 7. PLANNED -> PREPARED naming this attempt; a losing attempt's folder is garbage.
     shard_counts: dict[int, int] = {}
     for partition, count in manifest.partition_counts().items():
-        shard = names.shard_of(pipeline, partition, sink_partitions)
+        shard = commit_plan.shard_of_partition[partition]
         shard_counts[shard] = shard_counts.get(shard, 0) + count
     try:
         cp = ledger.mark_prepared(

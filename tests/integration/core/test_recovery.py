@@ -18,7 +18,8 @@ from airflow_provider_eo import names
 from airflow_provider_eo.errors import StagingError
 from airflow_provider_eo.kafka import admin
 from airflow_provider_eo.kafka.audit import high_watermarks
-from airflow_provider_eo.ledger import CheckpointState, CommitLeaseHeld
+from airflow_provider_eo.ledger import CheckpointState
+from airflow_provider_eo.ledger.pipelines import TransactionalIdPrefixMismatch
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
@@ -127,7 +128,8 @@ def test_committer_with_another_transactional_id_is_refused(harness: Callable[..
     )
     other = h.with_(transactional_id_prefix="other")
     lso_before, _ = _sink_lso_and_hw(h)
-    with pytest.raises(CommitLeaseHeld):
+    # refused by the prefix pinned at plan time, before the lease is even looked at
+    with pytest.raises(TransactionalIdPrefixMismatch):
         other.commit(planned.checkpoint_id)
     assert _sink_lso_and_hw(h)[1] == lso_before  # nothing produced, not even uncommitted
     h.commit(planned.checkpoint_id)  # the lease holder finishes

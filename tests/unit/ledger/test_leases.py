@@ -27,7 +27,7 @@ def test_commit_lease_cas(ledger: Ledger, steps: LedgerSteps, monkeypatch: pytes
     ledger.plan(P, [RangeSpec("t", 0, 0, 10)])
     steps.prepare(1)
     now = dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)
-    monkeypatch.setattr(leases, "utcnow", lambda: now)
+    monkeypatch.setattr(leases, "database_now", lambda _s: now)  # the database's clock moves
     lease = ledger.acquire_commit_lease(P, 1, owner="worker-a", ttl_s=30)
     assert lease.commit_owner == "worker-a"
     assert lease.commit_lease_until == now + dt.timedelta(seconds=30)
@@ -50,6 +50,37 @@ def test_commit_lease_cas(ledger: Ledger, steps: LedgerSteps, monkeypatch: pytes
     assert ledger.acquire_commit_lease(P, 1, owner="worker-c", ttl_s=1).commit_owner == "worker-c"
     owners = [e.details["owner"] for e in ledger.events(P, 1) if e.kind == "lease"]
     assert owners == ["worker-a", "worker-b", "worker-c"]
+
+
+def test_lease_ignores_a_skewed_worker_clock(
+    ledger: Ledger, steps: LedgerSteps, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker whose clock runs a day ahead must still see another worker's lease as held:
+    lease times come from the database, never from the worker."""
+    from airflow_provider_eo.ledger import engine, leases, transitions
+
+    ledger.plan(P, [RangeSpec("t", 0, 0, 10)])
+    steps.prepare(1)
+    before = dt.datetime.now(dt.timezone.utc)
+    held = ledger.acquire_commit_lease(P, 1, owner="worker-a", ttl_s=30)
+    assert held.commit_lease_until is not None
+    # The lease runs on the database's clock (this host's here): about now + 30 s.
+    assert before + dt.timedelta(seconds=29) <= held.commit_lease_until <= before + dt.timedelta(seconds=40)
+    ahead = before + dt.timedelta(days=1)
+    for module in (engine, leases, transitions):
+        monkeypatch.setattr(module, "utcnow", lambda: ahead, raising=False)
+    with pytest.raises(CommitLeaseHeld, match="being committed by 'worker-a'"):
+        ledger.acquire_commit_lease(P, 1, owner="worker-b", ttl_s=30)
+    assert ledger.get(P, 1).commit_owner == "worker-a"
+
+
+def test_database_now_is_utc_and_current(ledger: Ledger) -> None:
+    from airflow_provider_eo.ledger.leases import database_now
+
+    with ledger._db.read() as s:
+        now = database_now(s)
+    assert now.tzinfo is not None
+    assert abs((now - dt.datetime.now(dt.timezone.utc)).total_seconds()) < 5
 
 
 def test_shards_gate_the_commit(ledger: Ledger, steps: LedgerSteps) -> None:

@@ -10,11 +10,13 @@ from airflow_provider_eo.ledger import (
     Actor,
     CheckpointConflict,
     CheckpointState,
+    CommitPlan,
     InvariantViolation,
     Ledger,
     RangeSpec,
     ShardState,
 )
+from airflow_provider_eo.ledger.pipelines import TransactionalIdPrefixMismatch
 
 if TYPE_CHECKING:
     from tests.unit.ledger.conftest import LedgerSteps
@@ -210,3 +212,81 @@ def test_abort_cascades_to_later_unfinished(ledger: Ledger) -> None:
     assert "checkpoint 2 aborted: boom" in (ledger.get(P, 3).abort_reason or "")
     assert ledger.next_starts(P) == {("t", 0): 10}
     assert ledger.events(P, 3)[-1].details["cascade_from"] == 2
+
+
+def _plan(shards: int, partitions: int = 3, prefix: str = "eo", sink: str = "out") -> CommitPlan:
+    return CommitPlan(
+        sink_topic=sink,
+        sink_partitions=partitions,
+        transactional_id_prefix=prefix,
+        marker_group=f"eo-marker.{P}",
+        shard_of_partition=tuple(p % shards for p in range(partitions)),
+    )
+
+
+def _shard(ledger: Ledger, cp: int, shard: int, state: str) -> None:
+    ledger.record_shard(
+        P,
+        cp,
+        shard,
+        transactional_id=f"eo.{P}.{shard}",
+        producer_id=None,
+        producer_epoch=None,
+        state=state,
+        records=1,
+    )
+
+
+def test_commit_plan_is_stored_with_the_checkpoint_and_pins_the_prefix(ledger: Ledger) -> None:
+    planned = ledger.plan(P, [RangeSpec("t", 0, 0, 10)], commit_plan=_plan(3))
+    assert planned.commit_plan == _plan(3)
+    assert ledger.get(P, 1).commit_plan == _plan(3)
+    assert ledger.get_pipeline(P).transactional_id_prefix == "eo"
+    assert [e.kind for e in ledger.events(P)].count("prefix_pinned") == 1
+    assert ledger.pin_transactional_id_prefix(P, "eo") == "eo"  # idempotent
+    with pytest.raises(TransactionalIdPrefixMismatch, match="Restore the setting") as refused:
+        ledger.pin_transactional_id_prefix(P, "other")
+    message = str(refused.value)
+    assert "'orders'" in message and "'eo'" in message and "'other'" in message
+    assert "transactional_id_prefix" in message
+    # A plan under another prefix is refused and records nothing.
+    ledger.abort(P, 1, reason="test")
+    with pytest.raises(TransactionalIdPrefixMismatch):
+        ledger.plan(P, [RangeSpec("t", 0, 0, 10)], commit_plan=_plan(1, prefix="other"))
+    assert ledger.unfinished(P) is None
+
+
+def test_freeze_commit_plan_first_caller_wins(ledger: Ledger, steps: LedgerSteps) -> None:
+    ledger.plan(P, [RangeSpec("t", 0, 0, 10)])  # as planned before revision 0002
+    assert ledger.get(P, 1).commit_plan is None
+    assert ledger.freeze_commit_plan(P, 1, _plan(3)).commit_plan == _plan(3)
+    # A later try with other settings gets the frozen plan, not its own.
+    assert ledger.freeze_commit_plan(P, 1, _plan(1)).commit_plan == _plan(3)
+    assert ledger.get_pipeline(P).transactional_id_prefix == "eo"
+    assert [e.kind for e in ledger.events(P, 1)].count("commit_plan_frozen") == 1
+    steps.prepare(1)
+    assert ledger.get(P, 1).commit_plan == _plan(3)
+
+
+def test_freeze_commit_plan_refuses_a_finished_checkpoint_without_plan(
+    ledger: Ledger, steps: LedgerSteps
+) -> None:
+    steps.run_one(RangeSpec("t", 0, 0, 10))
+    with pytest.raises(CheckpointConflict):
+        ledger.freeze_commit_plan(P, 1, _plan(1))
+
+
+def test_mark_committed_checks_every_shard_of_the_frozen_plan(ledger: Ledger, steps: LedgerSteps) -> None:
+    """Shard rows are checked against the plan's shard count: a missing shard blocks, and a
+    row outside the plan (a try made with other settings) neither blocks nor counts."""
+    ledger.plan(P, [RangeSpec("t", 0, 0, 10)], commit_plan=_plan(2))
+    steps.prepare(1)
+    _shard(ledger, 1, 0, "COMMITTED")
+    with pytest.raises(InvariantViolation, match=r"shards \[1\]"):
+        ledger.mark_committed(P, 1)  # shard 1 has no row yet: not published
+    _shard(ledger, 1, 2, "PENDING")  # outside the plan
+    _shard(ledger, 1, 1, "PENDING")
+    with pytest.raises(InvariantViolation, match=r"shards \[1\]"):
+        ledger.mark_committed(P, 1)
+    _shard(ledger, 1, 1, "COMMITTED")
+    assert ledger.mark_committed(P, 1).state is S.COMMITTED
