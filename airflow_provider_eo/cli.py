@@ -210,6 +210,30 @@ def commit_cmd(ref: PipelineRef, checkpoint: CheckpointOpt = None, as_json: Json
     )
 
 
+@app.command("abort")
+def abort_cmd(
+    ref: PipelineRef,
+    checkpoint: Annotated[int, typer.Argument(help="Id of the unfinished checkpoint to abort.")],
+    reason: Annotated[str, typer.Option("--reason", help="Why (recorded in the ledger).")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Abort an unfinished checkpoint so its range is replanned: fences every commit shard
+    first, refused while a committer is live or when a shard already published it."""
+    from airflow_provider_eo.core.abort import abort_checkpoint
+    from airflow_provider_eo.ledger import Actor
+
+    if not reason.strip():
+        _fail("--reason must not be empty: it is recorded with the abort")
+    cp = _run_phase(
+        ref,
+        checkpoint,
+        lambda pipeline, ledger, cid: abort_checkpoint(
+            pipeline, ledger, cid, reason=reason, actor=Actor.here()
+        ),
+    )
+    _emit(cp.summary(), as_json)
+
+
 def _unfinished_id(ledger: Any, pipeline: str) -> int:
     cp = ledger.unfinished(pipeline)
     if cp is None:

@@ -16,8 +16,10 @@ failure kind). Messages name the pipeline/checkpoint/partition and what to do ne
     │   └── CommitError        a commit could not finish
     │       ├── CommitFenced
     │       ├── TransactionalIdUnauthorized
-    │       └── NotPrepared
+    │       ├── NotPrepared
+    │       └── AbortRefused   an abort was refused (live committer, published shard, COMMITTED)
     ├── StagingError           staged output missing or not matching its manifest
+    ├── StagingUnreadable      staging could not be read (I/O): retry, nothing aborted
     ├── PrepareError           the prepare job refused the checkpoint
     │   └── TransformError
     └── StackError             the local development stack (stack/errors.py)
@@ -85,8 +87,23 @@ class NotPrepared(CommitError):
     its prepare step first."""
 
 
+class AbortRefused(CommitError):
+    """An abort was refused: the checkpoint is COMMITTED, a live committer may still publish
+    it, or a shard already published it. Nothing was aborted; the message says whether
+    data is at risk and what to do."""
+
+
 class StagingError(EoError):
     """Staged output is missing or does not match its manifest: nothing is published from it."""
+
+
+class StagingUnreadable(EoError):
+    """The staging area could not be read (an I/O error: storage down, a transient S3/HDFS
+    failure, permissions). Nothing was published and nothing was aborted: the staged output
+    may be intact, so retry the commit once the storage answers.
+
+    Not a :class:`StagingError` on purpose: only a verified mismatch aborts a checkpoint.
+    """
 
 
 class PrepareError(EoError):

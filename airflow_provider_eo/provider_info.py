@@ -41,6 +41,7 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_provider_eo.operators.plan",
                     "airflow_provider_eo.operators.submit",
                     "airflow_provider_eo.operators.commit",
+                    "airflow_provider_eo.operators.abort",
                 ],
             }
         ],

@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from airflow_provider_eo.errors import StagingError
+from airflow_provider_eo.errors import StagingError, StagingUnreadable
 from airflow_provider_eo.names import MANIFEST
 
 MANIFEST_VERSION = 1
@@ -138,28 +138,57 @@ def write_manifest(attempt_path: str, manifest: Manifest) -> None:
 
 
 def read_manifest(attempt_path: str) -> Manifest:
-    """Read an attempt's manifest; a missing one is a :class:`StagingError`."""
+    """Read an attempt's manifest.
+
+    A missing or unparsable manifest is a :class:`StagingError` (the staged output is lost
+    or corrupt: the checkpoint must be aborted); any other I/O error is
+    :class:`StagingUnreadable` (the storage did not answer: retry, abort nothing).
+    """
     fs, root = _fs(attempt_path)
     try:
         with fs.open_input_stream(f"{root}/{MANIFEST}") as stream:
-            return Manifest.from_json(stream.read().decode())
-    except (FileNotFoundError, OSError) as exc:
-        raise StagingError(f"the manifest of {attempt_path} is missing or unreadable: {exc}") from exc
+            text = stream.read().decode()
+    except FileNotFoundError as exc:
+        raise StagingError(f"the manifest of {attempt_path} is missing: {exc}") from exc
+    except OSError as exc:
+        raise StagingUnreadable(
+            f"the manifest of {attempt_path} could not be read: {exc}. Nothing was published "
+            "and nothing aborted; retry the commit once the storage answers."
+        ) from exc
+    try:
+        return Manifest.from_json(text)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise StagingError(f"the manifest of {attempt_path} is corrupt: {exc!r}") from exc
 
 
 def verify(attempt_path: str, manifest: Manifest) -> None:
-    """Check every staged file against the manifest (exists, size, SHA-256, row count)."""
+    """Check every staged file against the manifest (exists, size, SHA-256, row count).
+
+    A verified mismatch (file missing, size or checksum differs) is a :class:`StagingError`;
+    an I/O error while checking is :class:`StagingUnreadable` (nothing is decided).
+    """
     fs, root = _fs(attempt_path)
     for partition, files in manifest.files.items():
         for f in files:
             full = f"{root}/{f.path}"
-            info = fs.get_file_info(full)
-            if info.type != pafs.FileType.File:
-                raise StagingError(
+            try:
+                info = fs.get_file_info(full)
+                if info.type != pafs.FileType.File:
+                    raise StagingError(
+                        f"checkpoint {manifest.checkpoint_id} of pipeline {manifest.pipeline!r}: "
+                        f"staged file {f.path} (sink partition {partition}) is missing"
+                    )
+                matches = info.size == f.bytes and sha256_of(fs, full) == f.sha256
+            except StagingError:
+                raise
+            except OSError as exc:
+                raise StagingUnreadable(
                     f"checkpoint {manifest.checkpoint_id} of pipeline {manifest.pipeline!r}: "
-                    f"staged file {f.path} (sink partition {partition}) is missing"
-                )
-            if info.size != f.bytes or sha256_of(fs, full) != f.sha256:
+                    f"staged file {f.path} (sink partition {partition}) could not be read: "
+                    f"{exc}. Nothing was published and nothing aborted; retry the commit once "
+                    "the storage answers."
+                ) from exc
+            if not matches:
                 raise StagingError(
                     f"checkpoint {manifest.checkpoint_id} of pipeline {manifest.pipeline!r}: "
                     f"staged file {f.path} (sink partition {partition}) does not match its "

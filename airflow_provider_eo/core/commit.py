@@ -227,19 +227,15 @@ def _abort_if_unpublished(
     pipeline: Pipeline,
     ledger: Ledger,
     cp: CheckpointRecord,
-    shards: int,
     reason: str,
     actor: Actor | None,
 ) -> None:
-    published = [s for s in range(shards) if marker_position(pipeline, s) >= cp.checkpoint_id]
-    if published:
-        raise CommitError(
-            f"pipeline {pipeline.name!r}, checkpoint {cp.checkpoint_id}: {reason}, but shards "
-            f"{published} were already published, so the checkpoint cannot be aborted. Restore "
-            "the staged files from a backup and retry the commit; data of the other shards is "
-            "at risk."
-        )
-    ledger.abort(pipeline.name, cp.checkpoint_id, reason=reason, actor=actor)
+    """Abort ``cp`` after a verified staging mismatch, safely (core/abort.py: refused while a
+    live committer holds the lease, every shard id fenced before the markers are read), and
+    raise :class:`StagingError` saying so."""
+    from airflow_provider_eo.core.abort import abort_checkpoint
+
+    abort_checkpoint(pipeline, ledger, cp.checkpoint_id, reason=reason, actor=actor)
     raise StagingError(
         f"pipeline {pipeline.name!r}, checkpoint {cp.checkpoint_id}: {reason}. Nothing was "
         "published; the checkpoint is ABORTED and its range will be replanned by the next run."
@@ -310,10 +306,11 @@ def commit_checkpoint(
                 f"partitions, the staged output was partitioned for {manifest.sink_partitions}"
             )
         staging.verify(cp.staging_location or "", manifest)
+    # StagingUnreadable (an I/O error) is not caught: the storage did not answer, the staged
+    # output may be intact, so the commit fails retryably and nothing is aborted. Only a
+    # verified mismatch (count, checksum, another checkpoint's manifest) aborts.
     except StagingError as exc:
-        _abort_if_unpublished(
-            pipeline, ledger, cp, shards, f"staged output failed verification ({exc})", actor
-        )
+        _abort_if_unpublished(pipeline, ledger, cp, f"staged output failed verification ({exc})", actor)
         raise  # unreachable: the helper always raises
     owner = owner or names.lease_owner(pipeline)
     published = skipped = 0

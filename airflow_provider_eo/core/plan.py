@@ -10,7 +10,7 @@ from airflow_provider_eo import names
 from airflow_provider_eo.errors import ConfigError, DataLossError, SourceError
 from airflow_provider_eo.kafka import admin
 from airflow_provider_eo.kafka.client_config import librdkafka_config
-from airflow_provider_eo.ledger import Actor, CheckpointRecord, CommitPlan, Ledger, RangeSpec
+from airflow_provider_eo.ledger import Actor, CheckpointRecord, CheckpointState, CommitPlan, Ledger, RangeSpec
 from airflow_provider_eo.pipeline import Pipeline
 
 TP = tuple[str, int]
@@ -131,6 +131,78 @@ def cap_ranges(starts: Mapping[TP, int], ends: Mapping[TP, int], budget: int) ->
     return {tp: starts[tp] + take[tp] for tp in starts}
 
 
+def lost_ranges(pipeline: Pipeline, ranges: list[RangeSpec]) -> list[str]:
+    """The parts of planned ranges Kafka can no longer serve, as ``topic[p]: [a, b) ...``.
+
+    Lost: offsets below the partition's log start (retention or ``delete_records`` removed
+    them), and offsets above its log end or a partition that no longer exists (the topic was
+    deleted and re-created smaller). Empty ranges lose nothing.
+    """
+    config = librdkafka_config(pipeline.kafka)
+    wanted = [r for r in ranges if r.end > r.start]
+    if not wanted:
+        return []
+    existing = admin.partitions_of(config, sorted({r.topic for r in wanted}))  # a deleted topic: its error
+    present = [r.key for r in wanted if r.partition in existing.get(r.topic, [])]
+    log_start = admin.list_offsets(config, present, spec="earliest") if present else {}
+    log_end = admin.list_offsets(config, present, spec="latest") if present else {}
+    lost: list[str] = []
+    for r in wanted:
+        name = f"{r.topic}[{r.partition}]"
+        if r.key not in log_start:
+            lost.append(f"{name}: [{r.start}, {r.end}) (the partition no longer exists)")
+            continue
+        if r.start < log_start[r.key]:
+            upto = min(log_start[r.key], r.end)
+            lost.append(f"{name}: [{r.start}, {upto}) (below the log start {log_start[r.key]})")
+        if r.end > log_end[r.key]:
+            since = max(log_end[r.key], r.start)
+            lost.append(
+                f"{name}: [{since}, {r.end}) (beyond the log end {log_end[r.key]}: was the "
+                "topic re-created?)"
+            )
+    return lost
+
+
+def data_loss_error(pipeline: Pipeline, cp: CheckpointRecord, lost: list[str]) -> DataLossError:
+    """The error for a PLANNED checkpoint whose ranges can no longer be read."""
+    return DataLossError(
+        f"pipeline {pipeline.name!r}, checkpoint {cp.checkpoint_id}: its planned offsets can no "
+        f"longer be read from Kafka: {'; '.join(lost)}. Those records are gone (data loss "
+        "unless another copy exists); every prepare of this checkpoint would fail. Set "
+        "on_data_loss='skip' to abort it with the skip recorded and replan from the log start, "
+        f"or abort it by hand: `eo abort MODULE:ATTR {cp.checkpoint_id} --reason TEXT` "
+        "(the next plan then refuses or skips the lost offsets by the same setting)."
+    )
+
+
+def resume_or_drop_lost(
+    pipeline: Pipeline, ledger: Ledger, cp: CheckpointRecord, *, actor: Actor | None = None
+) -> CheckpointRecord | None:
+    """``cp`` (unfinished) when it can still be prepared; ``None`` when it was PLANNED over
+    offsets Kafka no longer has and ``on_data_loss='skip'`` aborted it (the caller plans
+    anew, from the log start, recording the skip). With ``on_data_loss='fail'`` a lost range
+    raises :class:`DataLossError` naming it. A PREPARED checkpoint is returned as is: its
+    output is already staged."""
+    if cp.state is not CheckpointState.PLANNED:
+        return cp
+    lost = lost_ranges(pipeline, list(cp.ranges))
+    if not lost:
+        return cp
+    if pipeline.on_data_loss != "skip":
+        raise data_loss_error(pipeline, cp, lost)
+    from airflow_provider_eo.core.abort import abort_checkpoint
+
+    abort_checkpoint(
+        pipeline,
+        ledger,
+        cp.checkpoint_id,
+        reason=f"on_data_loss='skip': planned offsets deleted before prepare: {'; '.join(lost)}",
+        actor=actor,
+    )
+    return None
+
+
 def plan_checkpoint(
     pipeline: Pipeline, ledger: Ledger, *, actor: Actor | None = None
 ) -> CheckpointRecord | None:
@@ -144,12 +216,16 @@ def plan_checkpoint(
     prefix = ledger.pin_transactional_id_prefix(pipeline.name, pipeline.transactional_id_prefix)
     unfinished = ledger.unfinished(pipeline.name)
     if unfinished is not None:
-        # A plan the cluster can no longer carry out is refused now, not at commit time.
-        # (A checkpoint from before revision 0002 is frozen at prepare or commit instead,
-        # where the staged partition count is known.)
-        if unfinished.commit_plan is not None:
-            check_commit_plan(pipeline, unfinished, unfinished.commit_plan)
-        return unfinished
+        # A PLANNED range retention (or a topic re-creation) took away would fail every
+        # prepare: refuse it by name, or with on_data_loss='skip' abort it and plan anew.
+        unfinished = resume_or_drop_lost(pipeline, ledger, unfinished, actor=actor)
+        if unfinished is not None:
+            # A plan the cluster can no longer carry out is refused now, not at commit time.
+            # (A checkpoint from before revision 0002 is frozen at prepare or commit instead,
+            # where the staged partition count is known.)
+            if unfinished.commit_plan is not None:
+                check_commit_plan(pipeline, unfinished, unfinished.commit_plan)
+            return unfinished
     config = librdkafka_config(pipeline.kafka)
     topics = admin.partitions_of(config, pipeline.source_topics)
     sink_partitions = admin.partition_count(config, pipeline.sink_topic)  # a missing sink fails here

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from airflow_provider_eo import names, staging
 from airflow_provider_eo.core.fault_seam import fault_point
-from airflow_provider_eo.core.plan import frozen_commit_plan
+from airflow_provider_eo.core.plan import data_loss_error, frozen_commit_plan, lost_ranges
 from airflow_provider_eo.errors import PrepareError
 from airflow_provider_eo.kafka import admin
 from airflow_provider_eo.kafka.client_config import librdkafka_config
@@ -96,6 +96,11 @@ def prepare_checkpoint(
     commit_plan = frozen_commit_plan(pipeline, ledger, cp, actor=actor)
     sink_partitions = commit_plan.sink_partitions
     admin.partitions_of(config, pipeline.source_topics)  # a deleted source is a clear error
+    # Offsets retention (or a topic re-creation) took away fail every retry the same way:
+    # name the lost ranges and what to do instead of a Spark OffsetOutOfRange.
+    lost = lost_ranges(pipeline, list(cp.ranges))
+    if lost:
+        raise data_loss_error(pipeline, cp, lost)
     max_bytes = shape.sink_max_message_bytes(pipeline)
     attempt = attempt or new_attempt()
     path = names.attempt_dir(pipeline, checkpoint_id, attempt)
