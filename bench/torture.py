@@ -59,10 +59,10 @@ for _p in (str(TESTS), str(ROOT)):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition  # noqa: E402
+from confluent_kafka import KafkaException, Producer  # noqa: E402
 
 from airflow_provider_eo.kafka import admin  # noqa: E402
-from airflow_provider_eo.kafka.audit import high_watermarks, read_sink  # noqa: E402
+from airflow_provider_eo.kafka.audit import high_watermarks, read_sink, read_topic  # noqa: E402
 from airflow_provider_eo.ledger import CheckpointState, Ledger  # noqa: E402
 from airflow_provider_eo.pipeline import Pipeline  # noqa: E402
 from airflow_provider_eo.stack.kafka import LocalKafka, pid_alive, port_in_use  # noqa: E402
@@ -255,38 +255,7 @@ def read_uncommitted(config: dict[str, Any], topic: str, timeout_s: float = 120.
     """Every record in ``topic`` up to its high watermark, aborted transactions included."""
     parts = admin.partitions_of(config, [topic])[topic]
     ends = high_watermarks(config, [(topic, p) for p in parts])
-    starts = admin.list_offsets(config, [(topic, p) for p in parts], spec="earliest")
-    todo = {p for p in parts if ends[(topic, p)] > starts[(topic, p)]}
-    consumer = Consumer(
-        {
-            **config,
-            "group.id": f"torture-{uuid.uuid4().hex[:8]}",
-            "isolation.level": "read_uncommitted",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-        }
-    )
-    out: list[Any] = []
-    deadline = time.monotonic() + timeout_s
-    try:
-        consumer.assign([TopicPartition(topic, p, starts[(topic, p)]) for p in todo])
-        while todo and time.monotonic() < deadline:
-            for msg in consumer.consume(10_000, 0.5):
-                err = msg.error()
-                p = int(msg.partition() or 0)
-                if err is not None:
-                    eof = err.code() == KafkaError._PARTITION_EOF
-                    if eof and consumer.position([TopicPartition(topic, p)])[0].offset >= ends[(topic, p)]:
-                        todo.discard(p)
-                    continue
-                out.append(msg)
-                if int(msg.offset() or 0) + 1 >= ends[(topic, p)]:
-                    todo.discard(p)
-    finally:
-        consumer.close()
-    if todo:
-        raise TimeoutError(f"torture: could not read {topic} partitions {sorted(todo)} to the end")
-    return out
+    return read_topic(config, topic, ends, isolation="read_uncommitted", timeout_s=timeout_s)
 
 
 class Torture:

@@ -113,13 +113,28 @@ def read_sink(config: dict[str, Any], topic: str, timeout_s: float = 120.0) -> l
     """Every record a read_committed consumer sees in ``topic`` up to its last stable offset."""
     parts = admin.partitions_of(config, [topic])[topic]
     ends = settled_ends(config, [(topic, p) for p in parts])
+    return read_topic(config, topic, ends, isolation="read_committed", timeout_s=timeout_s)
+
+
+def read_topic(
+    config: dict[str, Any],
+    topic: str,
+    ends: dict[tuple[str, int], int],
+    *,
+    isolation: str,
+    timeout_s: float = 120.0,
+) -> list[Any]:
+    """Every record of ``topic`` from the log start up to ``ends`` (per partition), read with
+    ``isolation`` (``read_committed``: what real consumers see; ``read_uncommitted``: aborted
+    transactions too, for tests that compare input with output)."""
+    parts = sorted(p for t, p in ends if t == topic)
     starts = admin.list_offsets(config, [(topic, p) for p in parts], spec="earliest")
     todo = {p for p in parts if ends[(topic, p)] > starts[(topic, p)]}
     consumer = Consumer(
         {
             **librdkafka_config(config),
             "group.id": f"eo-audit-{uuid.uuid4().hex[:8]}",
-            "isolation.level": "read_committed",  # what real consumers of the sink see
+            "isolation.level": isolation,
             "enable.auto.commit": False,
             "enable.partition.eof": True,
         }

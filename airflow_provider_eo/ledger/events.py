@@ -46,7 +46,7 @@ def add_event(
 
 
 def list_events(db: Database, pipeline: str, checkpoint_id: int | None = None) -> list[EventRecord]:
-    """The pipeline's events (or one checkpoint's), oldest first."""
+    """The append-only event log of the pipeline (or of one checkpoint), oldest first."""
     with db.read() as s:
         pid = pipeline_row(s, db, pipeline).id
         stmt = select(Event).where(Event.pipeline_id == pid)

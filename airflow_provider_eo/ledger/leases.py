@@ -50,7 +50,15 @@ def database_now(s: Session) -> dt.datetime:
 def acquire_commit_lease(
     db: Database, pipeline: str, checkpoint_id: int, *, owner: str, ttl_s: float
 ) -> CheckpointRecord:
-    """Take, renew or take over the commit lease; see :meth:`Ledger.acquire_commit_lease`."""
+    """Become the only committer of a PREPARED checkpoint until ``now + ttl_s``.
+
+    A compare-and-set: succeeds when nobody holds the lease, when ``owner`` already
+    holds it (renewal), or when the holder's lease expired (take-over). Otherwise
+    :class:`CommitLeaseHeld`. Times are the database's clock, never this worker's. The
+    lease keeps healthy committers from fencing each other; it is not what stops a
+    duplicate (a pause beats any lease): the pinned transactional-id prefix is, since
+    it lets Kafka fence every earlier committer.
+    """
     if not owner:
         raise ValueError("owner must be non-empty")
     if ttl_s <= 0:
@@ -110,7 +118,7 @@ def acquire_commit_lease(
 
 
 def release_commit_lease(db: Database, pipeline: str, checkpoint_id: int, *, owner: str) -> bool:
-    """End ``owner``'s lease now; see :meth:`Ledger.release_commit_lease`."""
+    """Give up ``owner``'s lease early; False (nothing changed) when it does not hold it."""
     with db.write() as s:
         pid = pipeline_row(s, db, pipeline).id
         result = s.execute(

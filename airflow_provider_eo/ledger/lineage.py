@@ -44,7 +44,11 @@ def restore(
     reason: str,
     actor: Actor | None = None,
 ) -> int:
-    """Start a new lineage at ``offsets``; see :meth:`Ledger.restore`."""
+    """Start a new lineage whose partitions start at ``offsets`` (an explicit break).
+
+    Returns the new lineage number. Partitions not in ``offsets`` may start anywhere
+    (``offsets={}`` is a full reset). Refuses while a checkpoint is unfinished.
+    """
     clean = {(str(t), int(p)): int(o) for (t, p), o in offsets.items()}
     if any(o < 0 for o in clean.values()):
         raise ValueError(f"pipeline '{pipeline}': restore offsets must be >= 0")

@@ -67,7 +67,13 @@ def pin_prefix(s: Session, pid: int, name: str, prefix: str) -> str:
 
 
 def pin_transactional_id_prefix(db: Database, name: str, prefix: str) -> str:
-    """Pin ``prefix`` for the pipeline, or check it against the pinned one; see Ledger."""
+    """Pin the pipeline's transactional-id prefix, or check ``prefix`` against it.
+
+    One conditional UPDATE (``... WHERE transactional_id_prefix IS NULL``), then a
+    compare: a process configured with another prefix gets
+    :class:`~airflow_provider_eo.ledger.pipelines.TransactionalIdPrefixMismatch` (Kafka
+    fences committers only within one transactional id). Idempotent; returns the prefix.
+    """
     with db.write() as s:
         return pin_prefix(s, pipeline_row(s, db, name).id, name, prefix)
 
@@ -75,7 +81,10 @@ def pin_transactional_id_prefix(db: Database, name: str, prefix: str) -> str:
 def ensure_pipeline(
     db: Database, name: str, fingerprint: str, *, allow_fingerprint_change: bool = False
 ) -> PipelineRecord:
-    """Register the pipeline (with lineage 1), or check its fingerprint; see Ledger."""
+    """Register the pipeline, or check that its settings' fingerprint did not change.
+
+    Idempotent: calling it again with the same fingerprint changes nothing.
+    """
     if not name:
         raise ValueError("pipeline name must be non-empty")
     for _ in range(2):  # a concurrent creator may win the unique name: then re-read

@@ -97,23 +97,27 @@ def heads(s: Session, pid: int) -> dict[TopicPartition, int]:
 
 
 def get_pipeline(db: Database, name: str) -> PipelineRecord:
+    """The pipeline's record; CheckpointNotFound when it is not registered."""
     with db.read() as s:
         return pipeline_record(pipeline_row(s, db, name))
 
 
 def list_pipelines(db: Database) -> list[PipelineRecord]:
+    """Every registered pipeline, by name."""
     with db.read() as s:
         rows = s.execute(select(Pipeline).order_by(Pipeline.name)).scalars()
         return [pipeline_record(r) for r in rows]
 
 
 def unfinished(db: Database, pipeline: str) -> CheckpointRecord | None:
+    """The lowest-id PLANNED or PREPARED checkpoint: the one a retry must resume."""
     with db.read() as s:
         row = lowest_unfinished(s, pipeline_row(s, db, pipeline).id)
         return None if row is None else checkpoint_record_of(s, pipeline, row)
 
 
 def last_committed(db: Database, pipeline: str) -> CheckpointRecord | None:
+    """The highest-id COMMITTED checkpoint, None before the first commit."""
     with db.read() as s:
         pid = pipeline_row(s, db, pipeline).id
         row = s.execute(
@@ -126,12 +130,14 @@ def last_committed(db: Database, pipeline: str) -> CheckpointRecord | None:
 
 
 def get(db: Database, pipeline: str, checkpoint_id: int) -> CheckpointRecord:
+    """One checkpoint; CheckpointNotFound when absent."""
     with db.read() as s:
         pid = pipeline_row(s, db, pipeline).id
         return checkpoint_record_of(s, pipeline, require_checkpoint(s, db, pipeline, pid, checkpoint_id))
 
 
 def list_checkpoints(db: Database, pipeline: str, *, limit: int | None = None) -> list[CheckpointRecord]:
+    """Checkpoints in id order; with ``limit``, the latest ``limit`` of them."""
     with db.read() as s:
         pid = pipeline_row(s, db, pipeline).id
         stmt = select(Checkpoint).where(Checkpoint.pipeline_id == pid)
@@ -144,5 +150,11 @@ def list_checkpoints(db: Database, pipeline: str, *, limit: int | None = None) -
 
 
 def next_starts(db: Database, pipeline: str) -> dict[TopicPartition, int]:
+    """Where the next checkpoint of each known partition must start.
+
+    Per partition: the end of the latest non-aborted checkpoint of the current lineage,
+    else the lineage's restore offset, else the start of the aborted checkpoint whose
+    range must be replanned. Partitions absent here may start anywhere.
+    """
     with db.read() as s:
         return heads(s, pipeline_row(s, db, pipeline).id)

@@ -34,7 +34,11 @@ def create_savepoint(
     note: str = "",
     created_by: str = "",
 ) -> SavepointRecord:
-    """Record a named savepoint; see :meth:`Ledger.create_savepoint`."""
+    """A named, retained copy of offsets (``{"topic": {partition: next_offset}}``).
+
+    ``checkpoint_id``, when given, must be COMMITTED. Names are unique per pipeline
+    (InvariantViolation on reuse).
+    """
     if not name:
         raise ValueError("savepoint name must be non-empty")
     clean = {str(t): {str(int(p)): int(o) for p, o in parts.items()} for t, parts in offsets.items()}
@@ -85,7 +89,7 @@ def create_savepoint(
 
 
 def get_savepoint(db: Database, pipeline: str, name: str) -> SavepointRecord:
-    """The named savepoint, or SavepointNotFound."""
+    """The named savepoint; SavepointNotFound when absent."""
     with db.read() as s:
         pid = pipeline_row(s, db, pipeline).id
         row = s.execute(

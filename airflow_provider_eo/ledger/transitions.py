@@ -163,7 +163,17 @@ def plan(
     details: dict[str, Any] | None = None,
     commit_plan: CommitPlan | None = None,
 ) -> CheckpointRecord:
-    """(nothing) -> PLANNED; see :meth:`Ledger.plan`."""
+    """Record the next checkpoint (PLANNED) reading exactly ``ranges``.
+
+    Refuses (InvariantViolation) a gap or an overlap with where each partition must
+    start (see :meth:`next_starts`), a repeated partition, and more than
+    ``max_pending`` unfinished checkpoints. Not idempotent by itself: callers resume
+    :meth:`unfinished` first; two concurrent planners cannot both succeed.
+
+    ``commit_plan`` (how the checkpoint will be published) is stored in the same
+    transaction, and its transactional-id prefix is pinned for the pipeline (a plan
+    with another prefix than the pinned one is refused).
+    """
     if max_pending < 1:
         raise ValueError(f"max_pending must be >= 1, got {max_pending}")
     if not ranges:
@@ -266,7 +276,11 @@ def mark_prepared(
     spark_app_id: str | None = None,
     actor: Actor | None = None,
 ) -> CheckpointRecord:
-    """PLANNED -> PREPARED; see :meth:`Ledger.mark_prepared`."""
+    """PLANNED -> PREPARED, naming the attempt whose staged output wins.
+
+    Idempotent for the winning attempt: preparing again with the same ``attempt``
+    returns the record; any other attempt gets :class:`CheckpointConflict`.
+    """
     if records < 0 or bytes_ < 0 or any(v < 0 for v in shard_counts.values()):
         raise ValueError("records, bytes_ and shard counts must be >= 0")
     with db.write() as s:
@@ -337,7 +351,13 @@ def mark_prepared(
 def mark_committed(
     db: Database, pipeline: str, checkpoint_id: int, *, actor: Actor | None = None
 ) -> CheckpointRecord:
-    """PREPARED -> COMMITTED; see :meth:`Ledger.mark_committed`."""
+    """PREPARED -> COMMITTED once every shard's transaction committed.
+
+    Idempotent: committing a COMMITTED checkpoint does nothing and returns it. Refuses
+    (InvariantViolation) while an earlier checkpoint is unfinished or a shard of its
+    commit plan is not recorded COMMITTED (without a plan: while a recorded shard is
+    still PENDING).
+    """
     with db.write() as s:
         pid = pipeline_row(s, db, pipeline).id
         row = require_checkpoint(s, db, pipeline, pid, checkpoint_id)
@@ -399,8 +419,14 @@ def mark_committed(
 def abort(
     db: Database, pipeline: str, checkpoint_id: int, *, reason: str, actor: Actor | None = None
 ) -> CheckpointRecord:
-    """PLANNED/PREPARED -> ABORTED, cascading to later unfinished checkpoints; see
-    :meth:`Ledger.abort`."""
+    """PLANNED/PREPARED -> ABORTED; the range is replanned from the same start.
+
+    Idempotent: aborting an ABORTED checkpoint does nothing. A COMMITTED checkpoint
+    cannot be aborted (CheckpointConflict). Later unfinished checkpoints are aborted
+    with it (their ranges continue this one's, so they could never commit without a
+    gap). Only abort a PREPARED checkpoint after the commit markers show that no shard
+    published it.
+    """
     with db.write() as s:
         p = pipeline_row(s, db, pipeline, lock=True)
         row = require_checkpoint(s, db, pipeline, p.id, checkpoint_id)
@@ -469,8 +495,13 @@ def freeze_commit_plan(
     *,
     actor: Actor | None = None,
 ) -> CheckpointRecord:
-    """Record ``commit_plan`` for an unfinished checkpoint that has none; see
-    :meth:`Ledger.freeze_commit_plan`."""
+    """Give an unfinished checkpoint planned before ledger revision 0002 its commit plan.
+
+    One conditional UPDATE (``... WHERE commit_plan IS NULL``): the first caller's plan
+    wins and every caller gets the checkpoint with the plan that won. Pins the plan's
+    transactional-id prefix like :meth:`plan`. CheckpointConflict when the checkpoint is
+    finished and has no plan.
+    """
     with db.write() as s:
         p = pipeline_row(s, db, pipeline)
         pin_prefix(s, p.id, pipeline, commit_plan.transactional_id_prefix)
