@@ -16,7 +16,8 @@ failure kind). Messages name the pipeline/checkpoint/partition and what to do ne
     │   └── CommitError        a commit could not finish
     │       ├── CommitFenced
     │       ├── TransactionalIdUnauthorized
-    │       └── NotPrepared
+    │       ├── NotPrepared
+    │       └── PipelineIdentityMismatch
     ├── StagingError           staged output missing or not matching its manifest
     ├── PrepareError           the prepare job refused the checkpoint
     │   └── TransformError
@@ -83,6 +84,16 @@ class TransactionalIdUnauthorized(CommitError):
 class NotPrepared(CommitError):
     """The checkpoint to commit is not PREPARED yet; nothing was published. Run (or retry)
     its prepare step first."""
+
+
+class PipelineIdentityMismatch(CommitError):
+    """The pipeline's commit markers were written by another ledger (a re-created ledger, or
+    a second deployment with the same pipeline name on the same Kafka cluster).
+
+    Nothing was planned or published: trusting those markers would skip publishing (silent
+    loss). Point the pipeline at its original ledger; to start over on purpose, use a new
+    pipeline name, or delete the marker group (``kafka-consumer-groups --delete --group``).
+    """
 
 
 class StagingError(EoError):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from airflow_provider_eo.core.commit import check_marker_identity
 from airflow_provider_eo.errors import DataLossError, SourceError
 from airflow_provider_eo.kafka import admin
 from airflow_provider_eo.kafka.client_config import librdkafka_config
@@ -68,10 +69,13 @@ def plan_checkpoint(
     Idempotent per run: while a checkpoint is unfinished, every call returns it (this is
     restart-from-checkpoint). Returns ``None`` when there is nothing new to read.
     """
-    ledger.ensure_pipeline(pipeline.name, pipeline.fingerprint())
+    registered = ledger.ensure_pipeline(pipeline.name, pipeline.fingerprint())
     unfinished = ledger.unfinished(pipeline.name)
     if unfinished is not None:
         return unfinished
+    # Markers written by another ledger (re-created, or a second deployment with this name)
+    # are refused before anything is planned against them (issue 11, hole 4).
+    check_marker_identity(pipeline, registered.identity)
     config = librdkafka_config(pipeline.kafka)
     topics = admin.partitions_of(config, pipeline.source_topics)
     admin.partitions_of(config, [pipeline.sink_topic])  # a missing sink fails before planning
