@@ -25,7 +25,8 @@ pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
 
 def _committed(ledger: Ledger, pipeline: str) -> list[int]:
-    return [c.checkpoint_id for c in ledger.list_checkpoints(pipeline) if c.state is CheckpointState.COMMITTED]
+    checkpoints = ledger.list_checkpoints(pipeline)
+    return [c.checkpoint_id for c in checkpoints if c.state is CheckpointState.COMMITTED]
 
 
 def test_recreated_ledger_is_refused_not_skipped(harness: Callable[..., Any], tmp_path: Path) -> None:
