@@ -89,7 +89,7 @@ def read_markers(pipeline: Pipeline, shards: Iterable[int], *, identity: str | N
                 f"published by pipeline identity {owner}, but this ledger's pipeline has identity "
                 f"{identity}: another ledger (a re-created or moved ledger file, a `downgrade "
                 "base`, or a second deployment with the same pipeline name on this Kafka "
-                "cluster) published it. Nothing was planned or published. Point the pipeline "
+                "cluster) published it. Nothing was planned or published by this call. Point the pipeline "
                 "at its original ledger (ledger_url); to start over on purpose, use a new "
                 "pipeline name, or delete the marker group with `kafka-consumer-groups "
                 f"--bootstrap-server ... --delete --group {group}` (then its checkpoints "
@@ -192,7 +192,9 @@ def _publish_shard(
         try:
             kafka_call("metadata", connect, producer, pipeline.sink_topic, timeout_s, where=where)
             kafka_call("init_transactions", producer.init_transactions, timeout_s, where=where)
-            done = marker_position(pipeline, shard, identity=identity)
+            # Every shard's marker in one read: a foreign marker on any shard refuses the
+            # commit before this shard publishes anything.
+            done = read_markers(pipeline, range(shards), identity=identity)[shard]
             if done < 0:  # no marker (never written, expired, or the topic re-created)
                 done = _published_by_output(pipeline, ledger, cp, manifest, shard, partitions, identity)
             if done >= cp.checkpoint_id:
