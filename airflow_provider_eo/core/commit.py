@@ -192,9 +192,11 @@ def _publish_shard(
         try:
             kafka_call("metadata", connect, producer, pipeline.sink_topic, timeout_s, where=where)
             kafka_call("init_transactions", producer.init_transactions, timeout_s, where=where)
-            # Every shard's marker in one read: a foreign marker on any shard refuses the
-            # commit before this shard publishes anything.
-            done = read_markers(pipeline, range(shards), identity=identity)[shard]
+            # Only this shard's marker: another shard's may sit in a transaction a killed
+            # committer left open (not fenced yet: its init_transactions comes with its
+            # turn), and a stable read of it would wait for that transaction's timeout.
+            # Foreign markers on other shards are refused at plan time and at their turn.
+            done = marker_position(pipeline, shard, identity=identity)
             if done < 0:  # no marker (never written, expired, or the topic re-created)
                 done = _published_by_output(pipeline, ledger, cp, manifest, shard, partitions, identity)
             if done >= cp.checkpoint_id:
