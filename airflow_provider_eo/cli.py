@@ -31,6 +31,14 @@ def _fail(message: str, code: int = 1) -> None:
     raise typer.Exit(code)
 
 
+def _say_ledger(url: str) -> None:
+    """Print which ledger this command uses (``ledger: <resolved, redacted url>``), on
+    stderr so ``--json`` output stays parseable."""
+    from airflow_provider_eo.ledger.urls import describe_ledger_url
+
+    err.print(f"ledger: {describe_ledger_url(url)}", highlight=False, soft_wrap=True)
+
+
 @dev_app.command("up")
 def dev_up(
     port: Annotated[int | None, typer.Option(help="Client port (default: a free one, kept).")] = None,
@@ -131,7 +139,9 @@ def run_once_cmd(ref: PipelineRef, as_json: JsonFlag = False) -> None:
     from airflow_provider_eo.pipeline import load_pipeline
 
     try:
-        result = run_once(load_pipeline(ref))
+        pipeline = load_pipeline(ref)
+        _say_ledger(pipeline.ledger_url)
+        result = run_once(pipeline)
     except _user_errors() as exc:
         _fail(str(exc))
         return
@@ -147,6 +157,7 @@ def plan_cmd(ref: PipelineRef, as_json: JsonFlag = False) -> None:
 
     try:
         pipeline = load_pipeline(ref)
+        _say_ledger(pipeline.ledger_url)
         with Ledger(pipeline.ledger_url) as ledger:
             cp = plan_checkpoint(pipeline, ledger, actor=Actor.here())
     except _user_errors() as exc:
@@ -166,6 +177,7 @@ def _run_phase(ref: str, checkpoint: int | None, phase: Callable[[Any, Any, int]
 
     try:
         pipeline = load_pipeline(ref)
+        _say_ledger(pipeline.ledger_url)
         with Ledger(pipeline.ledger_url) as ledger:
             cid = checkpoint if checkpoint is not None else _unfinished_id(ledger, pipeline.name)
             return phase(pipeline, ledger, cid)
@@ -250,6 +262,7 @@ def audit_cmd(ref: PipelineRef, as_json: JsonFlag = False) -> None:
 
     try:
         pipeline = load_pipeline(ref)
+        _say_ledger(pipeline.ledger_url)
         with Ledger(pipeline.ledger_url) as ledger:
             report = audit_pipeline(pipeline, ledger)
     except _user_errors() as exc:

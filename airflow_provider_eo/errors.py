@@ -17,6 +17,7 @@ failure kind). Messages name the pipeline/checkpoint/partition and what to do ne
     │       ├── CommitFenced
     │       ├── TransactionalIdUnauthorized
     │       ├── NotPrepared
+    │       ├── PipelineIdentityMismatch  markers written by another ledger
     │       └── AbortRefused   an abort was refused (live committer, published shard, COMMITTED)
     ├── StagingError           staged output missing or not matching its manifest
     ├── StagingUnreadable      staging could not be read (I/O): retry, nothing aborted
@@ -91,6 +92,16 @@ class AbortRefused(CommitError):
     """An abort was refused: the checkpoint is COMMITTED, a live committer may still publish
     it, or a shard already published it. Nothing was aborted; the message says whether
     data is at risk and what to do."""
+
+
+class PipelineIdentityMismatch(CommitError):
+    """The pipeline's commit markers were written by another ledger (a re-created ledger, or
+    a second deployment with the same pipeline name on the same Kafka cluster).
+
+    Nothing was planned or published: trusting those markers would skip publishing (silent
+    loss). Point the pipeline at its original ledger; to start over on purpose, use a new
+    pipeline name, or delete the marker group (``kafka-consumer-groups --delete --group``).
+    """
 
 
 class StagingError(EoError):

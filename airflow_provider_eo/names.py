@@ -53,8 +53,34 @@ def plan_transactional_id(plan: CommitPlan, pipeline_name: str, shard: int) -> s
 
 
 def marker_group(pipeline: Pipeline) -> str:
-    """The provider-owned consumer group holding the commit markers (never a real consumer)."""
+    """The provider-owned consumer group holding the commit markers (never a real consumer).
+
+    Named from the pipeline name only, on purpose: a re-created ledger or a second
+    deployment with the same name must *find* the markers another ledger wrote, so that
+    their identity (:func:`marker_metadata`) can refuse it instead of skipping work.
+    """
     return f"eo-marker.{pipeline.name}"
+
+
+MARKER_METADATA_PREFIX = "eo1:"
+
+
+def marker_metadata(identity: str) -> str:
+    """The committed-offset metadata of a commit marker: ``eo1:<pipeline identity>``.
+
+    The identity is made by the ledger when it first registers the pipeline
+    (``PipelineRecord.identity``); the metadata travels with the offset through
+    ``TxnOffsetCommit`` and comes back from ``committed()``.
+    """
+    return f"{MARKER_METADATA_PREFIX}{identity}"
+
+
+def marker_identity(metadata: str | None) -> str | None:
+    """The pipeline identity a marker's metadata names; ``None`` for a marker written before
+    markers carried one (empty metadata) or by something else."""
+    if metadata and metadata.startswith(MARKER_METADATA_PREFIX):
+        return metadata[len(MARKER_METADATA_PREFIX) :] or None
+    return None
 
 
 def checkpoint_dir(pipeline: Pipeline, checkpoint_id: int) -> str:
@@ -73,11 +99,33 @@ MANIFEST = "_eo_manifest.json"
 # The provenance header on every published record (read by the auditor). One header, not
 # three: each header costs librdkafka a separate allocation and copy per record, which was a
 # third of the commit's produce time. Its value is three space-separated fields:
-#   "<pipeline>:<checkpoint_id> <sink_partition>:<index> <topic>:<partition>:<offset>"
-# (the index is the record's position in the checkpoint's staged output of that sink
-# partition, unique per checkpoint; the source position is "-" when the transform dropped
-# provenance). Pipeline and topic names cannot contain spaces.
+#   "<pipeline>:<checkpoint_id>:<identity8> <sink_partition>:<index> <topic>:<partition>:<offset>"
+# (identity8 is the first 8 characters of the pipeline's ledger identity, so the output
+# itself proves which ledger published a checkpoint when its marker expired; records
+# published before it existed have "<pipeline>:<checkpoint_id>". The index is the record's
+# position in the checkpoint's staged output of that sink partition, unique per checkpoint;
+# the source position is "-" when the transform dropped provenance). Pipeline and topic
+# names cannot contain spaces; pipeline names cannot contain ':'.
 HEADER_PROVENANCE = "eo.prov"
+PROVENANCE_IDENTITY_CHARS = 8
+
+
+def provenance_checkpoint_field(pipeline_name: str, checkpoint_id: int, identity: str) -> str:
+    """The first field of the ``eo.prov`` header: ``<pipeline>:<checkpoint_id>:<identity8>``."""
+    return f"{pipeline_name}:{checkpoint_id}:{identity[:PROVENANCE_IDENTITY_CHARS]}"
+
+
+def parse_checkpoint_field(field: bytes, pipeline_name: str) -> tuple[int, str | None] | None:
+    """(checkpoint id, identity8 or ``None`` for the old two-part form) of an ``eo.prov``
+    first field of pipeline ``pipeline_name``; ``None`` when it names another pipeline or is
+    not one of ours."""
+    prefix = f"{pipeline_name}:".encode()
+    if not field.startswith(prefix):
+        return None
+    rest = field[len(prefix) :].split(b":")
+    if len(rest) > 2 or not rest[0].isdigit():
+        return None
+    return int(rest[0]), (rest[1].decode(errors="replace") if len(rest) == 2 else None)
 
 
 def parse_provenance(value: bytes) -> tuple[bytes, bytes, bytes] | None:

@@ -145,8 +145,12 @@ def abort_checkpoint(
     from airflow_provider_eo.core.commit import marker_position
 
     shards = len(shard_ids(pipeline, cp))
+    # A marker of another ledger's pipeline identity is refused here too (never read as ours).
+    identity = ledger.get_pipeline(pipeline.name).identity
     published = [
-        s for s in range(shards) if marker_position(pipeline, s, cp.commit_plan) >= checkpoint_id
+        s
+        for s in range(shards)
+        if marker_position(pipeline, s, cp.commit_plan, identity=identity) >= checkpoint_id
     ]
     if published:
         raise AbortRefused(

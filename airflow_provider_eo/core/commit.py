@@ -10,7 +10,9 @@ Per commit shard of the plan, in shard order (``notifyCheckpointComplete`` -> ``
 1. A fresh producer with the shard's stable transactional id; ``init_transactions``
    fences any zombie and aborts whatever an earlier attempt left open.
 2. Read the shard's commit marker. Already at this checkpoint: the shard is done (the
-   crash came after the Kafka commit) and nothing is re-sent.
+   crash came after the Kafka commit) and nothing is re-sent. A marker written by another
+   ledger's pipeline identity is refused; a missing one (expired, topic re-created) is
+   replaced by reading back the shard's committed output when a try may have published.
 3. Take the ledger lease (on the database's clock; it keeps healthy committers from
    fencing each other, the pinned prefix is what lets Kafka fence every other committer),
    then begin, produce the shard's staged records,
@@ -31,13 +33,14 @@ Committing a COMMITTED checkpoint does nothing.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from airflow_provider_eo import names, staging
 from airflow_provider_eo.core.fault_seam import fault_point, fault_triggered
 from airflow_provider_eo.core.plan import frozen_commit_plan
-from airflow_provider_eo.errors import CommitError, NotPrepared, StagingError
-from airflow_provider_eo.kafka import admin
+from airflow_provider_eo.errors import CommitError, NotPrepared, PipelineIdentityMismatch, StagingError
+from airflow_provider_eo.kafka import admin, audit
 from airflow_provider_eo.kafka.client_config import librdkafka_config
 from airflow_provider_eo.kafka.publisher import (
     Abortable,
@@ -68,15 +71,97 @@ class CommitResult:
     note: str = ""
 
 
-def marker_position(pipeline: Pipeline, shard: int, plan: CommitPlan | None = None) -> int:
-    """The last checkpoint id shard ``shard`` committed (-1 when none). Reads only stable
-    (committed) transactional offsets; with ``plan``, in the plan's marker group and sink
-    topic (else the pipeline's current ones)."""
+def read_markers(
+    pipeline: Pipeline, shards: Iterable[int], *, identity: str | None, plan: CommitPlan | None = None
+) -> dict[int, int]:
+    """The last checkpoint id each shard's commit marker shows (-1: no marker), in one read
+    of stable (committed) transactional offsets; with ``plan``, in the plan's marker group
+    and sink topic (else the pipeline's current ones).
+
+    A marker carries the identity of the ledger that wrote it (``eo1:<identity>`` metadata).
+    One naming another identity is refused with :class:`PipelineIdentityMismatch`: trusting
+    it would skip publishing checkpoints this ledger never published. A marker without one
+    (written before markers carried it) is taken as this pipeline's. ``identity=None``
+    skips the check (diagnostics only).
+    """
     config = librdkafka_config(pipeline.kafka)
     group = plan.marker_group if plan is not None else names.marker_group(pipeline)
     sink = plan.sink_topic if plan is not None else pipeline.sink_topic
-    found = admin.committed_group_offsets(config, group, [(sink, shard)])
-    return found.get((sink, shard), -1)
+    wanted = sorted(set(shards))
+    found = admin.committed_group_marks(config, group, [(sink, s) for s in wanted])
+    out: dict[int, int] = {}
+    for shard in wanted:
+        checkpoint_id, metadata = found.get((sink, shard), (-1, ""))
+        owner = names.marker_identity(metadata)
+        if identity is not None and owner is not None and owner != identity:
+            raise PipelineIdentityMismatch(
+                f"pipeline {pipeline.name!r}: the commit marker of shard {shard} (consumer group "
+                f"{group!r}, {sink}[{shard}]) shows checkpoint {checkpoint_id} "
+                f"published by pipeline identity {owner}, but this ledger's pipeline has identity "
+                f"{identity}: another ledger (a re-created or moved ledger file, a `downgrade "
+                "base`, or a second deployment with the same pipeline name on this Kafka "
+                "cluster) published it. Nothing was planned or published by this call. Point the pipeline "
+                "at its original ledger (ledger_url); to start over on purpose, use a new "
+                "pipeline name, or delete the marker group with `kafka-consumer-groups "
+                f"--bootstrap-server ... --delete --group {group}` (then its checkpoints "
+                "are no longer protected against republishing)."
+            )
+        out[shard] = checkpoint_id
+    return out
+
+
+def marker_position(
+    pipeline: Pipeline, shard: int, plan: CommitPlan | None = None, *, identity: str | None = None
+) -> int:
+    """The last checkpoint id shard ``shard`` committed (-1 when none), refusing a marker of
+    another pipeline identity (see :func:`read_markers`). Reads only stable (committed)
+    transactional offsets."""
+    return read_markers(pipeline, [shard], identity=identity, plan=plan)[shard]
+
+
+def check_marker_identity(pipeline: Pipeline, identity: str) -> None:
+    """Raise :class:`PipelineIdentityMismatch` when any commit marker of the pipeline was
+    written by another ledger. One read (the markers of every sink partition: shard ``s``'s
+    marker lives on partition ``s``); used at plan time so nothing is planned against
+    foreign markers."""
+    config = librdkafka_config(pipeline.kafka)
+    read_markers(pipeline, range(admin.partition_count(config, pipeline.sink_topic)), identity=identity)
+
+
+def _published_by_output(
+    pipeline: Pipeline,
+    ledger: Ledger,
+    cp: CheckpointRecord,
+    manifest: staging.Manifest,
+    shard: int,
+    plan: CommitPlan,
+    identity: str,
+) -> int:
+    """When a shard's marker is missing: the last checkpoint of this pipeline identity the
+    shard's committed output shows (-1: none), the proof that does not expire.
+
+    Markers are group offsets: they expire (``offsets.retention.minutes``) and vanish with
+    the sink topic. Cases:
+
+    1. No shard row for this checkpoint in the ledger: no transaction of this checkpoint was
+       ever begun for the shard (the PENDING row is written before ``begin_transaction``,
+       and the ledger does not expire), so it cannot be published: -1, publish.
+    2. A row exists (a try got as far as ``begin_transaction``): read back the tail of one
+       of the shard's sink partitions that this checkpoint has records for; every record
+       carries ``<pipeline>:<checkpoint>:<identity8>`` and a shard's transaction is atomic
+       over its partitions, so one partition answers for the shard.
+    3. The checkpoint has no record for any of the shard's partitions: nothing can prove
+       the transaction, and nothing needs to — the retry republishes zero records, the
+       marker, and (last shard) the same group offsets again, which changes no output.
+    """
+    rows = {row.shard for row in ledger.get(pipeline.name, cp.checkpoint_id).shards}
+    if shard not in rows:
+        return -1
+    staged = [p for p in plan.partitions_of(shard) if sum(f.records for f in manifest.files.get(p, [])) > 0]
+    if not staged:
+        return -1
+    config = librdkafka_config(pipeline.kafka)
+    return audit.last_published_checkpoint(config, plan.sink_topic, staged[0], pipeline.name, identity)
 
 
 def _publish_shard(
@@ -110,6 +195,7 @@ def _publish_shard(
             records=records,
         )
 
+    identity = ledger.get_pipeline(pipeline.name).identity
     last_failure = ""
     topic_max = admin.topic_max_message_bytes(config, pipeline.sink_topic, pipeline.sink_max_message_bytes)
     for _round in range(MAX_SHARD_ROUNDS):
@@ -120,7 +206,14 @@ def _publish_shard(
         try:
             kafka_call("metadata", connect, producer, sink, timeout_s, where=where)
             kafka_call("init_transactions", producer.init_transactions, timeout_s, where=where)
-            if marker_position(pipeline, shard, plan) >= cp.checkpoint_id:
+            # Only this shard's marker: another shard's may sit in a transaction a killed
+            # committer left open (not fenced yet: its init_transactions comes with its
+            # turn), and a stable read of it would wait for that transaction's timeout.
+            # Foreign markers on other shards are refused at plan time and at their turn.
+            done = marker_position(pipeline, shard, plan, identity=identity)
+            if done < 0:  # no marker (never written, expired, or the topic re-created)
+                done = _published_by_output(pipeline, ledger, cp, manifest, shard, plan, identity)
+            if done >= cp.checkpoint_id:
                 record(state="COMMITTED", records=expected)
                 return 0, True
             # Every committer uses the pinned prefix, so init_transactions above fenced any
@@ -131,7 +224,9 @@ def _publish_shard(
             record(state="PENDING", records=expected)
             kafka_call("begin_transaction", producer.begin_transaction, where=where)
             produced = 0
-            ckpt_header = f"{pipeline.name}:{cp.checkpoint_id}".encode()
+            ckpt_header = names.provenance_checkpoint_field(
+                pipeline.name, cp.checkpoint_id, identity
+            ).encode()
             for partition in partitions:
                 batches = staging.iter_batches(cp.staging_location or "", manifest.files[partition])
                 produced += produce_staged(
@@ -148,7 +243,7 @@ def _publish_shard(
             kafka_call(
                 "send_offsets_to_transaction(marker)",
                 producer.send_offsets_to_transaction,
-                offsets(marker),
+                offsets(marker, names.marker_metadata(identity)),  # names the writing ledger
                 group_metadata(config, plan.marker_group),
                 timeout_s,
                 where=where,

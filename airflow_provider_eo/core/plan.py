@@ -211,7 +211,7 @@ def plan_checkpoint(
     Idempotent per run: while a checkpoint is unfinished, every call returns it (this is
     restart-from-checkpoint). Returns ``None`` when there is nothing new to read.
     """
-    ledger.ensure_pipeline(pipeline.name, pipeline.fingerprint())
+    registered = ledger.ensure_pipeline(pipeline.name, pipeline.fingerprint())
     # One transactional-id namespace per pipeline: pinned by its first plan, then checked.
     prefix = ledger.pin_transactional_id_prefix(pipeline.name, pipeline.transactional_id_prefix)
     unfinished = ledger.unfinished(pipeline.name)
@@ -226,6 +226,11 @@ def plan_checkpoint(
             if unfinished.commit_plan is not None:
                 check_commit_plan(pipeline, unfinished, unfinished.commit_plan)
             return unfinished
+    # Markers written by another ledger (re-created, or a second deployment with this name)
+    # are refused before anything is planned against them (issue 11, hole 4).
+    from airflow_provider_eo.core.commit import check_marker_identity
+
+    check_marker_identity(pipeline, registered.identity)
     config = librdkafka_config(pipeline.kafka)
     topics = admin.partitions_of(config, pipeline.source_topics)
     sink_partitions = admin.partition_count(config, pipeline.sink_topic)  # a missing sink fails here

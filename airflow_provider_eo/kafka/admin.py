@@ -225,6 +225,21 @@ def committed_group_offsets(
 ) -> dict[tuple[str, int], int]:
     """The committed offsets of consumer group ``group`` (partitions without one are left out).
 
+    See :func:`committed_group_marks` (this is it without the metadata).
+    """
+    marks = committed_group_marks(config, group, partitions, timeout_s)
+    return {tp: offset for tp, (offset, _meta) in marks.items()}
+
+
+def committed_group_marks(
+    config: Mapping[str, Any], group: str, partitions: Iterable[tuple[str, int]], timeout_s: float = 30.0
+) -> dict[tuple[str, int], tuple[int, str]]:
+    """The committed offsets of consumer group ``group`` with their metadata strings
+    (``""`` when none), partitions without one left out. Commit markers carry the
+    pipeline's identity in the metadata (``names.marker_metadata``): librdkafka sends it
+    with ``send_offsets_to_transaction`` (TxnOffsetCommit) and returns it from
+    ``committed()`` (checked against the real broker).
+
     Read through a consumer of that group (never subscribed, kept for the process's life),
     not ``AdminClient.list_consumer_group_offsets``: on a retriable OffsetFetch error
     (COORDINATOR_LOAD_IN_PROGRESS on a fresh broker, UNSTABLE_OFFSET_COMMIT while a
@@ -247,5 +262,7 @@ def committed_group_offsets(
                 raise KafkaAdminError(f"reading offsets of group {group!r} failed: {exc}") from exc
             time.sleep(0.3)
     return {
-        (tp.topic, tp.partition): int(tp.offset) for tp in found if tp.offset is not None and tp.offset >= 0
+        (tp.topic, tp.partition): (int(tp.offset), tp.metadata or "")
+        for tp in found
+        if tp.offset is not None and tp.offset >= 0
     }

@@ -19,6 +19,7 @@ from airflow_provider_eo import names
 from airflow_provider_eo.kafka import admin
 from airflow_provider_eo.kafka.client_config import librdkafka_config
 from airflow_provider_eo.ledger import CheckpointState, Ledger
+from airflow_provider_eo.ledger.errors import CheckpointNotFound
 from airflow_provider_eo.pipeline import Pipeline
 
 
@@ -163,6 +164,86 @@ def read_topic(
     return out
 
 
+def last_published_checkpoint(
+    config: dict[str, Any],
+    topic: str,
+    partition: int,
+    pipeline_name: str,
+    identity: str,
+    *,
+    timeout_s: float = 120.0,
+    first_window: int = 256,
+) -> int:
+    """The highest checkpoint id of pipeline ``pipeline_name`` (with ledger identity
+    ``identity``) in the committed output of ``topic[partition]``; -1 when there is none.
+
+    The proof of a commit that does not expire (commit markers are group offsets and do):
+    it reads the partition's tail backwards, read_committed, in windows that double from
+    ``first_window`` offsets, and stops at the first (latest) record whose provenance header
+    names this pipeline with this identity, or with no identity (written before headers
+    carried one: nothing newer of ours exists then). Records of the same pipeline name with
+    another identity (another deployment) and records without our header are skipped.
+    Commits are strictly ordered, so the latest record of ours carries the highest id.
+    Raises :class:`~airflow_provider_eo.errors.CommitError` when it cannot read back in
+    ``timeout_s`` (the caller must then not guess).
+    """
+    from airflow_provider_eo.errors import CommitError
+
+    ident = identity[: names.PROVENANCE_IDENTITY_CHARS]
+    tp = (topic, partition)
+    end = settled_ends(config, [tp], settle_s=min(15.0, timeout_s / 4))[tp]
+    log_start = admin.list_offsets(config, [tp], spec="earliest")[tp]
+    consumer = Consumer(
+        {
+            **librdkafka_config(config),
+            "group.id": f"eo-readback-{uuid.uuid4().hex[:8]}",  # never commits
+            "isolation.level": "read_committed",  # only what committed transactions wrote
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
+    deadline = time.monotonic() + timeout_s
+    window = first_window
+    try:
+        while end > log_start:
+            start = max(log_start, end - window)
+            consumer.assign([TopicPartition(topic, partition, start)])
+            found = -1
+            done = False
+            while not done:
+                if time.monotonic() >= deadline:
+                    raise CommitError(
+                        f"pipeline {pipeline_name!r}: could not read back {topic}[{partition}] "
+                        f"[{start}, {end}) within {timeout_s:.0f}s to find which checkpoint it "
+                        "last published (its commit marker is missing). Nothing was published "
+                        "by this try; retry the commit when the sink is readable."
+                    )
+                for msg in consumer.consume(1000, 0.5):
+                    err = msg.error()
+                    if err is not None:
+                        if err.code() == KafkaError._PARTITION_EOF:
+                            pos = consumer.position([TopicPartition(topic, partition)])[0].offset
+                            done = done or pos >= end
+                        continue
+                    offset = int(msg.offset() or 0)
+                    if offset >= end:
+                        done = True
+                        continue
+                    prov = dict(msg.headers() or []).get(names.HEADER_PROVENANCE)
+                    fields = names.parse_provenance(prov) if isinstance(prov, bytes) else None
+                    parsed = names.parse_checkpoint_field(fields[0], pipeline_name) if fields else None
+                    if parsed is not None and parsed[1] in (ident, None):
+                        found = max(found, parsed[0])
+                    done = done or offset + 1 >= end
+            if found >= 0:
+                return found
+            end = start
+            window *= 2
+    finally:
+        consumer.close()
+    return -1
+
+
 def audit_pipeline(pipeline: Pipeline, ledger: Ledger) -> AuditReport:
     """Audit the pipeline's sink against its ledger (reads the whole sink topic)."""
     config = librdkafka_config(pipeline.kafka)
@@ -170,15 +251,20 @@ def audit_pipeline(pipeline: Pipeline, ledger: Ledger) -> AuditReport:
     checkpoints = {c.checkpoint_id: c for c in ledger.list_checkpoints(pipeline.name)}
     positions: dict[int, Counter[bytes]] = defaultdict(Counter)
     source_seen: dict[bytes, set[int]] = defaultdict(set)
-    prefix = f"{pipeline.name}:".encode()
+    try:
+        ident: str | None = ledger.get_pipeline(pipeline.name).identity[: names.PROVENANCE_IDENTITY_CHARS]
+    except CheckpointNotFound:  # not registered in this ledger: nothing is ours
+        ident = None
     for msg in read_sink(config, pipeline.sink_topic):
         prov = dict(msg.headers() or []).get(names.HEADER_PROVENANCE)
         fields = names.parse_provenance(prov) if prov is not None else None
-        if fields is None or not fields[0].startswith(prefix):
-            report.foreign += 1
+        # "<pipeline>:<checkpoint>" (older records) or "<pipeline>:<checkpoint>:<identity8>"
+        parsed = names.parse_checkpoint_field(fields[0], pipeline.name) if fields else None
+        if fields is None or parsed is None or parsed[1] not in (ident, None):
+            report.foreign += 1  # not ours, or the same name published by another ledger
             continue
-        ckpt, position, src = fields
-        cid = int(ckpt[len(prefix) :])
+        _ckpt, position, src = fields
+        cid = parsed[0]
         positions[cid][position] += 1
         if src != b"-":
             source_seen[src].add(cid)

@@ -276,9 +276,12 @@ def produce(producer: Producer, topic: str, **kwargs: Any) -> None:
             producer.poll(0.05)
 
 
-def offsets(items: Mapping[tuple[str, int], int]) -> list[TopicPartition]:
-    """TopicPartition list for ``send_offsets_to_transaction``."""
-    return [TopicPartition(t, p, o) for (t, p), o in sorted(items.items())]
+def offsets(items: Mapping[tuple[str, int], int], metadata: str | None = None) -> list[TopicPartition]:
+    """TopicPartition list for ``send_offsets_to_transaction``; ``metadata`` is committed with
+    every offset (a commit marker carries ``names.marker_metadata(identity)``)."""
+    if metadata is None:
+        return [TopicPartition(t, p, o) for (t, p), o in sorted(items.items())]
+    return [TopicPartition(t, p, o, metadata=metadata) for (t, p), o in sorted(items.items())]
 
 
 def _string(text: str) -> pa.Scalar:

@@ -25,7 +25,10 @@ UrlOption = Annotated[
     typer.Option(
         "--ledger-url",
         envvar=ENV_LEDGER_URL,
-        help=f"SQLAlchemy URL of the ledger (default: ${ENV_LEDGER_URL}, else {DEFAULT_LEDGER_URL}).",
+        help=(
+            f"SQLAlchemy URL of the ledger (default: ${ENV_LEDGER_URL}, else {DEFAULT_LEDGER_URL}). "
+            "A relative SQLite file lives in $EO_HOME, else <checkout>/.eo, else ~/.eo."
+        ),
         show_default=False,
     ),
 ]
@@ -33,7 +36,9 @@ UrlOption = Annotated[
 
 def _open(url: str, *, create: bool = False) -> Any:
     from airflow_provider_eo.ledger.store import Ledger
+    from airflow_provider_eo.ledger.urls import describe_ledger_url
 
+    _err.print(f"ledger: {describe_ledger_url(url)}", highlight=False, soft_wrap=True)
     return Ledger(url, create=create)
 
 

@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.pool import StaticPool
 
 from airflow_provider_eo.ledger.errors import LedgerUnavailable
-from airflow_provider_eo.ledger.urls import redact_text, redact_url
+from airflow_provider_eo.ledger.urls import redact_text, redact_url, resolve_ledger_url
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
@@ -94,6 +94,7 @@ class Database:
     """
 
     def __init__(self, url: str) -> None:
+        url = resolve_ledger_url(url)  # a relative SQLite file lives in the eo home, not the cwd
         self.raw_url = url
         self.url = redact_url(url)
         self.engine = make_engine(url)

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,14 +90,22 @@ class LocalKafka:
     :param home: state folder for this broker (default ``<state_dir>/kafka``).
     :param port: client port; ``None`` picks a free one on first start and keeps it.
     :param version: Apache Kafka version fetched from Maven Central.
+    :param extra_config: broker settings added to (or overriding) ``server.properties``,
+        e.g. ``{"offsets.retention.minutes": "1"}`` for a test of expiring group offsets.
     """
 
     def __init__(
-        self, *, home: Path | None = None, port: int | None = None, version: str = KAFKA_VERSION
+        self,
+        *,
+        home: Path | None = None,
+        port: int | None = None,
+        version: str = KAFKA_VERSION,
+        extra_config: Mapping[str, str] | None = None,
     ) -> None:
         self.home = home or state_dir() / "kafka"
         self.requested_port = port
         self.version = version
+        self.extra_config = dict(extra_config or {})
 
     # -- state files -----------------------------------------------------------------
     @property
@@ -162,6 +170,7 @@ class LocalKafka:
             # A missing topic must be an error the pipeline reports, not created silently.
             "auto.create.topics.enable": "false",
             "delete.topic.enable": "true",
+            **self.extra_config,
         }
         path = self.home / "server.properties"
         path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))

@@ -81,3 +81,21 @@ def test_parse_provenance() -> None:
     assert names.parse_provenance(b"not ours") is None
     assert names.parse_provenance(b"") is None
     assert names.parse_provenance(b"a b c d") is None
+
+
+def test_marker_metadata_round_trip() -> None:
+    assert names.marker_metadata("abc123") == "eo1:abc123"
+    assert names.marker_identity("eo1:abc123") == "abc123"
+    assert names.marker_identity("") is None  # a marker written before identities
+    assert names.marker_identity(None) is None
+    assert names.marker_identity("something else") is None
+
+
+def test_provenance_checkpoint_field_old_and_new() -> None:
+    field = names.provenance_checkpoint_field("orders", 12, "0123456789abcdef")
+    assert field == "orders:12:01234567"
+    assert names.parse_checkpoint_field(field.encode(), "orders") == (12, "01234567")
+    assert names.parse_checkpoint_field(b"orders:12", "orders") == (12, None)  # old headers
+    assert names.parse_checkpoint_field(b"orders-2:12:01234567", "orders") is None
+    assert names.parse_checkpoint_field(b"orders:x", "orders") is None
+    assert names.parse_checkpoint_field(b"orders:1:2:3", "orders") is None

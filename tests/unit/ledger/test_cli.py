@@ -28,7 +28,7 @@ def test_checkpoints_table_and_json(ledger: Ledger) -> None:
     assert "COMMITTED" in result.output and "t[0]:0-10, t[1]:3-5" in result.output
     assert "PLANNED" in result.output
     result = runner.invoke(app, ["checkpoints", "orders", "--ledger-url", url, "--json"])
-    rows = [json.loads(line) for line in result.output.splitlines()]
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
     assert [(r["checkpoint_id"], r["state"], r["records"]) for r in rows] == [
         (1, "COMMITTED", 12),
         (2, "PLANNED", None),
