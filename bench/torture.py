@@ -3,7 +3,7 @@
 Usage: .venv/bin/python bench/torture.py --cycles N --seed S [--prepare child|mixed]
 
 A broker of its own (4+ source, 3+ sink partitions, ``max.message.bytes`` = 64 KiB on both
-topics) and a PostgreSQL ledger (``scripts/postgres.sh`` under ``<EO_PG_DIR>-torture``, one
+topics) and a PostgreSQL ledger (``scripts/postgres.sh`` cluster ``torture``, one
 database per run). A feeder thread produces input continuously: keyed and null-keyed
 records, some in committed and some in aborted transactions, some a little under
 ``max.message.bytes``. Each cycle the driver picks (seeded) one fault kind and runs one
@@ -123,8 +123,12 @@ class Result:
 class Postgres:
     """The ledger's PostgreSQL cluster, driven by ``scripts/postgres.sh`` in ``state_dir``."""
 
-    def __init__(self, state_dir: Path) -> None:
-        self.env = {**os.environ, "EO_PG_DIR": str(state_dir)}
+    def __init__(self, state_dir: Path | None) -> None:
+        # A cluster of its own (the run stops it): EO_PG_CLUSTER=torture next to the default
+        # one, where the server's user can reach it, unless a folder is given.
+        self.env = {**os.environ, "EO_PG_CLUSTER": "torture"}
+        if state_dir is not None:
+            self.env = {**os.environ, "EO_PG_DIR": str(state_dir)}
 
     def _script(self, action: str) -> dict[str, str]:
         proc = subprocess.run(
@@ -266,7 +270,7 @@ class Torture:
         *,
         seed: int,
         work: Path,
-        pg_dir: Path,
+        pg_dir: Path | None,
         spark: Any,
         source_partitions: int,
         sink_partitions: int,
@@ -670,15 +674,14 @@ def run(
         ``eo run-once`` child prepare by itself.
     :param work_dir: folder for the broker, staging and per-cycle child logs (kept when the
         run is not ok; default ``<repo>/.eo/torture/<id>``).
-    :param pg_dir: PostgreSQL state folder (default ``$EO_PG_DIR-torture`` or
-        ``<repo>/.eo/postgres-torture``): a cluster of its own, since the run stops it.
+    :param pg_dir: PostgreSQL state folder (default: ``scripts/postgres.sh`` cluster
+        ``torture``, a sibling of the default one): a cluster of its own, since the run stops it.
     :param rate: feeder records per second (on average).
     """
     started = time.monotonic()
     work = work_dir or ROOT / ".eo" / "torture" / uuid.uuid4().hex[:8]
     work.mkdir(parents=True, exist_ok=True)
-    base = os.environ.get("EO_PG_DIR")
-    pg = pg_dir or (Path(base + "-torture") if base else ROOT / ".eo" / "postgres-torture")
+    pg = pg_dir
     result = Result(seed=seed, cycles=cycles)
 
     def note(msg: str) -> None:

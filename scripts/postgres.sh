@@ -7,7 +7,8 @@
 #
 # Listens on 127.0.0.1 only, TCP only, with trust auth (no password exists, so none can
 # leak into a URL or a log). Runs as the `postgres` user when invoked as root (postgres
-# refuses to run as root). EO_PG_DIR overrides the state folder.
+# refuses to run as root). EO_PG_DIR overrides the state folder; EO_PG_CLUSTER=NAME selects
+# a separate cluster of the same checkout (folder suffix -NAME).
 #
 # When run as root and the clone sits where the `postgres` user cannot reach it (inside
 # root's home folder, or in a `mktemp -d` folder: mode 700), the default state folder is
@@ -88,12 +89,15 @@ owner_can_reach() {
 }
 
 pick_state() {
+  # EO_PG_CLUSTER=NAME: a second cluster of the same checkout (tests that stop their server
+  # use one of their own), in a sibling folder of whichever default applies.
+  local suffix="${EO_PG_CLUSTER:+-$EO_PG_CLUSTER}"
   if [ -n "${EO_PG_DIR:-}" ]; then
-    STATE="$EO_PG_DIR"
+    STATE="${EO_PG_DIR%/}$suffix"
   else
-    STATE="$ROOT/.eo/postgres"
+    STATE="$ROOT/.eo/postgres$suffix"
     if ! owner_can_reach "$STATE"; then
-      STATE="/var/tmp/eo-postgres-$(printf '%s' "$ROOT" | sha256sum | cut -c1-16)"
+      STATE="/var/tmp/eo-postgres-$(printf '%s' "$ROOT" | sha256sum | cut -c1-16)$suffix"
     fi
   fi
   DATA="$STATE/data"

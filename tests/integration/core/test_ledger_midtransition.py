@@ -37,10 +37,10 @@ SCRIPT = ROOT / "scripts" / "postgres.sh"
 RECORDS = 120
 
 
-def _pg(command: str, state: str) -> dict[str, str]:
+def _pg(command: str, cluster: str) -> dict[str, str]:
     proc = subprocess.run(
         ["bash", str(SCRIPT), command],
-        env={**os.environ, "EO_PG_DIR": state},
+        env={**os.environ, "EO_PG_CLUSTER": cluster},
         capture_output=True,
         text=True,
         timeout=600,
@@ -52,10 +52,9 @@ def _pg(command: str, state: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def pg_state() -> Iterator[str]:
-    """A PostgreSQL cluster of this module's own, stopped at the end. Its folder sits next
-    to the default one (where the server's user can reach it)."""
-    base = os.environ.get("EO_PG_DIR") or str(ROOT / ".eo" / "postgres")
-    state = f"{base.rstrip('/')}-midtransition"
+    """A PostgreSQL cluster of this module's own (``EO_PG_CLUSTER``), stopped at the end; the
+    script puts it next to the default one, where the server's user can reach it."""
+    state = "midtransition"
     _pg("start", state)
     try:
         yield state
