@@ -9,7 +9,6 @@ change that cannot apply (the sink lost partitions) is refused, naming the setti
 from __future__ import annotations
 
 import signal
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +16,7 @@ import pytest
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import NewPartitions, NewTopic
 from eo_faultlib import assert_group_offsets_match_ledger, finish, spawn_commit, stable_and_high
+from eo_harness import wait_for
 
 from airflow_provider_eo.errors import EoError
 from airflow_provider_eo.kafka import admin
@@ -37,15 +37,13 @@ def _grow_sink(h: Any, partitions: int) -> None:
 
 
 def _wait_for_partitions(h: Any, partitions: int) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+    def shows() -> bool:
         try:
-            if admin.partition_count(h.config, h.pipeline.sink_topic) == partitions:
-                return
+            return admin.partition_count(h.config, h.pipeline.sink_topic) == partitions
         except EoError:  # not there yet (re-creation)
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"sink {h.pipeline.sink_topic!r} never showed {partitions} partitions")
+            return False
+
+    wait_for(shows, f"sink {h.pipeline.sink_topic!r} to show {partitions} partitions", timeout=60)
 
 
 def _recreate_sink(h: Any, partitions: int) -> None:
@@ -53,17 +51,17 @@ def _recreate_sink(h: Any, partitions: int) -> None:
     client = admin.admin_client(h.config)
     topic = h.pipeline.sink_topic
     client.delete_topics([topic], operation_timeout=30)[topic].result(timeout=30)
-    deadline = time.monotonic() + 60
-    while True:  # the deletion finishes asynchronously: retry the creation until it takes
+
+    def created() -> bool:  # the deletion finishes asynchronously: retry until it takes
         try:
             client.create_topics([NewTopic(topic, partitions, 1)], operation_timeout=30)[topic].result(
                 timeout=30
             )
-            break
+            return True
         except KafkaException:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
+            return False
+
+    wait_for(created, f"sink {topic!r} to be created again", timeout=60)
     _wait_for_partitions(h, partitions)
 
 
