@@ -32,24 +32,14 @@ def lease_owner(pipeline: Pipeline) -> str:
     return f"{pipeline.transactional_id_prefix}.{pipeline.name}"
 
 
-def transactional_id(pipeline: Pipeline, shard: int) -> str:
-    """The stable ``transactional.id`` of a commit shard: ``{prefix}.{pipeline}.{shard}``.
+def plan_transactional_id(plan: CommitPlan, pipeline_name: str, shard: int) -> str:
+    """The stable ``transactional.id`` of commit shard ``shard`` under a checkpoint's frozen
+    commit plan: ``{prefix}.{pipeline}.{shard}`` (the one spelling of it).
 
     Stable per shard so ``init_transactions`` fences the previous attempt's producer; the
     broker keeps state per distinct id, so ids are never made unique per attempt.
     """
-    return shard_transactional_id(pipeline.transactional_id_prefix, pipeline.name, shard)
-
-
-def shard_transactional_id(prefix: str, pipeline_name: str, shard: int) -> str:
-    """``{prefix}.{pipeline}.{shard}``: the one spelling of a shard's transactional id (a
-    frozen :class:`CommitPlan` supplies the prefix, see :func:`plan_transactional_id`)."""
-    return f"{prefix}.{pipeline_name}.{shard}"
-
-
-def plan_transactional_id(plan: CommitPlan, pipeline_name: str, shard: int) -> str:
-    """The transactional id of shard ``shard`` under a checkpoint's frozen commit plan."""
-    return shard_transactional_id(plan.transactional_id_prefix, pipeline_name, shard)
+    return f"{plan.transactional_id_prefix}.{pipeline_name}.{shard}"
 
 
 def marker_group(pipeline: Pipeline) -> str:
@@ -157,11 +147,10 @@ def commit_plan(pipeline: Pipeline, sink_partitions: int, prefix: str | None = N
     """
     if sink_partitions < 1:
         raise ValueError(f"pipeline {pipeline.name!r}: a sink topic has at least one partition")
-    shards = shard_count(pipeline, sink_partitions)
     return CommitPlan(
         sink_topic=pipeline.sink_topic,
         sink_partitions=sink_partitions,
         transactional_id_prefix=prefix if prefix is not None else pipeline.transactional_id_prefix,
         marker_group=marker_group(pipeline),
-        shard_of_partition=tuple(p % shards for p in range(sink_partitions)),
+        shard_of_partition=tuple(shard_of(pipeline, p, sink_partitions) for p in range(sink_partitions)),
     )

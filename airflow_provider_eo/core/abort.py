@@ -51,17 +51,15 @@ def abort_owner(actor: Actor | None) -> str:
 
 
 def shard_ids(pipeline: Pipeline, cp: CheckpointRecord) -> list[str]:
-    """The transactional id of every commit shard of ``cp``: from its frozen commit plan
-    when it has one, else from today's settings (checkpoints planned before the plan was
-    recorded)."""
+    """The transactional id of every commit shard of ``cp``: from its frozen commit plan, or
+    (a checkpoint planned before plans were recorded) the plan today's settings make."""
     plan = cp.commit_plan
-    if plan is not None:
-        return [names.plan_transactional_id(plan, pipeline.name, shard) for shard in range(plan.shards)]
-    from airflow_provider_eo.kafka import admin
+    if plan is None:
+        from airflow_provider_eo.kafka import admin
 
-    config = librdkafka_config(pipeline.kafka)
-    shards = names.shard_count(pipeline, admin.partition_count(config, pipeline.sink_topic))
-    return [names.transactional_id(pipeline, shard) for shard in range(shards)]
+        sink_partitions = admin.partition_count(librdkafka_config(pipeline.kafka), pipeline.sink_topic)
+        plan = names.commit_plan(pipeline, sink_partitions)
+    return [names.plan_transactional_id(plan, pipeline.name, shard) for shard in range(plan.shards)]
 
 
 def fence(pipeline: Pipeline, transactional_ids: list[str], *, where: str) -> None:

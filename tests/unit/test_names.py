@@ -23,17 +23,19 @@ def _pipeline(**kw: object) -> Pipeline:
 
 
 def test_transactional_id_is_stable_per_shard_and_namespaced_by_prefix() -> None:
-    p = _pipeline(transactional_id_prefix="acme")
-    assert names.transactional_id(p, 0) == "acme.orders.0"
-    assert names.transactional_id(p, 3) == "acme.orders.3"
-    assert names.transactional_id(p, 3) == names.transactional_id(p, 3)
-    assert names.transactional_id(_pipeline(), 0) == "eo.orders.0"
+    plan = names.commit_plan(_pipeline(transactional_id_prefix="acme", commit_shards=4), 4)
+    assert names.plan_transactional_id(plan, "orders", 0) == "acme.orders.0"
+    assert names.plan_transactional_id(plan, "orders", 3) == "acme.orders.3"
+    assert names.plan_transactional_id(plan, "orders", 3) == names.plan_transactional_id(plan, "orders", 3)
+    default = names.commit_plan(_pipeline(), 1)
+    assert names.plan_transactional_id(default, "orders", 0) == "eo.orders.0"
 
 
 def test_lease_owner_is_the_transactional_namespace() -> None:
     p = _pipeline(transactional_id_prefix="acme")
     assert names.lease_owner(p) == "acme.orders"
-    assert names.transactional_id(p, 1).startswith(names.lease_owner(p) + ".")
+    plan = names.commit_plan(p, 2)
+    assert names.plan_transactional_id(plan, "orders", 1).startswith(names.lease_owner(p) + ".")
     assert names.lease_owner(_pipeline()) != names.lease_owner(p)
 
 
