@@ -229,9 +229,7 @@ def _publish_shard(
             ).encode()
             for partition in partitions:
                 batches = staging.iter_batches(cp.staging_location or "", manifest.files[partition])
-                produced += produce_staged(
-                    producer, sink, partition, batches, ckpt_header, where=where
-                )
+                produced += produce_staged(producer, sink, partition, batches, ckpt_header, where=where)
                 fault_point("commit.after_begin")
             # Everything acknowledged by the broker before the commit step (commit would
             # flush anyway; this makes the crash point below well-defined).

@@ -158,8 +158,7 @@ def lost_ranges(pipeline: Pipeline, ranges: list[RangeSpec]) -> list[str]:
         if r.end > log_end[r.key]:
             since = max(log_end[r.key], r.start)
             lost.append(
-                f"{name}: [{since}, {r.end}) (beyond the log end {log_end[r.key]}: was the "
-                "topic re-created?)"
+                f"{name}: [{since}, {r.end}) (beyond the log end {log_end[r.key]}: was the topic re-created?)"
             )
     return lost
 

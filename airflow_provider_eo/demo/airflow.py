@@ -139,9 +139,7 @@ def run_airflow_demo() -> int:
         run = uuid.uuid4().hex[:6]
         source, sink = f"{DEMO_TOPIC}-{run}", f"eo-demo-enriched-{run}"
         committed, aborted = seed_demo_topics(info.bootstrap, source, sink)
-        console.print(
-            f"{OK} produced {committed} committed and {aborted} aborted events into {source!r}"
-        )
+        console.print(f"{OK} produced {committed} committed and {aborted} aborted events into {source!r}")
         demo_dir = state_dir() / "airflow-demo" / run
         pipeline_env = {
             "EO_KAFKA_BOOTSTRAP": info.bootstrap,

@@ -53,6 +53,11 @@ def pipeline_record(row: Pipeline) -> PipelineRecord:
         updated_at=row.updated_at,
         identity=row.identity,
         transactional_id_prefix=row.transactional_id_prefix,
+        stopped_at=row.stopped_at,
+        stopped_by=row.stopped_by,
+        stop_reason=row.stop_reason,
+        backfill_of=row.backfill_of,
+        max_range_span_ms=row.max_range_span_ms,
     )
 
 
@@ -122,6 +127,11 @@ def checkpoint_record(
         commit_lease_until=row.commit_lease_until,
         abort_reason=row.abort_reason,
         commit_plan=CommitPlan.from_json(row.commit_plan) if row.commit_plan else None,
+        time_filter=(
+            (int(row.filter_start_ms), int(row.filter_end_ms))
+            if row.filter_start_ms is not None and row.filter_end_ms is not None
+            else None
+        ),
     )
 
 
@@ -147,6 +157,9 @@ def savepoint_record(pipeline: str, row: Savepoint) -> SavepointRecord:
         note=row.note,
         created_by=row.created_by,
         created_at=row.created_at,
+        fingerprint=row.fingerprint,
+        dag_id=row.dag_id,
+        run_id=row.run_id,
     )
 
 

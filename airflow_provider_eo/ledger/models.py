@@ -108,6 +108,15 @@ class Pipeline(Base):
     identity: Mapped[str] = mapped_column(String(64))
     # Pinned at the first commit: every committer must use it (Kafka fences only one id).
     transactional_id_prefix: Mapped[str | None] = mapped_column(String(200))
+    # Stop(-with-savepoint): plan refuses new checkpoints while stopped_at is set.
+    stopped_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
+    stopped_by: Mapped[str | None] = mapped_column(String(500))
+    stop_reason: Mapped[str | None] = mapped_column(Text)
+    # A backfill pipeline: the live pipeline whose COMMITTED ranges it re-processes.
+    backfill_of: Mapped[str | None] = mapped_column(String(200))
+    # Widest (max_timestamp - min_timestamp) of any prepared range: bounds the index scan
+    # that finds a time interval's ranges (min_timestamp >= start - span).
+    max_range_span_ms: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class Lineage(Base):
@@ -164,6 +173,9 @@ class Checkpoint(Base):
     abort_reason: Mapped[str | None] = mapped_column(Text)
     # CommitPlan.to_json(), frozen at plan time (NULL for rows planned before revision 0002).
     commit_plan: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # Backfill checkpoints only: read the records with Kafka timestamp in [start, end).
+    filter_start_ms: Mapped[int | None] = mapped_column(BigInteger)
+    filter_end_ms: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class CheckpointRange(Base):
@@ -183,6 +195,8 @@ class CheckpointRange(Base):
             "partition",
             "checkpoint_id",
         ),
+        # Backfill: a time interval's ranges by one range scan (see max_range_span_ms).
+        Index("ix_eo_checkpoint_ranges_min_timestamp", "pipeline_id", "min_timestamp"),
         CheckConstraint("start_offset <= end_offset", name="bounds"),
     )
 
@@ -259,6 +273,11 @@ class Savepoint(Base):
     note: Mapped[str] = mapped_column(Text, default="")
     created_by: Mapped[str] = mapped_column(String(250), default="")
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+    # The pipeline's settings fingerprint when the savepoint was taken.
+    fingerprint: Mapped[str | None] = mapped_column(String(200))
+    # The Airflow run that took it (None from the CLI).
+    dag_id: Mapped[str | None] = mapped_column(String(250))
+    run_id: Mapped[str | None] = mapped_column(String(250))
 
 
 class Event(Base):

@@ -185,6 +185,9 @@ class CheckpointRecord:
     abort_reason: str | None = None
     #: Frozen at plan time; None only for checkpoints planned before ledger revision 0002.
     commit_plan: CommitPlan | None = None
+    #: Backfill checkpoints only: ``(start_ms, end_ms)``, the Kafka-timestamp interval
+    #: ``[start, end)`` of the records it reads from its ranges.
+    time_filter: tuple[int, int] | None = None
 
     @property
     def offsets(self) -> dict[TopicPartition, tuple[int, int]]:
@@ -231,6 +234,7 @@ class CheckpointRecord:
             "spark_app_id": self.spark_app_id,
             "abort_reason": self.abort_reason,
             "shards": [{"shard": s.shard, "state": s.state.value, "records": s.records} for s in self.shards],
+            **({"time_filter": list(self.time_filter)} if self.time_filter is not None else {}),
         }
 
 
@@ -251,6 +255,19 @@ class PipelineRecord:
     identity: str = ""
     #: The transactional-id prefix pinned at the pipeline's first commit (None before it).
     transactional_id_prefix: str | None = None
+    #: Set while the pipeline is stopped (plan refuses new checkpoints).
+    stopped_at: dt.datetime | None = None
+    stopped_by: str | None = None
+    stop_reason: str | None = None
+    #: For a backfill pipeline: the live pipeline it re-processes.
+    backfill_of: str | None = None
+    #: Widest record-timestamp span of any prepared range (ms), None before the first.
+    max_range_span_ms: int | None = None
+
+    @property
+    def stopped(self) -> bool:
+        """Whether new checkpoints are refused (``eo stop`` / stop-with-savepoint)."""
+        return self.stopped_at is not None
 
 
 @dataclass(frozen=True)
@@ -262,6 +279,25 @@ class SavepointRecord:
     note: str
     created_by: str
     created_at: dt.datetime
+    #: The pipeline's settings fingerprint when it was taken (None before revision 0003).
+    fingerprint: str | None = None
+    dag_id: str | None = None
+    run_id: str | None = None
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready description (``eo savepoint ... --json``, XCom)."""
+        return {
+            "pipeline": self.pipeline,
+            "name": self.name,
+            "checkpoint_id": self.checkpoint_id,
+            "offsets": {t: {str(p): o for p, o in parts.items()} for t, parts in self.offsets.items()},
+            "note": self.note,
+            "created_by": self.created_by,
+            "created_at": _iso(self.created_at),
+            "fingerprint": self.fingerprint,
+            "dag_id": self.dag_id,
+            "run_id": self.run_id,
+        }
 
 
 @dataclass(frozen=True)

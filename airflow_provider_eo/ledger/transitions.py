@@ -328,6 +328,18 @@ def mark_prepared(
                     f"pipeline '{pipeline}', checkpoint {checkpoint_id}: range_stats "
                     f"names {topic}[{partition}], which this checkpoint does not read"
                 )
+        spans = [hi - lo for lo, hi in (range_stats or {}).values() if lo is not None and hi is not None]
+        if spans:  # keeps the backfill's index scan bounded (ledger/backfill.py)
+            widest = max(spans)
+            s.execute(
+                update(Pipeline)
+                .where(
+                    Pipeline.id == pid,
+                    or_(Pipeline.max_range_span_ms.is_(None), Pipeline.max_range_span_ms < widest),
+                )
+                .values(max_range_span_ms=widest)
+                .execution_options(synchronize_session=False)
+            )
         add_event(
             s,
             pid,
