@@ -429,13 +429,9 @@ def reset_cmd(
     as_json: JsonFlag = False,
 ) -> None:
     """Start a new lineage at earliest, latest, a timestamp or given offsets."""
-    from airflow_provider_eo.core.restore import parse_reset_target, reset_pipeline
+    from airflow_provider_eo.core.restore import reset_pipeline
     from airflow_provider_eo.ledger import Actor
 
-    try:
-        parse_reset_target(to)  # a bad --to is refused before anything is opened
-    except _user_errors() as exc:
-        _fail(str(exc))
     result = _with_ledger(
         ref, lambda pipeline, ledger: reset_pipeline(pipeline, ledger, to, actor=Actor.here())
     )

@@ -339,7 +339,10 @@ def reset_pipeline(
     where its next checkpoint would start, else its earliest offset). Refused while a
     checkpoint is unfinished, for an offset outside the log, or a partition the source
     topics do not have. Idempotent per ``request_key``."""
-    target = parse_reset_target(to)
+    try:  # a bad target is refused before anything is read or written
+        target = parse_reset_target(to)
+    except ConfigError as exc:
+        raise ConfigError(f"pipeline {pipeline.name!r}: nothing was changed: {exc}") from exc
     current = ledger.get_pipeline(pipeline.name)
     if request_key:
         earlier = ledger.find_restore(pipeline.name, request_key)
