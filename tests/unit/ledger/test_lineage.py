@@ -41,3 +41,25 @@ def test_restore_is_a_lineage_break(ledger: Ledger, steps: LedgerSteps) -> None:
     assert ledger.restore(P, {}, reason="reset") == 3
     assert ledger.next_starts(P) == {}
     ledger.plan(P, [RangeSpec("t", 0, 999, 1000)])
+
+
+def test_restore_once_request_key_and_expected_lineage(ledger: Ledger, steps: LedgerSteps) -> None:
+    from airflow_provider_eo.ledger import CheckpointConflict
+
+    steps.run_one(RangeSpec("t", 0, 0, 10))
+    first = ledger.restore_once(
+        P, {("t", 0): 3}, reason="r", expected_lineage=1, request_key="dag/run1", details={"savepoint": "s"}
+    )
+    assert (first.lineage, first.from_lineage, first.repeated) == (2, 1, False)
+    assert first.details["savepoint"] == "s" and first.details["request_key"] == "dag/run1"
+    # the same request again (an Airflow retry): no second break, the first outcome
+    again = ledger.restore_once(P, {("t", 0): 7}, reason="r", expected_lineage=1, request_key="dag/run1")
+    assert (again.lineage, again.repeated) == (2, True)
+    assert ledger.find_restore(P, "dag/run1") == again
+    assert ledger.find_restore(P, "dag/other") is None
+    assert ledger.next_starts(P) == {("t", 0): 3}
+    # a second request decided on lineage 1: someone else moved it, refused, nothing changed
+    before = ledger.events(P)
+    with pytest.raises(CheckpointConflict, match="moved it from lineage 1 to 2"):
+        ledger.restore_once(P, {("t", 0): 5}, reason="late", expected_lineage=1, request_key="dag/run2")
+    assert ledger.events(P) == before and ledger.get_pipeline(P).current_lineage == 2
