@@ -194,8 +194,8 @@ def _refuse_unfinished(pipeline: Pipeline, ledger: Ledger, what: str) -> None:
         raise InvariantViolation(
             f"pipeline {pipeline.name!r}: cannot {what} while checkpoint {low.checkpoint_id} is "
             f"{low.state.value}; nothing was changed. Let it finish (`eo commit MODULE:ATTR "
-            f"{low.checkpoint_id}`), or stop the pipeline with a savepoint (`eo savepoint create "
-            "MODULE:ATTR NAME --stop`), or abort it (`eo abort MODULE:ATTR "
+            f"--checkpoint {low.checkpoint_id}`), or stop the pipeline with a savepoint "
+            "(`eo savepoint create MODULE:ATTR NAME --stop`), or abort it (`eo abort MODULE:ATTR "
             f"{low.checkpoint_id} --reason TEXT`), then ask again."
         )
 

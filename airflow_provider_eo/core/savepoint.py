@@ -115,7 +115,7 @@ def take_savepoint(
             raise SavepointTimeout(
                 f"pipeline {pipeline.name!r}: savepoint {name!r} not taken: checkpoint "
                 f"{low.checkpoint_id} is still {low.state.value} after {wait_s:.0f}s.{left} "
-                f"Commit it (`eo commit MODULE:ATTR {low.checkpoint_id}`) or abort it, then ask "
+                f"Commit it (`eo commit MODULE:ATTR --checkpoint {low.checkpoint_id}`) or abort it, then ask "
                 "again, or give a longer --wait."
             )
         if progress is not None:
