@@ -291,6 +291,75 @@ def audit_cmd(ref: PipelineRef, as_json: JsonFlag = False) -> None:
     raise typer.Exit(0 if report.ok else 2)
 
 
+# -- streaming mode (issue 15) ---------------------------------------------------------------
+
+
+@app.command("stream")
+def stream_cmd(
+    ref: PipelineRef,
+    interval: Annotated[
+        float, typer.Option("--interval", help="Seconds between checkpoints (plan, prepare, hand on).")
+    ] = 5.0,
+    commit: Annotated[
+        str,
+        typer.Option(
+            "--commit",
+            help="inline: this process commits each prepared checkpoint; airflow: it only "
+            "prepares (the Airflow commit operator commits), still bounded by max_pending.",
+        ),
+    ] = "inline",
+    duration: Annotated[
+        float | None, typer.Option("--duration", help="Stop cleanly after this many seconds.")
+    ] = None,
+    checkpoints: Annotated[
+        int | None, typer.Option("--checkpoints", help="Stop cleanly after this many checkpoints.")
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Streaming mode: one Spark session plans, prepares and commits a checkpoint every
+    --interval seconds (prepare of the next overlaps the commit of the last) until SIGTERM,
+    --duration or --checkpoints; prints one line per checkpoint and a summary on exit.
+
+    SIGTERM/SIGINT finish the in-flight checkpoints and exit 0; a restart resumes whatever a
+    killed run left. A stopped pipeline (`eo stop`) ends the stream cleanly too."""
+    from airflow_provider_eo.core.stream import COMMIT_MODES, StreamCheckpoint, run_stream
+    from airflow_provider_eo.pipeline import load_pipeline
+
+    if commit not in COMMIT_MODES:
+        _fail(f"--commit must be one of {', '.join(COMMIT_MODES)}, got {commit!r}")
+    if duration is not None and checkpoints is not None:
+        _fail("give --duration or --checkpoints, not both")
+    if interval <= 0:
+        _fail(f"--interval must be > 0 seconds, got {interval}")
+
+    def line(cp: StreamCheckpoint) -> None:
+        if as_json:
+            print(json.dumps(cp.summary()), flush=True)
+        else:
+            summary = cp.summary()
+            print(" ".join(f"{k}={'-' if v is None else v}" for k, v in summary.items()), flush=True)
+
+    try:
+        pipeline = load_pipeline(ref)
+        _say_ledger(pipeline.ledger_url)
+        result = run_stream(
+            pipeline,
+            interval_s=interval,
+            commit=commit,  # type: ignore[arg-type]  # checked against COMMIT_MODES above
+            duration_s=duration,
+            max_checkpoints=checkpoints,
+            on_checkpoint=line,
+        )
+    except _user_errors() as exc:
+        _fail(str(exc))
+        return
+    summary = result.summary()
+    if as_json:
+        print(json.dumps(summary), flush=True)
+    else:
+        print("stream: " + " ".join(f"{k}={v}" for k, v in summary.items()), flush=True)
+
+
 # -- savepoints, stop/resume, restore, reset ----------------------------------------------------
 
 savepoint_app = typer.Typer(help="Named, retained positions of a pipeline (restore starts from them).")

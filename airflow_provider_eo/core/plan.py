@@ -203,18 +203,26 @@ def resume_or_drop_lost(
 
 
 def plan_checkpoint(
-    pipeline: Pipeline, ledger: Ledger, *, actor: Actor | None = None
+    pipeline: Pipeline, ledger: Ledger, *, actor: Actor | None = None, next_only: bool = False
 ) -> CheckpointRecord | None:
     """Return the pipeline's unfinished checkpoint, else plan the next one.
 
     Idempotent per run: while a checkpoint is unfinished, every call returns it (this is
     restart-from-checkpoint). Returns ``None`` when there is nothing new to read. A stopped
     pipeline (``eo stop``) raises :class:`PipelineStopped` once nothing is unfinished.
+
+    ``next_only=True`` (streaming mode, which pipelines checkpoints and resumes its
+    unfinished ones itself) never returns an unfinished checkpoint: it plans the NEXT one,
+    starting where the newest planned one ends (the ledger's partition heads move at plan
+    time, so ranges stay contiguous), and the ledger refuses it past ``max_pending``
+    unfinished checkpoints (InvariantViolation). A stopped pipeline raises
+    :class:`PipelineStopped` even while earlier checkpoints are unfinished: they finish,
+    nothing new starts.
     """
     registered = ledger.ensure_pipeline(pipeline.name, pipeline.fingerprint())
     # One transactional-id namespace per pipeline: pinned by its first plan, then checked.
     prefix = ledger.pin_transactional_id_prefix(pipeline.name, pipeline.transactional_id_prefix)
-    unfinished = ledger.unfinished(pipeline.name)
+    unfinished = None if next_only else ledger.unfinished(pipeline.name)
     if unfinished is not None:
         # A PLANNED range retention (or a topic re-creation) took away would fail every
         # prepare: refuse it by name, or with on_data_loss='skip' abort it and plan anew.

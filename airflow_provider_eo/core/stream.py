@@ -1,0 +1,447 @@
+"""Streaming mode (DESIGN.md section 8): one long-running Spark application that turns its
+micro-batches into ledger checkpoints, with the same exactly-once protocol.
+
+Every ``interval_s`` the driver plans the next checkpoint (the ledger is the only offset
+store: each plan starts where the newest planned checkpoint ends), prepares it on the one
+SparkSession, and hands it on:
+
+- ``commit="inline"``: a committer thread of the same process commits prepared checkpoints
+  in id order (Flink's ``notifyCheckpointComplete`` in the same job) while the driver plans
+  and prepares the next one, so sustained throughput is bounded by the slower phase, not by
+  the sum of both;
+- ``commit="airflow"``: nothing is committed here; PREPARED checkpoints are left to the
+  Airflow commit operator (started by a sensor or asset watcher of the ledger).
+
+Back-pressure: never more than the pipeline's ``max_pending`` unfinished checkpoints; when
+that many are PLANNED or PREPARED, the driver waits instead of planning.
+
+Start, stop and crash (the numbered cases are what a restart can find):
+
+1. On start, the unfinished checkpoints a previous run left are resumed in id order before
+   anything new is planned: a PLANNED one is prepared again (a new attempt folder; a folder
+   without a manifest is never published), a PREPARED one is committed (inline) or left to
+   Airflow. Commit is idempotent per shard marker, so a commit a SIGKILL cut short
+   publishes only what is missing.
+2. SIGTERM / SIGINT (and ``--duration``, ``--checkpoints``): planning stops; the checkpoint
+   being prepared finishes its prepare; every prepared checkpoint is committed (inline);
+   the process then exits 0 with nothing unfinished (inline) or only PREPARED checkpoints
+   (airflow). A second signal exits at once, as a SIGKILL would: a restart resumes.
+3. SIGKILL at any moment: whatever was PLANNED or PREPARED stays so in the ledger and is
+   resumed by case 1; nothing is in a state a restart cannot carry on from.
+4. A stopped pipeline (``eo stop``, a stop-with-savepoint) makes the plan raise
+   :class:`PipelineStopped`: planning ends, in-flight checkpoints finish as in case 2, and
+   the stream ends cleanly (reason ``stopped``).
+5. A failed commit stops planning and re-raises its error once the driver is idle; the
+   checkpoint stays PREPARED for the next start (or ``eo commit``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from airflow_provider_eo.errors import EoError, PipelineStopped
+from airflow_provider_eo.ledger import Actor, CheckpointRecord, CheckpointState, Ledger
+from airflow_provider_eo.pipeline import Pipeline
+
+CommitMode = Literal["inline", "airflow"]
+COMMIT_MODES: tuple[CommitMode, ...] = ("inline", "airflow")
+_UNFINISHED = frozenset({CheckpointState.PLANNED, CheckpointState.PREPARED})
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StreamCheckpoint:
+    """One checkpoint the stream carried: prepared here (or resumed) and, inline, committed."""
+
+    checkpoint_id: int
+    records: int
+    prepare_s: float | None  # None: it was PREPARED already (resumed)
+    commit_s: float | None  # None: left to Airflow (commit="airflow")
+    state: str
+    resumed: bool = False
+    planned_at: float = 0.0  # time.time() when planned (or resumed)
+    done_at: float = 0.0  # time.time() when committed (inline) or prepared (airflow)
+
+    def summary(self) -> dict[str, Any]:
+        """The per-checkpoint line of ``eo stream`` (id, records, prepare and commit time)."""
+        return {
+            "checkpoint": self.checkpoint_id,
+            "records": self.records,
+            "prepare_s": None if self.prepare_s is None else round(self.prepare_s, 3),
+            "commit_s": None if self.commit_s is None else round(self.commit_s, 3),
+            "state": self.state,
+            **({"resumed": True} if self.resumed else {}),
+        }
+
+
+@dataclass
+class StreamResult:
+    """What one ``run_stream`` did (the summary ``eo stream`` prints on exit)."""
+
+    pipeline: str
+    commit: CommitMode
+    checkpoints: list[StreamCheckpoint] = field(default_factory=list)
+    reason: str = ""
+    seconds: float = 0.0
+    backpressure_waits: int = 0  # intervals skipped because max_pending were unfinished
+    empty_intervals: int = 0  # intervals with nothing new to read
+    unfinished: list[int] = field(default_factory=list)  # left PLANNED/PREPARED on exit
+
+    @property
+    def records(self) -> int:
+        """Records of every checkpoint carried."""
+        return sum(c.records for c in self.checkpoints)
+
+    def summary(self) -> dict[str, Any]:
+        """``checkpoints`` (count), ``records`` and the rest, JSON-ready."""
+        return {
+            "pipeline": self.pipeline,
+            "commit": self.commit,
+            "checkpoints": len(self.checkpoints),
+            "records": self.records,
+            "seconds": round(self.seconds, 3),
+            "reason": self.reason,
+            "backpressure_waits": self.backpressure_waits,
+            "empty_intervals": self.empty_intervals,
+            "unfinished": self.unfinished,
+        }
+
+
+@dataclass
+class StreamSteps:
+    """The protocol steps the stream drives (real ones by :func:`default_steps`; unit tests
+    pass fakes). ``plan_next`` plans the next checkpoint even while earlier ones are
+    unfinished (``None``: nothing new); ``prepare`` returns (records, seconds); ``commit``
+    returns seconds; ``unfinished`` lists the PLANNED/PREPARED checkpoints in id order;
+    ``state`` reads one checkpoint's state."""
+
+    plan_next: Callable[[], CheckpointRecord | None]
+    prepare: Callable[[int], tuple[int, float]]
+    commit: Callable[[int], float]
+    unfinished: Callable[[], list[CheckpointRecord]]
+    state: Callable[[int], CheckpointState]
+    resume_planned: Callable[[CheckpointRecord], CheckpointRecord | None] = lambda cp: cp
+
+
+def unfinished_checkpoints(ledger: Ledger, pipeline: str) -> list[CheckpointRecord]:
+    """Every PLANNED/PREPARED checkpoint of ``pipeline``, lowest id first."""
+    lowest = ledger.unfinished(pipeline)
+    if lowest is None:
+        return []
+    return [
+        cp
+        for cp in ledger.list_checkpoints(pipeline)
+        if cp.checkpoint_id >= lowest.checkpoint_id and cp.state in _UNFINISHED
+    ]
+
+
+def default_steps(pipeline: Pipeline, ledger: Ledger, spark: Any, actor: Actor) -> StreamSteps:
+    """The real steps: core.plan (next_only), spark.prepare on ``spark``, core.commit."""
+    from airflow_provider_eo.core.commit import commit_checkpoint
+    from airflow_provider_eo.core.plan import plan_checkpoint, resume_or_drop_lost
+    from airflow_provider_eo.spark.prepare import prepare_checkpoint
+
+    def prepare(cid: int) -> tuple[int, float]:
+        result = prepare_checkpoint(spark, pipeline, ledger, cid, actor=actor)
+        return result.records, result.seconds
+
+    def commit(cid: int) -> float:
+        return commit_checkpoint(pipeline, ledger, cid, actor=actor).seconds
+
+    return StreamSteps(
+        plan_next=lambda: plan_checkpoint(pipeline, ledger, actor=actor, next_only=True),
+        prepare=prepare,
+        commit=commit,
+        unfinished=lambda: unfinished_checkpoints(ledger, pipeline.name),
+        state=lambda cid: ledger.get(pipeline.name, cid).state,
+        resume_planned=lambda cp: resume_or_drop_lost(pipeline, ledger, cp, actor=actor),
+    )
+
+
+class _Committer(threading.Thread):
+    """Commits prepared checkpoints in id order, one at a time, off the driver's thread."""
+
+    def __init__(self, steps: StreamSteps, done: Callable[[StreamCheckpoint], None]) -> None:
+        super().__init__(name="eo-stream-committer", daemon=True)
+        self.steps = steps
+        self.done = done
+        self.todo: queue.Queue[StreamCheckpoint | None] = queue.Queue()
+        self.error: BaseException | None = None
+        self.failed = threading.Event()
+
+    def run(self) -> None:
+        while True:
+            item = self.todo.get()
+            if item is None:
+                return
+            if self.error is not None:
+                continue  # after a failure nothing later may commit (checkpoints commit in order)
+            try:
+                seconds = self.steps.commit(item.checkpoint_id)
+            except BaseException as exc:  # re-raised by the driver once it is idle
+                self.error = exc
+                self.failed.set()
+                continue
+            self.done(
+                StreamCheckpoint(
+                    item.checkpoint_id,
+                    item.records,
+                    item.prepare_s,
+                    seconds,
+                    CheckpointState.COMMITTED.value,
+                    item.resumed,
+                    item.planned_at,
+                    time.time(),
+                )
+            )
+
+
+@contextlib.contextmanager
+def stop_on_signals(stop: threading.Event) -> Iterator[None]:
+    """While inside: SIGTERM/SIGINT set ``stop`` (the stream ends cleanly); a second signal
+    gets the default action (dies at once; a restart resumes). Does nothing off the main
+    thread (signal handlers can only be installed there)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    sigs = (signal.SIGTERM, signal.SIGINT)
+    previous = {s: signal.getsignal(s) for s in sigs}
+
+    def handler(signum: int, frame: Any) -> None:
+        log.warning("signal %d: stopping after the in-flight checkpoints", signum)
+        stop.set()
+        for s in sigs:
+            signal.signal(s, signal.SIG_DFL)
+
+    for s in sigs:
+        signal.signal(s, handler)
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def drive_stream(
+    steps: StreamSteps,
+    *,
+    pipeline: str,
+    max_pending: int,
+    interval_s: float,
+    commit: CommitMode = "inline",
+    duration_s: float | None = None,
+    max_checkpoints: int | None = None,
+    stop: threading.Event | None = None,
+    on_checkpoint: Callable[[StreamCheckpoint], None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> StreamResult:
+    """The stream's loop over ``steps`` (see the module docstring for every case).
+
+    Ends when ``stop`` is set, after ``duration_s``, after ``max_checkpoints`` checkpoints
+    (resumed ones count), when the pipeline is stopped, or when a commit fails (re-raised
+    after the driver stopped).
+    """
+    if commit not in COMMIT_MODES:
+        raise ValueError(f"commit must be one of {COMMIT_MODES}, got {commit!r}")
+    if interval_s <= 0:
+        raise ValueError(f"interval must be > 0 seconds, got {interval_s}")
+    stop = stop or threading.Event()
+    started = clock()
+    deadline = None if duration_s is None else started + duration_s
+    result = StreamResult(pipeline, commit)
+    lock = threading.Lock()
+    freed = threading.Condition(lock)
+    in_flight: set[int] = set()  # PLANNED/PREPARED checkpoints of this run, not finished
+
+    def finished(item: StreamCheckpoint) -> None:
+        with freed:
+            in_flight.discard(item.checkpoint_id)
+            result.checkpoints.append(item)
+            freed.notify_all()
+        if on_checkpoint is not None:
+            on_checkpoint(item)
+
+    committer = _Committer(steps, finished) if commit == "inline" else None
+    if committer is not None:
+        committer.start()
+
+    def hand_on(item: StreamCheckpoint) -> None:
+        """A PREPARED checkpoint: to the committer (inline), else reported and tracked."""
+        if committer is not None:
+            committer.todo.put(item)
+            return
+        with freed:
+            result.checkpoints.append(item)
+        if on_checkpoint is not None:
+            on_checkpoint(item)
+
+    def prepare(cp: CheckpointRecord, resumed: bool) -> None:
+        planned_at = time.time()
+        records, seconds = steps.prepare(cp.checkpoint_id)
+        hand_on(
+            StreamCheckpoint(
+                cp.checkpoint_id,
+                records,
+                seconds,
+                None,
+                CheckpointState.PREPARED.value,
+                resumed,
+                planned_at,
+                time.time(),
+            )
+        )
+
+    def carried() -> int:
+        with lock:
+            return len(result.checkpoints) + (len(in_flight) if committer is not None else 0)
+
+    def out_of_time() -> bool:
+        return deadline is not None and clock() >= deadline
+
+    def should_end() -> str | None:
+        if stop.is_set():
+            return "signal"
+        if committer is not None and committer.failed.is_set():
+            return "commit failed"
+        if max_checkpoints is not None and carried() >= max_checkpoints:
+            return "checkpoints"
+        if out_of_time():
+            return "duration"
+        return None
+
+    def refresh() -> None:
+        """Airflow mode: forget checkpoints someone else committed (or aborted)."""
+        if committer is not None:
+            return
+        with lock:
+            ids = sorted(in_flight)
+        gone = [cid for cid in ids if steps.state(cid) not in _UNFINISHED]
+        with lock:
+            in_flight.difference_update(gone)
+
+    reason = ""
+    try:
+        # 1. Resume what a previous run left, in id order, before planning anything new.
+        for cp in steps.unfinished():
+            if should_end():
+                break
+            with lock:
+                in_flight.add(cp.checkpoint_id)
+            if cp.state is CheckpointState.PLANNED:
+                resumed = steps.resume_planned(cp)
+                if resumed is None:  # on_data_loss='skip' aborted it: replanned below
+                    with lock:
+                        in_flight.discard(cp.checkpoint_id)
+                    continue
+                prepare(resumed, True)
+            else:
+                now = time.time()
+                hand_on(
+                    StreamCheckpoint(
+                        cp.checkpoint_id, cp.records or 0, None, None, cp.state.value, True, now, now
+                    )
+                )
+        # 2. Every interval: plan the next checkpoint (bounded by max_pending), prepare it.
+        next_tick = clock()
+        while True:
+            ended = should_end()
+            if ended:
+                reason = ended
+                break
+            wait = next_tick - clock()
+            if deadline is not None:
+                wait = min(wait, deadline - clock())
+            if wait > 0 and stop.wait(wait):
+                continue
+            if out_of_time():
+                continue
+            refresh()
+            with freed:
+                if len(in_flight) >= max_pending:
+                    result.backpressure_waits += 1
+                    # Inline: plan as soon as the committer frees a slot; airflow: next tick.
+                    if committer is not None:
+                        freed.wait(timeout=interval_s)
+                    else:
+                        next_tick = clock() + interval_s
+                    continue
+            next_tick = clock() + interval_s
+            try:
+                planned = steps.plan_next()
+            except PipelineStopped as exc:
+                log.warning("%s", exc)
+                reason = "stopped"
+                break
+            if planned is None:
+                result.empty_intervals += 1
+                continue
+            with lock:
+                in_flight.add(planned.checkpoint_id)
+            prepare(planned, False)
+    finally:
+        # 3. Drain: the committer finishes every checkpoint handed to it, then the driver
+        #    re-raises a commit failure. A SIGKILL anywhere here is case 3 of the docstring.
+        if committer is not None:
+            committer.todo.put(None)
+            committer.join()
+        result.seconds = clock() - started
+        result.reason = reason
+        with lock:
+            result.unfinished = sorted(in_flight)
+    if committer is not None and committer.error is not None:
+        err = committer.error
+        if isinstance(err, EoError):
+            raise err
+        raise RuntimeError(f"pipeline {pipeline!r}: the stream's committer failed: {err}") from err
+    return result
+
+
+def run_stream(
+    pipeline: Pipeline,
+    *,
+    interval_s: float = 5.0,
+    commit: CommitMode = "inline",
+    duration_s: float | None = None,
+    max_checkpoints: int | None = None,
+    ledger: Ledger | None = None,
+    spark: Any = None,
+    actor: Actor | None = None,
+    stop: threading.Event | None = None,
+    on_checkpoint: Callable[[StreamCheckpoint], None] | None = None,
+) -> StreamResult:
+    """Run ``pipeline`` in streaming mode on one SparkSession until stopped (see the module
+    docstring): SIGTERM/SIGINT end it cleanly when called from the main thread."""
+    from airflow_provider_eo.spark.session import get_spark
+
+    own = ledger is None
+    ledger = ledger or Ledger(pipeline.ledger_url)
+    actor = actor or Actor.here()
+    stop = stop or threading.Event()
+    try:
+        ledger.ensure_pipeline(pipeline.name, pipeline.fingerprint())
+        # Created before the handlers: PySpark installs its own SIGINT handler.
+        spark = spark or get_spark(f"eo-stream-{pipeline.name}", pipeline.spark_conf)
+        with stop_on_signals(stop):
+            return drive_stream(
+                default_steps(pipeline, ledger, spark, actor),
+                pipeline=pipeline.name,
+                max_pending=pipeline.max_pending,
+                interval_s=interval_s,
+                commit=commit,
+                duration_s=duration_s,
+                max_checkpoints=max_checkpoints,
+                stop=stop,
+                on_checkpoint=on_checkpoint,
+            )
+    finally:
+        if own:
+            ledger.close()
