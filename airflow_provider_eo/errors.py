@@ -23,6 +23,7 @@ failure kind). Messages name the pipeline/checkpoint/partition and what to do ne
     ├── StagingUnreadable      staging could not be read (I/O): retry, nothing aborted
     ├── PrepareError           the prepare job refused the checkpoint
     │   └── TransformError
+    ├── BackfillRefused        a backfill request was refused before anything was planned
     └── StackError             the local development stack (stack/errors.py)
 
 :class:`ControlSignal` is not part of the tree: its subclasses are raised and caught inside
@@ -127,6 +128,13 @@ class PrepareError(EoError):
 class TransformError(PrepareError):
     """The user's transform raised; the message names the checkpoint and, when found, the
     record. Nothing was published."""
+
+
+class BackfillRefused(EoError):
+    """A backfill request was refused before anything was planned (unknown or never
+    committed pipeline, an empty interval, the live sink as the target, a missing sink
+    topic, another transform for an existing backfill target). Nothing was read, published
+    or recorded; the message says what to change."""
 
 
 class ControlSignal(Exception):
