@@ -23,7 +23,7 @@ from typing import Any
 
 from airflow_provider_eo import names
 from airflow_provider_eo.core.commit import check_marker_identity, commit_checkpoint
-from airflow_provider_eo.core.plan import check_commit_plan, data_loss_error, lost_ranges
+from airflow_provider_eo.core.plan import check_commit_plan, lost_ranges
 from airflow_provider_eo.errors import BackfillRefused, DataLossError, KafkaAdminError
 from airflow_provider_eo.kafka import admin
 from airflow_provider_eo.kafka.client_config import librdkafka_config
@@ -135,7 +135,14 @@ def _resume(derived: Pipeline, cp: CheckpointRecord) -> CheckpointRecord:
     if cp.state is CheckpointState.PLANNED:
         lost = lost_ranges(derived, list(cp.ranges))
         if lost:
-            raise data_loss_error(derived, cp, lost)
+            raise DataLossError(
+                f"backfill pipeline {derived.name!r} (of {derived.backfill_of!r}), checkpoint "
+                f"{cp.checkpoint_id}: its planned offsets can no longer be read from Kafka: "
+                f"{'; '.join(lost)}. Nothing of it was published. Those records cannot be "
+                "backfilled from Kafka; abort the checkpoint (Ledger(url).abort("
+                f"{derived.name!r}, {cp.checkpoint_id}, reason=...)) and backfill an interval "
+                "after the lost offsets."
+            )
     if cp.commit_plan is not None:
         check_commit_plan(derived, cp, cp.commit_plan)
     return cp

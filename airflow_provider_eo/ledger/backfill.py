@@ -164,9 +164,11 @@ class Segment:
         return sum(b - a for parts in self.work.values() for a, b in parts)
 
 
-def _committed_rows(
-    s: Session, pid: int, span: int | None, start_ms: int, end_ms: int
-) -> list[CommittedRange]:
+RangeRow = tuple[str, int, int, int, "int | None", "int | None"]
+"""(topic, partition, start, end, min_timestamp, max_timestamp): a :class:`CommittedRange`'s fields."""
+
+
+def _committed_rows(s: Session, pid: int, span: int | None, start_ms: int, end_ms: int) -> list[RangeRow]:
     """The live pipeline's COMMITTED ranges overlapping ``[start_ms, end_ms)``, by index.
 
     Two index range scans on ``(pipeline_id, min_timestamp)``: ``min_timestamp`` in
@@ -207,10 +209,11 @@ def _committed_rows(
                 CheckpointRange.max_timestamp >= start_ms,
             )
         )
-    out: list[CommittedRange] = []
+    # Plain rows on the session's connection: no ORM row processing (thousands per day).
+    conn = s.connection()
+    out: list[RangeRow] = []
     for query in queries:
-        for topic, partition, a, b, lo, hi in s.execute(query):
-            out.append(CommittedRange(topic, int(partition), int(a), int(b), lo, hi))
+        out.extend(conn.execute(query).all())
     return out
 
 
@@ -229,8 +232,8 @@ def committed_ranges_in(db: Database, live: str, start_ms: int, end_ms: int) -> 
         p = pipeline_row(s, db, live)
         rows = _committed_rows(s, p.id, p.max_range_span_ms, start_ms, end_ms)
     grouped: dict[TopicPartition, list[Interval]] = {}
-    for r in rows:
-        grouped.setdefault(r.key, []).append((r.start, r.end))
+    for topic, partition, a, b, _lo, _hi in rows:
+        grouped.setdefault((topic, partition), []).append((a, b))
     return {tp: union(parts) for tp, parts in sorted(grouped.items())}
 
 
@@ -340,7 +343,8 @@ def backfill_work(db: Database, live: str, backfill: str | None, start_ms: int, 
     _check_interval(start_ms, end_ms)
     with db.read() as s:
         p = pipeline_row(s, db, live)
-        committed = _committed_rows(s, p.id, p.max_range_span_ms, start_ms, end_ms)
+        rows = _committed_rows(s, p.id, p.max_range_span_ms, start_ms, end_ms)
+        committed = [CommittedRange(*row) for row in rows]
         coverage: list[Covered] = []
         if backfill is not None:
             row = s.execute(select(Pipeline).where(Pipeline.name == backfill)).scalar_one_or_none()
