@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import shutil
 import signal
 import statistics
 import sys
@@ -223,6 +224,7 @@ def throughput(n: int, day_ms: int) -> tuple[float, float, int]:
         return 2 * n / (live_s + live_again_s), done.records / backfill_s, done.records
     finally:
         kafka.down()
+        shutil.rmtree(work, ignore_errors=True)  # the broker's data and the staging
 
 
 def main() -> int:
