@@ -13,6 +13,7 @@ database (:func:`_delegate`: its signature and contract are written once, there)
 ``leases``             the commit lease and the commit shard rows
 ``lineage``            partition heads and restore (a recorded lineage break)
 ``savepoints``         named, retained offsets
+``backfill``           a time interval's committed ranges, backfill coverage and plan
 ``events``             the append-only event log
 ``mapping``            row -> record
 =====================  ==================================================================
@@ -28,6 +29,7 @@ from typing import Concatenate, ParamSpec, TypeVar
 from sqlalchemy import Engine
 
 from airflow_provider_eo.ledger import (
+    backfill,
     events,
     leases,
     lineage,
@@ -170,7 +172,7 @@ class Ledger:
     list_savepoints = _delegate(savepoints.list_savepoints)
     restore = _delegate(lineage.restore)
 
-    # -- sp: savepoints at a checkpoint, stop/resume, guarded restore --------------------------
+    # -- savepoints at a checkpoint, stop/resume, guarded restore ------------------------------
 
     savepoint_at_checkpoint = _delegate(savepoints.savepoint_at_checkpoint)
     delete_savepoint = _delegate(savepoints.delete_savepoint)
@@ -178,3 +180,10 @@ class Ledger:
     resume_pipeline = _delegate(pipelines.resume_pipeline)
     restore_once = _delegate(lineage.restore_once)
     find_restore = _delegate(lineage.find_restore)
+
+    # -- backfill: a time interval of committed ranges, re-processed once per target ---------
+
+    committed_ranges_in = _delegate(backfill.committed_ranges_in)
+    backfill_work = _delegate(backfill.backfill_work)
+    register_backfill_pipeline = _delegate(backfill.register_backfill_pipeline)
+    plan_backfill = _delegate(backfill.plan_backfill_checkpoint)
