@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from airflow_provider_eo.errors import EoError
+from airflow_provider_eo.errors import EoError, PipelineStopped
 from airflow_provider_eo.ledger import cli as ledger_cli
 from airflow_provider_eo.stack.errors import StackError
 
@@ -24,6 +24,11 @@ app.add_typer(dev_app, name="dev")
 
 err = Console(stderr=True)
 out = Console(width=None if sys.stdout.isatty() else 160)
+
+
+#: Exit code of ``eo plan`` / ``eo run-once`` for a stopped pipeline (not a failure: nothing
+#: new is planned until ``eo resume``); 1 is an error, 2 a failed audit.
+EXIT_STOPPED = 3
 
 
 def _fail(message: str, code: int = 1) -> None:
@@ -134,7 +139,9 @@ def _emit(summary: dict[str, Any], as_json: bool) -> None:
 
 @app.command("run-once")
 def run_once_cmd(ref: PipelineRef, as_json: JsonFlag = False) -> None:
-    """One full cycle: resume anything unfinished, else plan the next checkpoint; prepare; commit."""
+    """One full cycle: resume anything unfinished, else plan the next checkpoint; prepare; commit.
+
+    Exits 3 when the pipeline is stopped and nothing is unfinished (`eo resume`)."""
     from airflow_provider_eo.core.runner import run_once
     from airflow_provider_eo.pipeline import load_pipeline
 
@@ -142,6 +149,9 @@ def run_once_cmd(ref: PipelineRef, as_json: JsonFlag = False) -> None:
         pipeline = load_pipeline(ref)
         _say_ledger(pipeline.ledger_url)
         result = run_once(pipeline)
+    except PipelineStopped as exc:
+        _fail(str(exc), EXIT_STOPPED)
+        return
     except _user_errors() as exc:
         _fail(str(exc))
         return
@@ -150,7 +160,8 @@ def run_once_cmd(ref: PipelineRef, as_json: JsonFlag = False) -> None:
 
 @app.command("plan")
 def plan_cmd(ref: PipelineRef, as_json: JsonFlag = False) -> None:
-    """Plan the next checkpoint (or return the unfinished one)."""
+    """Plan the next checkpoint (or return the unfinished one); exits 3 when the pipeline is
+    stopped and nothing is unfinished (`eo resume`)."""
     from airflow_provider_eo.core.plan import plan_checkpoint
     from airflow_provider_eo.ledger import Actor, Ledger
     from airflow_provider_eo.pipeline import load_pipeline
@@ -160,6 +171,9 @@ def plan_cmd(ref: PipelineRef, as_json: JsonFlag = False) -> None:
         _say_ledger(pipeline.ledger_url)
         with Ledger(pipeline.ledger_url) as ledger:
             cp = plan_checkpoint(pipeline, ledger, actor=Actor.here())
+    except PipelineStopped as exc:
+        _fail(str(exc), EXIT_STOPPED)
+        return
     except _user_errors() as exc:
         _fail(str(exc))
         return
@@ -275,6 +289,193 @@ def audit_cmd(ref: PipelineRef, as_json: JsonFlag = False) -> None:
 
         print_audit(report)
     raise typer.Exit(0 if report.ok else 2)
+
+
+# -- savepoints, stop/resume, restore, reset ----------------------------------------------------
+
+savepoint_app = typer.Typer(help="Named, retained positions of a pipeline (restore starts from them).")
+app.add_typer(savepoint_app, name="savepoint", no_args_is_help=True)
+
+
+def _with_ledger(ref: str, action: Callable[[Any, Any], Any]) -> Any:
+    """Load the pipeline, open its ledger, run ``action(pipeline, ledger)``; a user-facing
+    error is printed (it names the pipeline and what to do) and exits 1."""
+    from airflow_provider_eo.ledger import Ledger
+    from airflow_provider_eo.pipeline import load_pipeline
+
+    try:
+        pipeline = load_pipeline(ref)
+        _say_ledger(pipeline.ledger_url)
+        with Ledger(pipeline.ledger_url) as ledger:
+            return action(pipeline, ledger)
+    except _user_errors() as exc:
+        _fail(str(exc))
+
+
+class _WaitProgress:
+    """Prints, on stderr, what a savepoint waits for: when it changes and every 10 s."""
+
+    def __init__(self) -> None:
+        self.last: tuple[int, str] | None = None
+        self.printed_at = -1e9
+
+    def __call__(self, cp: Any, waited: float, wait_s: float) -> None:
+        key = (cp.checkpoint_id, cp.state.value)
+        if key != self.last or waited - self.printed_at >= 10:
+            err.print(
+                f"waiting for checkpoint {cp.checkpoint_id} ({cp.state.value}) to finish: "
+                f"{waited:.0f}s of {wait_s:.0f}s",
+                highlight=False,
+            )
+            self.last, self.printed_at = key, waited
+
+
+@savepoint_app.command("create")
+def savepoint_create_cmd(
+    ref: PipelineRef,
+    name: Annotated[str, typer.Argument(help="Savepoint name, unique per pipeline.")],
+    note: Annotated[str, typer.Option("--note", help="Free text kept with the savepoint.")] = "",
+    stop: Annotated[
+        bool, typer.Option("--stop", help="Stop the pipeline first (stop-with-savepoint).")
+    ] = False,
+    wait: Annotated[
+        float, typer.Option("--wait", help="Seconds to wait for the checkpoint in flight to finish.")
+    ] = 600.0,
+    as_json: JsonFlag = False,
+) -> None:
+    """Record a savepoint at the newest COMMITTED checkpoint (waiting for the one in flight)."""
+    from airflow_provider_eo.core.savepoint import take_savepoint
+    from airflow_provider_eo.ledger import Actor
+
+    sp = _with_ledger(
+        ref,
+        lambda pipeline, ledger: take_savepoint(
+            pipeline,
+            ledger,
+            name,
+            note=note,
+            stop=stop,
+            wait_s=wait,
+            actor=Actor.here(),
+            progress=_WaitProgress(),
+        ),
+    )
+    _emit(sp.summary(), as_json)
+    if stop and not as_json:
+        err.print("the pipeline is stopped; `eo resume MODULE:ATTR` lets it plan again")
+
+
+@savepoint_app.command("list")
+def savepoint_list_cmd(ref: PipelineRef, as_json: JsonFlag = False) -> None:
+    """The pipeline's savepoints, oldest first."""
+    sps = _with_ledger(ref, lambda pipeline, ledger: ledger.list_savepoints(pipeline.name))
+    if as_json:
+        print(json.dumps([sp.summary() for sp in sps]))
+        return
+    from airflow_provider_eo.render import console, savepoints_table
+
+    console.print(savepoints_table(sps))
+
+
+@savepoint_app.command("delete")
+def savepoint_delete_cmd(
+    ref: PipelineRef, name: Annotated[str, typer.Argument(help="The savepoint to delete.")]
+) -> None:
+    """Delete a savepoint (the event log keeps what it held)."""
+    from airflow_provider_eo.ledger import Actor
+
+    sp = _with_ledger(
+        ref, lambda pipeline, ledger: ledger.delete_savepoint(pipeline.name, name, actor=Actor.here())
+    )
+    err.print(f"deleted savepoint {sp.name!r} of pipeline {sp.pipeline!r}", highlight=False)
+
+
+@app.command("restore")
+def restore_cmd(
+    ref: PipelineRef,
+    savepoint: Annotated[str, typer.Option("--savepoint", help="Name of the savepoint to start from.")],
+    allow_non_restored: Annotated[
+        bool,
+        typer.Option(
+            "--allow-non-restored",
+            help="Drop partitions that no longer exist; start partitions the savepoint lacks from earliest.",
+        ),
+    ] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Start a new lineage at a savepoint's offsets (what follows is processed again)."""
+    from airflow_provider_eo.core.restore import restore_from_savepoint
+    from airflow_provider_eo.ledger import Actor
+
+    result = _with_ledger(
+        ref,
+        lambda pipeline, ledger: restore_from_savepoint(
+            pipeline, ledger, savepoint, allow_non_restored=allow_non_restored, actor=Actor.here()
+        ),
+    )
+    _emit(result.summary(), as_json)
+
+
+@app.command("reset")
+def reset_cmd(
+    ref: PipelineRef,
+    to: Annotated[
+        str,
+        typer.Option(
+            "--to",
+            help="earliest | latest | timestamp=<ISO-8601> | offsets=<JSON {topic: {partition: offset}}>",
+        ),
+    ],
+    as_json: JsonFlag = False,
+) -> None:
+    """Start a new lineage at earliest, latest, a timestamp or given offsets."""
+    from airflow_provider_eo.core.restore import parse_reset_target, reset_pipeline
+    from airflow_provider_eo.ledger import Actor
+
+    try:
+        parse_reset_target(to)  # a bad --to is refused before anything is opened
+    except _user_errors() as exc:
+        _fail(str(exc))
+    result = _with_ledger(
+        ref, lambda pipeline, ledger: reset_pipeline(pipeline, ledger, to, actor=Actor.here())
+    )
+    _emit(result.summary(), as_json)
+
+
+def _stop_line(p: Any) -> dict[str, Any]:
+    return {
+        "pipeline": p.name,
+        "stopped": p.stopped,
+        "stopped_by": p.stopped_by,
+        "stopped_at": p.stopped_at.isoformat() if p.stopped_at else None,
+        "reason": p.stop_reason,
+    }
+
+
+@app.command("stop")
+def stop_cmd(
+    ref: PipelineRef,
+    reason: Annotated[str, typer.Option("--reason", help="Why (recorded in the ledger).")] = "eo stop",
+    as_json: JsonFlag = False,
+) -> None:
+    """Stop planning new checkpoints (the unfinished one still finishes)."""
+    from airflow_provider_eo.core.savepoint import stop_pipeline
+    from airflow_provider_eo.ledger import Actor
+
+    p = _with_ledger(
+        ref, lambda pipeline, ledger: stop_pipeline(pipeline, ledger, reason=reason, actor=Actor.here())
+    )
+    _emit(_stop_line(p), as_json)
+
+
+@app.command("resume")
+def resume_cmd(ref: PipelineRef, as_json: JsonFlag = False) -> None:
+    """Clear a stop: plan starts new checkpoints again."""
+    from airflow_provider_eo.core.savepoint import resume_pipeline
+    from airflow_provider_eo.ledger import Actor
+
+    p = _with_ledger(ref, lambda pipeline, ledger: resume_pipeline(pipeline, ledger, actor=Actor.here()))
+    _emit(_stop_line(p), as_json)
 
 
 # The ledger's read commands at top level, its schema command as `eo ledger upgrade`.

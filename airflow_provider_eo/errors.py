@@ -23,6 +23,10 @@ failure kind). Messages name the pipeline/checkpoint/partition and what to do ne
     ├── StagingUnreadable      staging could not be read (I/O): retry, nothing aborted
     ├── PrepareError           the prepare job refused the checkpoint
     │   └── TransformError
+    ├── PipelineStopped        the pipeline is stopped: no new checkpoint is planned
+    ├── SavepointError         a savepoint could not be taken
+    │   └── SavepointTimeout   in-flight checkpoints did not finish within the wait
+    ├── RestoreRefused         a restore/reset was refused (partitions differ, offsets gone)
     └── StackError             the local development stack (stack/errors.py)
 
 :class:`ControlSignal` is not part of the tree: its subclasses are raised and caught inside
@@ -134,3 +138,60 @@ class ControlSignal(Exception):
 
     Raised and caught inside one retry loop; reaching a user means a bug in the provider.
     """
+
+
+class PipelineStopped(EoError):
+    """The pipeline is stopped (``eo stop`` or a stop-with-savepoint): no new checkpoint is
+    planned until ``eo resume``. Not a failure and no data is at risk: an unfinished
+    checkpoint still finishes, nothing else is read or published.
+
+    The CLI exits with code 3 for it (``eo plan``, ``eo run-once``).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        pipeline: str = "",
+        stopped_by: str | None = None,
+        stopped_at: str | None = None,
+        reason: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.pipeline = pipeline
+        self.stopped_by = stopped_by
+        self.stopped_at = stopped_at
+        self.reason = reason
+
+    @classmethod
+    def of(
+        cls, pipeline: str, *, stopped_by: str | None, stopped_at: str | None, reason: str | None
+    ) -> PipelineStopped:
+        """The error for ``pipeline``, naming who stopped it, when and why."""
+        return cls(
+            f"pipeline {pipeline!r} is stopped (by {stopped_by or 'unknown'} at "
+            f"{stopped_at or 'unknown time'}: {reason or 'no reason given'}): no new checkpoint "
+            "is planned and nothing unfinished is left. Resume it with `eo resume MODULE:ATTR` "
+            "(or restore it from a savepoint first, then resume).",
+            pipeline=pipeline,
+            stopped_by=stopped_by,
+            stopped_at=stopped_at,
+            reason=reason,
+        )
+
+
+class SavepointError(EoError):
+    """A savepoint could not be taken. Taking one never changes output, so no data is at
+    risk; the message says what to do (and whether a stop was left in place)."""
+
+
+class SavepointTimeout(SavepointError):
+    """The checkpoints in flight when the savepoint was requested did not finish within the
+    wait. No savepoint was recorded; a stop requested with it stays in place (the message
+    says so). Finish or abort the checkpoint and ask again, or wait longer."""
+
+
+class RestoreRefused(EoError):
+    """A restore or reset was refused before anything changed: the savepoint's partitions
+    differ from the source topics', or an offset lies outside what Kafka still holds. The
+    message lists every difference and what to do."""

@@ -15,7 +15,7 @@ from rich.table import Table
 
 if TYPE_CHECKING:
     from airflow_provider_eo.kafka.audit import AuditReport
-    from airflow_provider_eo.ledger import CheckpointRecord, PipelineRecord
+    from airflow_provider_eo.ledger import CheckpointRecord, PipelineRecord, SavepointRecord
 
 # Wide enough for the tables when the output is a file or a CI log, not a terminal.
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
@@ -82,6 +82,27 @@ def pipelines_table(pipelines: Sequence[PipelineRecord], *, title: str | None = 
             str(p.last_checkpoint_id),
             p.fingerprint,
             p.updated_at.isoformat(timespec="seconds"),
+        )
+    return table
+
+
+def savepoints_table(savepoints: Sequence[SavepointRecord], *, title: str | None = None) -> Table:
+    """A rich table of a pipeline's savepoints (``eo savepoint list``)."""
+    table = Table(title=title, header_style="bold")
+    for col in ("name", "checkpoint", "offsets", "created", "by", "note"):
+        table.add_column(col, justify="right" if col == "checkpoint" else "left")
+    for sp in savepoints:
+        offsets = ", ".join(
+            f"{t}[{p}]:{o}" for t, parts in sorted(sp.offsets.items()) for p, o in sorted(parts.items())
+        )
+        by = sp.created_by + (f" ({sp.dag_id}/{sp.run_id})" if sp.dag_id else "")
+        table.add_row(
+            sp.name,
+            "-" if sp.checkpoint_id is None else str(sp.checkpoint_id),
+            offsets,
+            sp.created_at.isoformat(timespec="seconds"),
+            by,
+            sp.note,
         )
     return table
 

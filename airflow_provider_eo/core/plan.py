@@ -7,7 +7,7 @@ import logging
 from collections.abc import Mapping
 
 from airflow_provider_eo import names
-from airflow_provider_eo.errors import ConfigError, DataLossError, SourceError
+from airflow_provider_eo.errors import ConfigError, DataLossError, PipelineStopped, SourceError
 from airflow_provider_eo.kafka import admin
 from airflow_provider_eo.kafka.client_config import librdkafka_config
 from airflow_provider_eo.ledger import Actor, CheckpointRecord, CheckpointState, CommitPlan, Ledger, RangeSpec
@@ -208,7 +208,8 @@ def plan_checkpoint(
     """Return the pipeline's unfinished checkpoint, else plan the next one.
 
     Idempotent per run: while a checkpoint is unfinished, every call returns it (this is
-    restart-from-checkpoint). Returns ``None`` when there is nothing new to read.
+    restart-from-checkpoint). Returns ``None`` when there is nothing new to read. A stopped
+    pipeline (``eo stop``) raises :class:`PipelineStopped` once nothing is unfinished.
     """
     registered = ledger.ensure_pipeline(pipeline.name, pipeline.fingerprint())
     # One transactional-id namespace per pipeline: pinned by its first plan, then checked.
@@ -225,6 +226,16 @@ def plan_checkpoint(
             if unfinished.commit_plan is not None:
                 check_commit_plan(pipeline, unfinished, unfinished.commit_plan)
             return unfinished
+    # A stopped pipeline finishes what it started (above) but starts nothing new; the
+    # ledger's plan refuses it too, under the pipeline row's lock (a stop racing this read).
+    current = ledger.get_pipeline(pipeline.name)
+    if current.stopped:
+        raise PipelineStopped.of(
+            pipeline.name,
+            stopped_by=current.stopped_by,
+            stopped_at=current.stopped_at.isoformat() if current.stopped_at else None,
+            reason=current.stop_reason,
+        )
     # Markers written by another ledger (re-created, or a second deployment with this name)
     # are refused before anything is planned against them (issue 11, hole 4).
     from airflow_provider_eo.core.commit import check_marker_identity

@@ -15,7 +15,7 @@ from airflow_provider_eo.ledger.events import add_event
 from airflow_provider_eo.ledger.mapping import pipeline_record
 from airflow_provider_eo.ledger.models import Lineage, Pipeline
 from airflow_provider_eo.ledger.reads import pipeline_row
-from airflow_provider_eo.ledger.records import PipelineRecord
+from airflow_provider_eo.ledger.records import Actor, PipelineRecord
 
 
 class TransactionalIdPrefixMismatch(LedgerError):
@@ -145,3 +145,85 @@ def ensure_pipeline(
         except IntegrityError:
             continue
     raise LedgerError(f"could not register pipeline '{name}' (concurrent creation); retry")
+
+
+# -- stop / resume (sp) ----------------------------------------------------------------------
+
+
+def _fresh(s: Session, pid: int) -> Pipeline:
+    # populate_existing: the conditional UPDATE bypassed the identity map.
+    return s.execute(
+        select(Pipeline).where(Pipeline.id == pid).execution_options(populate_existing=True)
+    ).scalar_one()
+
+
+def stop_pipeline(
+    db: Database, name: str, *, stopped_by: str, reason: str, actor: Actor | None = None
+) -> PipelineRecord:
+    """Mark the pipeline stopped: plan refuses new checkpoints, an unfinished one still
+    finishes. One conditional UPDATE (``... WHERE stopped_at IS NULL``) and a ``stop`` event.
+
+    Idempotent: stopping a stopped pipeline changes nothing (the first stop's who/when/why
+    stay) and returns its record.
+    """
+    with db.write() as s:
+        p = pipeline_row(s, db, name)
+        now = utcnow()
+        won = rowcount(
+            s.execute(
+                update(Pipeline)
+                .where(Pipeline.id == p.id, Pipeline.stopped_at.is_(None))
+                .values(stopped_at=now, stopped_by=stopped_by, stop_reason=reason, updated_at=now)
+                .execution_options(synchronize_session=False)
+            )
+        )
+        if won:
+            add_event(
+                s,
+                p.id,
+                None,
+                "stop",
+                actor=actor,
+                at=now,
+                details={"stopped_by": stopped_by, "reason": reason},
+            )
+        s.flush()
+        return pipeline_record(_fresh(s, p.id))
+
+
+def resume_pipeline(
+    db: Database, name: str, *, resumed_by: str, actor: Actor | None = None
+) -> PipelineRecord:
+    """Clear the pipeline's stop: plan starts new checkpoints again. One conditional UPDATE
+    (``... WHERE stopped_at IS NOT NULL``) and a ``resume`` event naming the stop it cleared.
+
+    Idempotent: resuming a running pipeline changes nothing and returns its record.
+    """
+    with db.write() as s:
+        p = pipeline_row(s, db, name)
+        was = {
+            "stopped_at": p.stopped_at.isoformat() if p.stopped_at else None,
+            "stopped_by": p.stopped_by,
+            "reason": p.stop_reason,
+        }
+        now = utcnow()
+        won = rowcount(
+            s.execute(
+                update(Pipeline)
+                .where(Pipeline.id == p.id, Pipeline.stopped_at.is_not(None))
+                .values(stopped_at=None, stopped_by=None, stop_reason=None, updated_at=now)
+                .execution_options(synchronize_session=False)
+            )
+        )
+        if won:
+            add_event(
+                s,
+                p.id,
+                None,
+                "resume",
+                actor=actor,
+                at=now,
+                details={"resumed_by": resumed_by, "cleared": was},
+            )
+        s.flush()
+        return pipeline_record(_fresh(s, p.id))

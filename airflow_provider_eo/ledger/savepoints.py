@@ -3,18 +3,25 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
 
 from airflow_provider_eo.ledger.engine import Database, utcnow
-from airflow_provider_eo.ledger.errors import InvariantViolation, SavepointNotFound
+from airflow_provider_eo.ledger.errors import InvariantViolation, LedgerError, SavepointNotFound
 from airflow_provider_eo.ledger.events import add_event
-from airflow_provider_eo.ledger.mapping import savepoint_record
-from airflow_provider_eo.ledger.models import Savepoint
+from airflow_provider_eo.ledger.mapping import actor_columns, savepoint_record
+from airflow_provider_eo.ledger.models import Checkpoint, CheckpointRange, Savepoint
 from airflow_provider_eo.ledger.reads import pipeline_row, require_checkpoint
-from airflow_provider_eo.ledger.records import SavepointRecord
+from airflow_provider_eo.ledger.records import Actor, SavepointRecord
 from airflow_provider_eo.ledger.states import CheckpointState
+
+
+class NothingCommitted(LedgerError):
+    """A savepoint was asked for a pipeline with no COMMITTED checkpoint (at or below the
+    one in flight): there is no consistent position to name yet. Nothing was recorded; run
+    the pipeline until a checkpoint commits, then ask again."""
 
 
 def _exists(pipeline: str, row: Savepoint) -> InvariantViolation:
@@ -97,7 +104,8 @@ def get_savepoint(db: Database, pipeline: str, name: str) -> SavepointRecord:
         ).scalar_one_or_none()
         if row is None:
             raise SavepointNotFound(
-                f"pipeline '{pipeline}' has no savepoint '{name}': list them with Ledger.list_savepoints()"
+                f"pipeline '{pipeline}' has no savepoint '{name}': list them with "
+                "`eo savepoint list MODULE:ATTR` (or Ledger.list_savepoints())"
             )
         return savepoint_record(pipeline, row)
 
@@ -110,3 +118,128 @@ def list_savepoints(db: Database, pipeline: str) -> list[SavepointRecord]:
             select(Savepoint).where(Savepoint.pipeline_id == pid).order_by(Savepoint.id)
         ).scalars()
         return [savepoint_record(pipeline, r) for r in rows]
+
+
+# -- savepoints at a checkpoint, delete (sp) -------------------------------------------------
+
+
+def savepoint_at_checkpoint(
+    db: Database,
+    pipeline: str,
+    name: str,
+    *,
+    at_or_below: int | None = None,
+    note: str = "",
+    created_by: str = "",
+    actor: Actor | None = None,
+) -> SavepointRecord:
+    """Record savepoint ``name`` at the newest COMMITTED checkpoint whose id is at or below
+    ``at_or_below`` (None: the newest COMMITTED one), in ONE transaction: the checkpoint is
+    chosen, its ranges' end offsets read, and the row written together, so the offsets are
+    exactly that committed checkpoint's. Keeps the pipeline's settings fingerprint, who took
+    it (``created_by``) and the Airflow run of ``actor``.
+
+    Refuses a used name (InvariantViolation) and a pipeline with nothing committed at or
+    below ``at_or_below`` (:class:`NothingCommitted`); a refusal records nothing.
+    """
+    if not name:
+        raise ValueError(f"pipeline '{pipeline}': a savepoint name must be non-empty")
+    try:
+        with db.write() as s:
+            p = pipeline_row(s, db, pipeline)
+            existing = s.execute(
+                select(Savepoint).where(Savepoint.pipeline_id == p.id, Savepoint.name == name)
+            ).scalar_one_or_none()
+            if existing is not None:
+                raise _exists(pipeline, existing)
+            cid = s.execute(select(_max_committed(p.id, at_or_below))).scalar_one_or_none()
+            if cid is None:
+                below = f" at or below checkpoint {at_or_below}" if at_or_below is not None else ""
+                raise NothingCommitted(
+                    f"pipeline '{pipeline}' has no COMMITTED checkpoint{below} yet, so savepoint "
+                    f"'{name}' has no position to name; nothing was recorded. Run the pipeline "
+                    "until a checkpoint commits (`eo run-once MODULE:ATTR`), then take the "
+                    "savepoint again."
+                )
+            offsets: dict[str, dict[str, int]] = {}
+            for topic, partition, end in s.execute(
+                select(CheckpointRange.topic, CheckpointRange.partition, CheckpointRange.end_offset)
+                .where(CheckpointRange.pipeline_id == p.id, CheckpointRange.checkpoint_id == cid)
+                .order_by(CheckpointRange.topic, CheckpointRange.partition)
+            ):
+                offsets.setdefault(str(topic), {})[str(int(partition))] = int(end)
+            columns = actor_columns(actor)
+            row = Savepoint(
+                pipeline_id=p.id,
+                name=name,
+                checkpoint_id=int(cid),
+                offsets=offsets,
+                note=note,
+                created_by=created_by,
+                created_at=utcnow(),
+                fingerprint=p.fingerprint,
+                dag_id=columns.get("dag_id"),
+                run_id=columns.get("run_id"),
+            )
+            s.add(row)
+            s.flush()
+            add_event(
+                s,
+                p.id,
+                int(cid),
+                "savepoint",
+                actor=actor,
+                details={
+                    "name": name,
+                    "offsets": offsets,
+                    "created_by": created_by,
+                    "note": note,
+                    "at_or_below": at_or_below,
+                    "fingerprint": p.fingerprint,
+                },
+            )
+            return savepoint_record(pipeline, row)
+    except IntegrityError as exc:
+        # A concurrent creator won the unique (pipeline, name) between our check and insert.
+        raise InvariantViolation(
+            f"pipeline '{pipeline}': savepoint '{name}' already exists (created concurrently); "
+            "pick another name"
+        ) from exc
+
+
+def _max_committed(pid: int, at_or_below: int | None) -> Any:
+    """``max(checkpoint_id)`` of the pipeline's COMMITTED checkpoints (at or below a bound)."""
+    where = [Checkpoint.pipeline_id == pid, Checkpoint.state == CheckpointState.COMMITTED]
+    if at_or_below is not None:
+        where.append(Checkpoint.checkpoint_id <= at_or_below)
+    return select(func.max(Checkpoint.checkpoint_id)).where(*where).scalar_subquery()
+
+
+def delete_savepoint(
+    db: Database, pipeline: str, name: str, *, actor: Actor | None = None
+) -> SavepointRecord:
+    """Delete the named savepoint (SavepointNotFound when absent, nothing changed); a
+    ``savepoint_deleted`` event keeps what it held. Returns the deleted savepoint."""
+    with db.write() as s:
+        pid = pipeline_row(s, db, pipeline).id
+        row = s.execute(
+            select(Savepoint).where(Savepoint.pipeline_id == pid, Savepoint.name == name)
+        ).scalar_one_or_none()
+        if row is None:
+            raise SavepointNotFound(
+                f"pipeline '{pipeline}' has no savepoint '{name}'; nothing was deleted. List "
+                "them with `eo savepoint list MODULE:ATTR`."
+            )
+        record = savepoint_record(pipeline, row)
+        s.execute(
+            delete(Savepoint).where(Savepoint.id == row.id).execution_options(synchronize_session=False)
+        )
+        add_event(
+            s,
+            pid,
+            row.checkpoint_id,
+            "savepoint_deleted",
+            actor=actor,
+            details={"name": name, "offsets": dict(row.offsets), "created_by": row.created_by},
+        )
+        return record

@@ -169,3 +169,12 @@ class Ledger:
     get_savepoint = _delegate(savepoints.get_savepoint)
     list_savepoints = _delegate(savepoints.list_savepoints)
     restore = _delegate(lineage.restore)
+
+    # -- sp: savepoints at a checkpoint, stop/resume, guarded restore --------------------------
+
+    savepoint_at_checkpoint = _delegate(savepoints.savepoint_at_checkpoint)
+    delete_savepoint = _delegate(savepoints.delete_savepoint)
+    stop_pipeline = _delegate(pipelines.stop_pipeline)
+    resume_pipeline = _delegate(pipelines.resume_pipeline)
+    restore_once = _delegate(lineage.restore_once)
+    find_restore = _delegate(lineage.find_restore)

@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import String, cast, or_, select, update
 from sqlalchemy.orm import Session
 
+from airflow_provider_eo.errors import PipelineStopped
 from airflow_provider_eo.ledger.engine import Database, rowcount, utcnow
 from airflow_provider_eo.ledger.errors import CheckpointConflict, InvariantViolation
 from airflow_provider_eo.ledger.events import add_event
@@ -188,6 +189,13 @@ def plan(
         seen.add(r.key)
     with db.write() as s:
         p = pipeline_row(s, db, pipeline, lock=True)
+        if p.stopped_at is not None:  # checked under the row lock: a stop is never overtaken
+            raise PipelineStopped.of(
+                pipeline,
+                stopped_by=p.stopped_by,
+                stopped_at=p.stopped_at.isoformat(),
+                reason=p.stop_reason,
+            )
         last, lineage = p.last_checkpoint_id, p.current_lineage
         new_id = last + 1
         pending = count_unfinished(s, p.id)
