@@ -156,7 +156,14 @@ class EoSavepointOperator(PipelineTaskMixin, BaseOperator):
                 actor=actor,
                 created_by=created_by,
                 poll_s=self.poll_seconds,
-                progress=lambda message: self.log.info("%s", message),
+                progress=lambda cp, waited, total: self.log.info(
+                    "pipeline %s: waiting for checkpoint %s (%s) to finish: %.0fs of at most %.0fs",
+                    pipeline.name,
+                    cp.checkpoint_id,
+                    cp.state.value,
+                    waited,
+                    total,
+                ),
             )
         summary = record.summary()
         self.log.info(
