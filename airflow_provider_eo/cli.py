@@ -260,6 +260,68 @@ def abort_cmd(
     _emit(cp.summary(), as_json)
 
 
+@app.command("backfill")
+def backfill_cmd(
+    ref: PipelineRef,
+    start: Annotated[str, typer.Option("--start", help="Start, ISO-8601 (inclusive; UTC if no zone).")],
+    end: Annotated[str, typer.Option("--end", help="Interval end, ISO-8601 (exclusive; UTC if no zone).")],
+    sink_topic: Annotated[str, typer.Option("--sink-topic", help="The backfill's own sink topic.")],
+    transform: Annotated[
+        str | None, typer.Option("--transform", help="MOD:FN instead of the pipeline's transform.")
+    ] = None,
+    allow_live_sink: Annotated[
+        bool,
+        typer.Option("--allow-live-sink", help="Allow the live pipeline's sink as the target (duplicates)."),
+    ] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Re-process the records with a Kafka timestamp in [START, END) that the pipeline
+    committed, into SINK_TOPIC, exactly once (a rerun adds nothing)."""
+    from airflow_provider_eo.core.backfill import iso_ms, parse_instant, run_backfill
+    from airflow_provider_eo.ledger import Actor, CheckpointRecord, Ledger
+    from airflow_provider_eo.pipeline import load_pipeline
+
+    try:
+        start_ms, end_ms = parse_instant(start), parse_instant(end)
+    except ValueError as exc:
+        _fail(f"{exc}; pass --start and --end as ISO-8601, e.g. 2024-05-01T00:00:00Z")
+        return
+
+    def progress(cp: CheckpointRecord) -> None:
+        window = " - ".join(iso_ms(x) for x in cp.time_filter) if cp.time_filter else "?"
+        ranges = " ".join(r.compact() for r in cp.ranges)
+        err.print(
+            f"checkpoint {cp.checkpoint_id} committed: {cp.records} records [{window}) {ranges}",
+            highlight=False,
+            soft_wrap=True,
+        )
+
+    try:
+        pipeline = load_pipeline(ref)
+        _say_ledger(pipeline.ledger_url)
+        with Ledger(pipeline.ledger_url) as ledger:
+            result = run_backfill(
+                pipeline,
+                ledger,
+                start_ms,
+                end_ms,
+                sink_topic=sink_topic,
+                transform=transform,
+                allow_live_sink=allow_live_sink,
+                actor=Actor.here(),
+                progress=progress,
+            )
+    except _user_errors() as exc:
+        _fail(str(exc))
+        return
+    summary = result.summary()
+    if as_json:
+        print(json.dumps(summary))
+    else:
+        summary.pop("details")
+        _emit(summary, False)
+
+
 def _unfinished_id(ledger: Any, pipeline: str) -> int:
     cp = ledger.unfinished(pipeline)
     if cp is None:

@@ -27,6 +27,7 @@ failure kind). Messages name the pipeline/checkpoint/partition and what to do ne
     ├── SavepointError         a savepoint could not be taken
     │   └── SavepointTimeout   in-flight checkpoints did not finish within the wait
     ├── RestoreRefused         a restore/reset was refused (partitions differ, offsets gone)
+    ├── BackfillRefused        a backfill request was refused before anything was planned
     └── StackError             the local development stack (stack/errors.py)
 
 :class:`ControlSignal` is not part of the tree: its subclasses are raised and caught inside
@@ -131,6 +132,13 @@ class PrepareError(EoError):
 class TransformError(PrepareError):
     """The user's transform raised; the message names the checkpoint and, when found, the
     record. Nothing was published."""
+
+
+class BackfillRefused(EoError):
+    """A backfill request was refused before anything was planned (unknown or never
+    committed pipeline, an empty interval, the live sink as the target, a missing sink
+    topic, another transform for an existing backfill target). Nothing was read, published
+    or recorded; the message says what to change."""
 
 
 class ControlSignal(Exception):

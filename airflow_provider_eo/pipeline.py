@@ -86,6 +86,10 @@ class Pipeline:
     :param sink_max_message_bytes: the sink's ``max.message.bytes`` when it cannot be read
         from the broker (records larger than this are refused at prepare time).
     :param keep_committed_staging: how many committed checkpoints' staging folders to keep.
+    :param max_pending: how many checkpoints may be unfinished (PLANNED or PREPARED) at once.
+    :param backfill_of: set only on a backfill pipeline (derived by
+        :func:`airflow_provider_eo.core.backfill.backfill_pipeline`): the name of the live
+        pipeline whose COMMITTED ranges it re-processes.
     """
 
     name: str
@@ -106,6 +110,7 @@ class Pipeline:
     sink_max_message_bytes: int = 1_048_588
     keep_committed_staging: int = 0
     max_pending: int = 1
+    backfill_of: str | None = None
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name or ""):
@@ -168,6 +173,8 @@ class Pipeline:
             "sink_topic": self.sink_topic,
             "transform": self.transform,
         }
+        if self.backfill_of is not None:  # only then: a live pipeline's hash stays as it was
+            doc["backfill_of"] = self.backfill_of
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:32]
 
     def to_json(self) -> str:
@@ -199,6 +206,7 @@ class Pipeline:
             "sink_max_message_bytes": self.sink_max_message_bytes,
             "keep_committed_staging": self.keep_committed_staging,
             "max_pending": self.max_pending,
+            "backfill_of": self.backfill_of,
         }
         return json.dumps(doc)
 
@@ -234,3 +242,18 @@ def load_pipeline(ref: str) -> Pipeline:
     if not isinstance(obj, Pipeline):
         raise PipelineConfigError(f"{ref!r} is not a Pipeline (got {type(obj).__name__})")
     return obj
+
+
+_BACKFILL_HASH_CHARS = 10
+
+
+def backfill_name(live: str, target: str) -> str:
+    """The name of the backfill pipeline of ``live`` into sink ``target``: ``<live>.bf.<target>``,
+    or, when that is longer than a pipeline name may be (or not a valid one), a readable
+    prefix of it plus a short hash of the pair, so one (live, target) always has one name."""
+    full = f"{live}.bf.{target}"
+    if _NAME.match(full):
+        return full
+    digest = hashlib.sha256(f"{live}\0{target}".encode()).hexdigest()[:_BACKFILL_HASH_CHARS]
+    readable = re.sub(r"[^A-Za-z0-9._-]", "_", full)[: 100 - _BACKFILL_HASH_CHARS - 1]
+    return f"{readable}-{digest}"

@@ -4,7 +4,7 @@ pipeline has read and published.
 Each method is the function of the module that owns the concept, bound to the ledger's
 database (:func:`_delegate`: its signature and contract are written once, there):
 
-=====================  ==================================================================
+=====================  ===========================================================
 ``engine``             connection settings, SQLite pragmas, session scopes, the clock
 ``schema``             Alembic revisions, upgrade/downgrade, the check made on open
 ``pipelines``          registration and the settings fingerprint
@@ -13,9 +13,10 @@ database (:func:`_delegate`: its signature and contract are written once, there)
 ``leases``             the commit lease and the commit shard rows
 ``lineage``            partition heads and restore (a recorded lineage break)
 ``savepoints``         named, retained offsets
+``backfill``           a time interval's committed ranges, backfill coverage and plan
 ``events``             the append-only event log
 ``mapping``            row -> record
-=====================  ==================================================================
+=====================  ===========================================================
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Concatenate, ParamSpec, TypeVar
 from sqlalchemy import Engine
 
 from airflow_provider_eo.ledger import (
+    backfill,
     events,
     leases,
     lineage,
@@ -178,3 +180,10 @@ class Ledger:
     resume_pipeline = _delegate(pipelines.resume_pipeline)
     restore_once = _delegate(lineage.restore_once)
     find_restore = _delegate(lineage.find_restore)
+
+    # -- backfill (helper bf) ------------------------------------------------------------------
+
+    committed_ranges_in = _delegate(backfill.committed_ranges_in)
+    backfill_work = _delegate(backfill.backfill_work)
+    register_backfill_pipeline = _delegate(backfill.register_backfill_pipeline)
+    plan_backfill = _delegate(backfill.plan_backfill_checkpoint)

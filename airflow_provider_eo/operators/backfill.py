@@ -163,7 +163,12 @@ class EoBackfillOperator(PipelineTaskMixin, SparkSubmitOperator):
                 allow_live_sink=allow_live_sink,
                 actor=actor_for(context),
                 prepare=prepare,
-                progress=lambda message: self.log.info("%s", message),
+                progress=lambda cp: self.log.info(
+                    "backfill of %s: checkpoint %s committed (%s records)",
+                    live.name,
+                    cp.checkpoint_id,
+                    cp.records,
+                ),
             )
         summary: dict[str, Any] = result.summary()
         out = {

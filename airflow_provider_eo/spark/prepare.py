@@ -108,7 +108,7 @@ def prepare_checkpoint(
 
     # 2. Bounded read of exactly the planned ranges; per-range counts and timestamps are
     #    observed during the write (no second read).
-    frame = source.read_ranges(spark, pipeline, list(cp.ranges))
+    frame = source.read_ranges(spark, pipeline, list(cp.ranges), time_filter=cp.time_filter)
     observation = Observation(f"eo-{pipeline.name}-{checkpoint_id}-{attempt}")
     metrics = source.range_metrics(live)
     if metrics:
@@ -211,18 +211,39 @@ def apply_overrides(pipeline: Pipeline, overrides: str | None) -> Pipeline:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``spark-submit prepare.py --pipeline MOD:ATTR --checkpoint N [--attempt A]``."""
+    """``spark-submit prepare.py --pipeline MOD:ATTR --checkpoint N [--attempt A]``; with
+    ``--backfill-sink-topic TOPIC [--backfill-transform MOD:FN]`` the checkpoint is one of
+    the pipeline's backfill into TOPIC (core/backfill.py)."""
     parser = argparse.ArgumentParser(prog=names.PREPARE_APP, description=__doc__.splitlines()[0])
     parser.add_argument("--pipeline", required=True, help="MODULE:ATTR of the Pipeline")
     parser.add_argument("--checkpoint", type=int, required=True)
     parser.add_argument("--attempt", default=None)
     parser.add_argument("--actor-json", default=None, help="Airflow lineage for the ledger")
+    parser.add_argument(
+        "--backfill-sink-topic", default=None, help="prepare a checkpoint of the backfill into TOPIC"
+    )
+    parser.add_argument(
+        "--backfill-transform", default=None, help="the backfill's transform MOD:FN (default: the pipeline's)"
+    )
     args = parser.parse_args(argv)
+    if args.backfill_transform and not args.backfill_sink_topic:
+        parser.error("--backfill-transform needs --backfill-sink-topic")
     from airflow_provider_eo.spark.session import get_spark
 
     # Settings that came from Airflow connections (EoSubmitOperator kafka_conn_id /
     # ledger_conn_id) arrive in the environment, never on the command line.
     pipeline = apply_overrides(load_pipeline(args.pipeline), os.environ.get(names.PIPELINE_OVERRIDES_ENV))
+    if args.backfill_sink_topic:
+        from airflow_provider_eo.core.backfill import backfill_pipeline
+
+        # The backfill's plan already refused the live sink unless it was allowed: a
+        # checkpoint of that backfill exists only then.
+        pipeline = backfill_pipeline(
+            pipeline,
+            args.backfill_sink_topic,
+            transform=args.backfill_transform,
+            allow_live_sink=True,
+        )
     actor = Actor(**json.loads(args.actor_json)) if args.actor_json else Actor.here()
     spark = get_spark(names.prepare_app_name(pipeline.name, args.checkpoint), pipeline.spark_conf)
     with Ledger(pipeline.ledger_url) as ledger:

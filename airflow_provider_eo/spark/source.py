@@ -89,9 +89,27 @@ def empty_source(spark: SparkSession) -> DataFrame:
     return spark.createDataFrame([], schema)
 
 
-def read_ranges(spark: SparkSession, pipeline: Pipeline, ranges: list[RangeSpec]) -> DataFrame:
-    """The planned ranges (or an empty frame when none holds an offset)."""
-    return kafka_source(spark, pipeline, ranges) if live_ranges(ranges) else empty_source(spark)
+def read_ranges(
+    spark: SparkSession,
+    pipeline: Pipeline,
+    ranges: list[RangeSpec],
+    *,
+    time_filter: tuple[int, int] | None = None,
+) -> DataFrame:
+    """The planned ranges (or an empty frame when none holds an offset).
+
+    ``time_filter`` (a backfill checkpoint's ``(start_ms, end_ms)``): only the records whose
+    Kafka timestamp is in ``[start_ms, end_ms)``. Applied before anything observes the
+    frame, so the counts and min/max timestamps recorded at prepare are the filtered ones.
+    """
+    frame = kafka_source(spark, pipeline, ranges) if live_ranges(ranges) else empty_source(spark)
+    if time_filter is None:
+        return frame
+    from pyspark.sql import functions as F
+
+    start_ms, end_ms = time_filter
+    stamp = F.unix_millis(F.col("timestamp"))
+    return frame.where((stamp >= F.lit(start_ms)) & (stamp < F.lit(end_ms)))
 
 
 def with_provenance(source: DataFrame) -> DataFrame:

@@ -1,0 +1,340 @@
+"""Backfill ``[start, end)`` of a live pipeline from the offsets its ledger recorded as
+COMMITTED, into a separate sink, exactly once (DESIGN.md section 7).
+
+The backfill runs as a *derived* pipeline (:func:`backfill_pipeline`): its own name per
+(live pipeline, target topic), its own consumer group, marker group and transactional ids,
+its own ledger row (``backfill_of`` set). So the one commit protocol (frozen plan, markers,
+lease, fencing) publishes it unchanged and never touches the live pipeline's group. Each
+of its checkpoints reads committed offset ranges and keeps the records whose Kafka
+timestamp lies in the checkpoint's time filter; the ledger refuses a checkpoint that would
+read a record another one reads (ledger/backfill.py), so a rerun, a retry or an
+overlapping request adds nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_provider_eo import names
+from airflow_provider_eo.core.commit import check_marker_identity, commit_checkpoint
+from airflow_provider_eo.core.plan import check_commit_plan, data_loss_error, lost_ranges
+from airflow_provider_eo.errors import BackfillRefused, DataLossError, KafkaAdminError
+from airflow_provider_eo.kafka import admin
+from airflow_provider_eo.kafka.client_config import librdkafka_config
+from airflow_provider_eo.ledger import (
+    Actor,
+    CheckpointNotFound,
+    CheckpointRecord,
+    CheckpointState,
+    Ledger,
+    PipelineFingerprintMismatch,
+    RangeSpec,
+)
+from airflow_provider_eo.ledger.backfill import next_checkpoint_ranges
+from airflow_provider_eo.pipeline import Pipeline, backfill_name
+
+log = logging.getLogger(__name__)
+
+PrepareFn = Callable[[Pipeline, Ledger, int], None]
+ProgressFn = Callable[[CheckpointRecord], None]
+
+
+def iso_ms(ms: int) -> str:
+    """``ms`` (epoch milliseconds) as an ISO-8601 UTC string, for messages."""
+    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def parse_instant(text: str) -> int:
+    """An ISO-8601 instant (``2024-05-01``, ``2024-05-01T00:00:00Z``, with an offset) as epoch
+    milliseconds; a time without a zone is UTC. ValueError naming the text otherwise."""
+    try:
+        value = dt.datetime.fromisoformat(text.strip())
+    except ValueError as exc:
+        raise ValueError(f"{text!r} is not an ISO-8601 date or time (e.g. 2024-05-01T00:00:00Z)") from exc
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=dt.timezone.utc)
+    return int(value.timestamp() * 1000)
+
+
+def backfill_pipeline(
+    live: Pipeline, sink_topic: str, *, transform: str | None = None, allow_live_sink: bool = False
+) -> Pipeline:
+    """The derived pipeline that backfills ``live`` into ``sink_topic``: name
+    ``<live>.bf.<target>`` (a readable prefix plus a hash when that is too long), its own
+    consumer group, the live pipeline's transform unless ``transform`` is given, one
+    checkpoint in flight. The same (live, target) always gives the same identity.
+
+    Refused (:class:`BackfillRefused`) when ``sink_topic`` is empty or is the live sink
+    (unless ``allow_live_sink``: its records would then be published twice there).
+    """
+    if not sink_topic:
+        raise BackfillRefused(
+            f"pipeline {live.name!r}: a backfill needs a sink topic (--sink-topic TOPIC): it "
+            "publishes into a separate topic, never silently into the live sink"
+        )
+    if live.backfill_of is not None:
+        raise BackfillRefused(
+            f"pipeline {live.name!r} is itself the backfill of {live.backfill_of!r}: backfill "
+            f"{live.backfill_of!r} instead"
+        )
+    if sink_topic == live.sink_topic and not allow_live_sink:
+        raise BackfillRefused(
+            f"pipeline {live.name!r}: {sink_topic!r} is the live pipeline's own sink; a backfill "
+            "there publishes the interval's records a second time next to the live output. "
+            "Backfill into a separate topic (--sink-topic), or pass --allow-live-sink "
+            "(allow_live_sink=True) if that duplicate is what you want."
+        )
+    if sink_topic in live.source_topics:
+        raise BackfillRefused(
+            f"pipeline {live.name!r}: the backfill sink {sink_topic!r} is one of its source "
+            "topics; pick a separate topic"
+        )
+    name = backfill_name(live.name, sink_topic)
+    return dataclasses.replace(
+        live,
+        name=name,
+        sink_topic=sink_topic,
+        transform=transform if transform is not None else live.transform,
+        consumer_group=f"eo.{name}",
+        backfill_of=live.name,
+        max_pending=1,
+    )
+
+
+def _check_request(live: Pipeline, ledger: Ledger, start_ms: int, end_ms: int) -> None:
+    """Refuse an empty interval and a live pipeline the ledger never committed anything of."""
+    if end_ms <= start_ms:
+        raise BackfillRefused(
+            f"pipeline {live.name!r}: the backfill interval ends ({iso_ms(end_ms)}) at or before "
+            f"it starts ({iso_ms(start_ms)}); give --end after --start"
+        )
+    try:
+        ledger.get_pipeline(live.name)
+    except CheckpointNotFound as exc:
+        raise BackfillRefused(
+            f"pipeline {live.name!r} is not in the ledger at {ledger.url}: there is nothing to "
+            "backfill. Check the pipeline name and its ledger_url, or run the pipeline first."
+        ) from exc
+    if ledger.last_committed(live.name) is None:
+        raise BackfillRefused(
+            f"pipeline {live.name!r} has no COMMITTED checkpoint yet: a backfill re-processes "
+            "only what the live pipeline committed. Run the pipeline first."
+        )
+
+
+def _resume(derived: Pipeline, cp: CheckpointRecord) -> CheckpointRecord:
+    """The unfinished checkpoint ``cp``, checked: a PLANNED one whose offsets Kafka deleted
+    fails naming them (a backfill never skips), a commit plan the cluster cannot carry out
+    is refused."""
+    if cp.state is CheckpointState.PLANNED:
+        lost = lost_ranges(derived, list(cp.ranges))
+        if lost:
+            raise data_loss_error(derived, cp, lost)
+    if cp.commit_plan is not None:
+        check_commit_plan(derived, cp, cp.commit_plan)
+    return cp
+
+
+def plan_backfill(
+    live: Pipeline,
+    ledger: Ledger,
+    start_ms: int,
+    end_ms: int,
+    *,
+    sink_topic: str,
+    transform: str | None = None,
+    allow_live_sink: bool = False,
+    actor: Actor | None = None,
+) -> CheckpointRecord | None:
+    """The backfill pipeline's unfinished checkpoint, else the next checkpoint of
+    ``[start_ms, end_ms)``, else None (the interval is done).
+
+    Every refusal (:class:`BackfillRefused`, :class:`DataLossError` naming the lost ranges)
+    happens before the ledger is written, so a refused request changes nothing. Idempotent
+    per call: an unfinished checkpoint is returned again until it finishes.
+    """
+    derived = backfill_pipeline(live, sink_topic, transform=transform, allow_live_sink=allow_live_sink)
+    _check_request(live, ledger, start_ms, end_ms)
+    try:
+        existing = ledger.get_pipeline(derived.name)
+    except CheckpointNotFound:
+        existing = None
+    if existing is not None:
+        if existing.fingerprint != derived.fingerprint():
+            raise BackfillRefused(
+                f"backfill pipeline {derived.name!r} (pipeline {live.name!r} into {sink_topic!r}) "
+                "was recorded with other settings (transform or source topics): one backfill "
+                "target keeps one transform. Use the transform it was run with, or backfill "
+                "into another sink topic."
+            )
+        unfinished = ledger.unfinished(derived.name)
+        if unfinished is not None:
+            return _resume(derived, unfinished)
+    config = librdkafka_config(live.kafka)
+    try:
+        sink_partitions = admin.partition_count(config, sink_topic)
+    except KafkaAdminError as exc:
+        raise BackfillRefused(
+            f"backfill of pipeline {live.name!r} into {sink_topic!r}: {exc} Nothing was planned."
+        ) from exc
+    segments = ledger.backfill_work(live.name, derived.name, start_ms, end_ms)
+    if not segments:
+        return None
+    # Offsets of the whole interval that Kafka no longer has fail now, before any progress.
+    wanted = [
+        RangeSpec(t, p, a, b) for seg in segments for (t, p), parts in seg.work.items() for a, b in parts
+    ]
+    lost = lost_ranges(live, wanted)
+    if lost:
+        raise DataLossError(
+            f"backfill of pipeline {live.name!r} [{iso_ms(start_ms)}, {iso_ms(end_ms)}) into "
+            f"{sink_topic!r}: offsets the live pipeline committed for this interval are gone "
+            f"from Kafka: {'; '.join(sorted(set(lost)))}. Nothing was planned. Those records "
+            "cannot be re-processed from Kafka (restore them from another copy), or backfill "
+            "an interval that starts after them."
+        )
+    nxt = next_checkpoint_ranges(segments, derived.max_records_per_checkpoint)
+    if nxt is None:
+        return None
+    segment, ranges = nxt
+    try:
+        registered = ledger.register_backfill_pipeline(
+            derived.name, derived.fingerprint(), backfill_of=live.name
+        )
+    except PipelineFingerprintMismatch as exc:  # a concurrent first run with another transform
+        raise BackfillRefused(str(exc)) from exc
+    prefix = ledger.pin_transactional_id_prefix(derived.name, derived.transactional_id_prefix)
+    check_marker_identity(derived, registered.identity)
+    return ledger.plan_backfill(
+        derived.name,
+        ranges,
+        filter_start_ms=segment.start_ms,
+        filter_end_ms=segment.end_ms,
+        max_pending=derived.max_pending,
+        actor=actor,
+        details={"interval": [start_ms, end_ms], "sink_topic": sink_topic},
+        commit_plan=names.commit_plan(derived, sink_partitions, prefix),
+    )
+
+
+@dataclass(frozen=True)
+class BackfillResult:
+    """What :func:`run_backfill` did: the checkpoints it finished, in order, and their records."""
+
+    pipeline: str
+    backfill_pipeline: str
+    checkpoints: tuple[CheckpointRecord, ...] = ()
+    records: int = 0
+    sink_topic: str = ""
+    start_ms: int | None = None
+    end_ms: int | None = None
+    seconds: float = 0.0
+    steps: tuple[str, ...] = field(default_factory=tuple)
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready (``eo backfill --json``, the operator's XCom)."""
+        return {
+            "pipeline": self.pipeline,
+            "backfill_pipeline": self.backfill_pipeline,
+            "sink_topic": self.sink_topic,
+            "start": iso_ms(self.start_ms) if self.start_ms is not None else None,
+            "end": iso_ms(self.end_ms) if self.end_ms is not None else None,
+            "checkpoints": [cp.checkpoint_id for cp in self.checkpoints],
+            "records": self.records,
+            "seconds": round(self.seconds, 3),
+            "details": [
+                {
+                    "checkpoint_id": cp.checkpoint_id,
+                    "time_filter": [iso_ms(x) for x in cp.time_filter] if cp.time_filter else None,
+                    "ranges": [r.compact() for r in cp.ranges],
+                    "records": cp.records,
+                }
+                for cp in self.checkpoints
+            ],
+        }
+
+
+def _local_prepare() -> PrepareFn:
+    """Prepare in a local SparkSession (the pipeline's spark_conf)."""
+
+    def prepare(pipeline: Pipeline, ledger: Ledger, checkpoint_id: int) -> None:
+        from airflow_provider_eo.spark.prepare import prepare_checkpoint
+        from airflow_provider_eo.spark.session import get_spark
+
+        spark = get_spark(names.prepare_app_name(pipeline.name), pipeline.spark_conf)
+        prepare_checkpoint(spark, pipeline, ledger, checkpoint_id)
+
+    return prepare
+
+
+def run_backfill(
+    live: Pipeline,
+    ledger: Ledger,
+    start_ms: int,
+    end_ms: int,
+    *,
+    sink_topic: str,
+    transform: str | None = None,
+    allow_live_sink: bool = False,
+    actor: Actor | None = None,
+    prepare: PrepareFn | None = None,
+    progress: ProgressFn | None = None,
+) -> BackfillResult:
+    """Backfill ``[start_ms, end_ms)`` to the end: resume the backfill pipeline's unfinished
+    checkpoint (prepare it if PLANNED, commit it), else plan the next one; until nothing is
+    left. ``progress`` is called with each checkpoint once it is COMMITTED.
+
+    Idempotent: a rerun after a kill at any point finishes the interrupted checkpoint and
+    adds only what is missing; a rerun of a finished interval plans nothing.
+    """
+    started = time.monotonic()
+    derived = backfill_pipeline(live, sink_topic, transform=transform, allow_live_sink=allow_live_sink)
+    prepare = prepare or _local_prepare()
+    done: list[CheckpointRecord] = []
+    steps: list[str] = []
+    while True:
+        cp = plan_backfill(
+            live,
+            ledger,
+            start_ms,
+            end_ms,
+            sink_topic=sink_topic,
+            transform=transform,
+            allow_live_sink=allow_live_sink,
+            actor=actor,
+        )
+        if cp is None:
+            break
+        if any(d.checkpoint_id == cp.checkpoint_id for d in done):  # never loop on one
+            raise RuntimeError(f"backfill pipeline {derived.name!r}: checkpoint {cp.checkpoint_id} again")
+        if cp.state is CheckpointState.PLANNED:
+            prepare(derived, ledger, cp.checkpoint_id)
+            steps.append(f"prepare:{cp.checkpoint_id}")
+        committed = commit_checkpoint(derived, ledger, cp.checkpoint_id, actor=actor)
+        steps.append(f"commit:{cp.checkpoint_id}:{committed.published}")
+        done.append(committed.checkpoint)
+        log.info(
+            "backfill %s: checkpoint %d committed (%s records)",
+            derived.name,
+            cp.checkpoint_id,
+            committed.checkpoint.records,
+        )
+        if progress is not None:
+            progress(committed.checkpoint)
+    return BackfillResult(
+        pipeline=live.name,
+        backfill_pipeline=derived.name,
+        checkpoints=tuple(done),
+        records=sum(cp.records or 0 for cp in done),
+        sink_topic=sink_topic,
+        start_ms=start_ms,
+        end_ms=end_ms,
+        seconds=time.monotonic() - started,
+        steps=tuple(steps),
+    )
