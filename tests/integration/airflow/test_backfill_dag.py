@@ -51,8 +51,16 @@ def test_daily_runs_backfill_their_interval_once(
     airflow_env: Any, kafka_bootstrap: str, make_topic: Callable[..., str]
 ) -> None:
     airflow_env.add_dag(ROOT / "dags" / "eo_backfill.py")
-    sink = make_topic("af-backfill", 3)
-    airflow_env.env["EO_BACKFILL_SINK_TOPIC"] = sink
+    # Records from 2025: time retention would delete them at once, so keep them forever.
+    keep = {"retention.ms": "-1"}
+    sink = make_topic("af-backfill", 3, **keep)
+    airflow_env.env.update(
+        {
+            "EO_DEMO_SOURCE_TOPIC": make_topic("af-src-old", 3, **keep),
+            "EO_DEMO_SINK_TOPIC": make_topic("af-sink-old", 3, **keep),
+            "EO_BACKFILL_SINK_TOPIC": sink,
+        }
+    )
     pipeline = airflow_env.pipeline()
     day_of = _produce_three_days(kafka_bootstrap, pipeline.source_topics[0])
 
