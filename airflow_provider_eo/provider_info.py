@@ -42,6 +42,9 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_provider_eo.operators.submit",
                     "airflow_provider_eo.operators.commit",
                     "airflow_provider_eo.operators.abort",
+                    "airflow_provider_eo.operators.savepoint",
+                    "airflow_provider_eo.operators.restore",
+                    "airflow_provider_eo.operators.backfill",
                 ],
             }
         ],

@@ -8,6 +8,10 @@ from typing import Any
 
 from airflow_provider_eo.version_compat import TaskGroup
 
+#: The plan task's default ``restore_from``: the run conf's (or the DAG Param's)
+#: ``restore_from``; renders "" when neither is set.
+RESTORE_FROM_CONF = "{{ params.get('restore_from') or '' }}"
+
 
 def eo_pipeline_group(
     pipeline_ref: str,
@@ -27,6 +31,7 @@ def eo_pipeline_group(
     prepare_kwargs: Mapping[str, Any] | None = None,
     wait_kwargs: Mapping[str, Any] | None = None,
     commit_kwargs: Mapping[str, Any] | None = None,
+    restore_from: str | None = RESTORE_FROM_CONF,
     **group_kwargs: Any,
 ) -> TaskGroup:
     """A TaskGroup running one checkpoint of ``pipeline_ref`` per DAG run.
@@ -40,6 +45,10 @@ def eo_pipeline_group(
     once. Every step is idempotent, so a retried or cleared task, or the next DAG run,
     continues the same unfinished checkpoint. Nothing is imported or contacted at parse
     time: the pipeline is loaded by each task when it runs.
+
+    A run whose conf (or DAG ``Param``) has ``"restore_from": "<savepoint>"`` restores
+    the pipeline from that savepoint in its plan task first (once per run, even across
+    retries); a stopped pipeline makes the plan task, and so the run, skip.
 
     Call it inside ``with DAG(...)`` (or pass ``dag=``). Schedule the DAG with
     ``max_active_runs=1``: two runs planning at once are refused by the ledger.
@@ -60,6 +69,8 @@ def eo_pipeline_group(
     :param prepare_kwargs: extra arguments of the submit operator (``env_vars``, ``jars`` ...).
     :param wait_kwargs: extra arguments of the sensor (``mode``, ``check_before_defer`` ...).
     :param commit_kwargs: extra arguments of the commit operator.
+    :param restore_from: template (or name) of a savepoint the plan task restores from
+        first; default the run conf's ``restore_from``; ``None`` never restores.
     :param group_kwargs: passed to :class:`TaskGroup` (``dag``, ``tooltip``, ``parent_group`` ...).
     """
     from airflow_provider_eo.operators.commit import EoCommitOperator
@@ -75,6 +86,7 @@ def eo_pipeline_group(
             pipeline=pipeline_ref,
             kafka_conn_id=kafka_conn_id,
             ledger_conn_id=ledger_conn_id,
+            restore_from=restore_from,
             **{**common, **(plan_kwargs or {})},
         )
         checkpoint = f"{{{{ ti.xcom_pull(task_ids='{plan.task_id}')['checkpoint_id'] }}}}"

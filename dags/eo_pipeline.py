@@ -8,6 +8,12 @@
 Restart-from-checkpoint is a DAG retry: a retried or cleared task, or the next run,
 continues the same unfinished checkpoint. ``max_active_runs=1`` keeps one run at a time.
 
+Restore: trigger a run with ``{"restore_from": "<savepoint>"}`` (the ``restore_from``
+field of the Trigger DAG form): its plan task restores the pipeline from that savepoint
+(once, even if the task is retried) and plans from there. A stopped pipeline (``eo stop``
+or a savepoint taken with "stop") makes every run skip, with the reason, until
+``eo resume``.
+
 Connections: ``spark_default`` (e.g. host ``local[2]``), optionally a ``kafka``
 connection named by ``EO_KAFKA_CONN_ID`` and an ``eo_ledger`` one by ``EO_LEDGER_CONN_ID``.
 """
@@ -17,7 +23,7 @@ from __future__ import annotations
 import os
 from datetime import datetime, timedelta
 
-from airflow.sdk import DAG
+from airflow.sdk import DAG, Param
 
 from airflow_provider_eo.task_group import eo_pipeline_group
 
@@ -29,6 +35,15 @@ with DAG(
     max_active_runs=1,
     tags=["eo", "example"],
     doc_md=__doc__,
+    params={
+        "restore_from": Param(
+            None,
+            type=["null", "string"],
+            title="Restore from savepoint",
+            description="Name of a savepoint to restore the pipeline from before this run plans "
+            "(leave empty for a normal run).",
+        ),
+    },
 ) as dag:
     eo_pipeline_group(
         "eo_demo_pipelines:demo_pipeline",

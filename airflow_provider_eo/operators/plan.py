@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from airflow_provider_eo.core.plan import plan_checkpoint
+from airflow_provider_eo.core.restore import restore_from_savepoint
+from airflow_provider_eo.errors import PipelineStopped
 from airflow_provider_eo.ledger import CheckpointConflict, CheckpointRecord, InvariantViolation
 from airflow_provider_eo.operators.base import (
     PIPELINE_TEMPLATE_FIELDS,
@@ -13,6 +15,8 @@ from airflow_provider_eo.operators.base import (
     actor_for,
     open_ledger,
 )
+from airflow_provider_eo.operators.restore import restore_request_key
+from airflow_provider_eo.operators.savepoint import parse_bool
 from airflow_provider_eo.version_compat import (
     AirflowException,
     AirflowSkipException,
@@ -29,6 +33,15 @@ class PlanRefused(AirflowException):
     checkpoints are unfinished. The message says which and what to do."""
 
 
+def savepoint_to_restore(value: Any) -> str | None:
+    """The rendered ``restore_from``: a savepoint name, or None for "no restore"
+    (``None``, ``""`` or the ``"None"`` a template renders from a missing value)."""
+    if value is None:
+        return None
+    text = str(value).strip()
+    return None if text in ("", "None") else text
+
+
 def checkpoint_summary(cp: CheckpointRecord, **extra: Any) -> dict[str, Any]:
     """The small XCom describing a checkpoint: its summary, ranges capped at MAX_XCOM_RANGES."""
     return {**cp.summary(max_ranges=MAX_XCOM_RANGES), **extra}
@@ -42,10 +55,23 @@ class EoPlanOperator(PipelineTaskMixin, BaseOperator):
     same ranges. The Airflow task instance is recorded in the ledger as the planner.
 
     Returns (XCom) ``{"pipeline", "checkpoint_id", "state", "ranges", "records_planned",
-    "resumed"}``. When there is nothing new to read the task is **skipped**
+    "resumed"}`` (plus ``"restored"``, the restore's summary, when one was asked). When
+    there is nothing new to read the task is **skipped**
     (``AirflowSkipException``, like ``ShortCircuitOperator``): with the default trigger
     rule every downstream task skips too, so an idle run is visibly "skipped", not
     "success with nothing done". Set ``skip_when_empty=False`` to succeed with ``None``.
+
+    A **stopped** pipeline (``eo stop``, a savepoint taken with stop) skips the task with
+    the ledger's reason, whatever ``skip_when_empty`` says: the run is visibly skipped
+    until ``eo resume``. A checkpoint that was in flight when it was stopped still
+    resumes and finishes.
+
+    **Restore first**: when ``restore_from`` renders a savepoint name (the pipeline DAG
+    passes the run conf's ``restore_from``), the task restores the pipeline from it
+    (:func:`~airflow_provider_eo.core.restore.restore_from_savepoint`, refused while a
+    checkpoint is unfinished) and then plans from the restored offsets. The restore's
+    request key is ``"<dag_id>/<run_id>"``: a retry or cleared task of the same run does
+    not restore again.
 
     :param pipeline: import path ``"module:ATTR"`` of the :class:`~airflow_provider_eo.Pipeline`
         (or of a zero-argument callable returning one). Loaded at execute time. (templated)
@@ -54,9 +80,13 @@ class EoPlanOperator(PipelineTaskMixin, BaseOperator):
     :param ledger_conn_id: optional ``eo_ledger`` connection replacing the pipeline's
         ledger URL. (templated)
     :param skip_when_empty: skip (default) instead of returning ``None`` when nothing is new.
+    :param restore_from: a savepoint to restore from before planning; ``None``/``""``
+        (default) plans as usual. (templated)
+    :param allow_non_restored: with ``restore_from``: accept partitions the savepoint does
+        not cover and drop those that no longer exist. (templated)
     """
 
-    template_fields: Sequence[str] = PIPELINE_TEMPLATE_FIELDS
+    template_fields: Sequence[str] = (*PIPELINE_TEMPLATE_FIELDS, "restore_from", "allow_non_restored")
     ui_color = "#e8f4fd"
 
     def __init__(
@@ -66,18 +96,43 @@ class EoPlanOperator(PipelineTaskMixin, BaseOperator):
         kafka_conn_id: str | None = None,
         ledger_conn_id: str | None = None,
         skip_when_empty: bool = True,
+        restore_from: str | None = None,
+        allow_non_restored: bool | str = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self._set_pipeline_args(pipeline=pipeline, kafka_conn_id=kafka_conn_id, ledger_conn_id=ledger_conn_id)
         self.skip_when_empty = skip_when_empty
+        self.restore_from = restore_from
+        self.allow_non_restored = allow_non_restored
 
     def execute(self, context: Context) -> dict[str, Any] | None:
         pipeline = self.resolve_pipeline()
         actor = actor_for(context)
+        savepoint = savepoint_to_restore(self.restore_from)
+        restored: dict[str, Any] | None = None
         with open_ledger(pipeline) as ledger:
+            if savepoint is not None:
+                result = restore_from_savepoint(
+                    pipeline,
+                    ledger,
+                    savepoint,
+                    allow_non_restored=parse_bool(self.allow_non_restored, field="allow_non_restored"),
+                    actor=actor,
+                    request_key=restore_request_key(context),
+                )
+                restored = result.summary()
+                self.log.info(
+                    "pipeline %s: %s savepoint %r: %s",
+                    pipeline.name,
+                    "already restored (earlier try of this run) from" if result.repeated else "restored from",
+                    savepoint,
+                    restored,
+                )
             try:
                 cp = plan_checkpoint(pipeline, ledger, actor=actor)
+            except PipelineStopped as exc:
+                raise AirflowSkipException(str(exc)) from exc
             except CheckpointConflict as exc:
                 raise PlanRefused(
                     f"pipeline {pipeline.name!r}: another run planned checkpoint "
@@ -94,6 +149,8 @@ class EoPlanOperator(PipelineTaskMixin, BaseOperator):
             return None
         resumed = not (cp.run_id == actor.run_id and cp.try_number == actor.try_number)
         summary = checkpoint_summary(cp, resumed=resumed)
+        if restored is not None:
+            summary["restored"] = restored
         self.log.info(
             "pipeline %s: %s checkpoint %s (%s), %s offsets planned: %s",
             pipeline.name,

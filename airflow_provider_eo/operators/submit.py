@@ -82,6 +82,75 @@ def local_driver_env(pipeline_ref: str) -> dict[str, str]:
     return env
 
 
+def submit_prepare(
+    task: SparkSubmitOperator,
+    context: Context,
+    *,
+    pipeline_ref: str,
+    pipeline_name: str,
+    checkpoint_id: int,
+    overrides: str | None,
+    extra_args: Sequence[str] = (),
+) -> dict[str, Any] | None:
+    """spark-submit the provider's prepare application for one checkpoint, with the
+    Spark settings of ``task`` (any :class:`SparkSubmitOperator`: connection, ``conf``,
+    ``jars``, ``env_vars`` ...). Shared by the submit and the backfill operators.
+
+    Client mode runs the driver and returns ``None`` when spark-submit has finished (the
+    caller then reads the ledger). Cluster mode only submits and returns ``{"state":
+    "PLANNED", "submitted": True, "external_id"}``: the caller waits on the ledger.
+    ``extra_args`` are appended to the application's arguments (the backfill's
+    ``--backfill-sink-topic``/``--backfill-transform``). May be called more than once on
+    the same task (each call rebuilds the hook; the merges are idempotent).
+
+    :param pipeline_ref: ``"module:ATTR"`` given to the application.
+    :param pipeline_name: the pipeline's name, for messages.
+    :param checkpoint_id: the checkpoint to prepare.
+    :param overrides: JSON of connection-provided settings (see
+        :func:`~airflow_provider_eo.operators.base.pipeline_overrides`); refused in
+        cluster mode, where it would travel in Spark conf.
+    """
+    task.application = task.application or prepare_application()
+    task.application_args = [
+        "--pipeline",
+        pipeline_ref,
+        "--checkpoint",
+        str(checkpoint_id),
+        "--actor-json",
+        json.dumps(task_identity(context)),
+        *extra_args,
+    ]
+    # Computed here, not in __init__: the first call may download the jars.
+    from airflow_provider_eo.spark.session import connector_jars_csv
+
+    task.jars = _merge_csv(task.jars, connector_jars_csv())
+    probe = task._get_hook()  # resolves the connection: master and deploy mode
+    if probe._connection["deploy_mode"] == "cluster":
+        if overrides:
+            raise AirflowFailException(
+                f"pipeline {pipeline_name!r}: kafka_conn_id/ledger_conn_id cannot reach a "
+                "cluster-mode driver (it would carry secrets in Spark conf); let the pipeline "
+                "module read its settings on the cluster, or use client deploy mode"
+            )
+        conf = dict(task.conf or {})
+        if probe._is_yarn:
+            conf.setdefault("spark.yarn.submit.waitAppCompletion", "false")
+        if probe._is_kubernetes:
+            conf.setdefault("spark.kubernetes.submission.waitAppCompletion", "false")
+        task.conf = conf
+        task._hook = task._get_hook()
+        external_id = task._hook.submit(task.application) or getattr(task._hook, "_yarn_application_id", None)
+        task.log.info("prepare job submitted in cluster mode: %s", external_id)
+        return {"state": CheckpointState.PLANNED.value, "submitted": True, "external_id": external_id}
+    env = {**local_driver_env(pipeline_ref), **(task.env_vars or {})}
+    if overrides:
+        env[names.PIPELINE_OVERRIDES_ENV] = overrides
+    task.env_vars = env
+    task._hook = task._get_hook()
+    SparkSubmitOperator.execute(task, context)
+    return None
+
+
 class EoSubmitOperator(PipelineTaskMixin, SparkSubmitOperator):
     """Run the provider's prepare job for one checkpoint with ``spark-submit``.
 
@@ -157,36 +226,16 @@ class EoSubmitOperator(PipelineTaskMixin, SparkSubmitOperator):
                 f"{f' ({cp.abort_reason})' if cp.abort_reason else ''}; the next DAG run replans "
                 "its range"
             )
-        self.application = self.application or prepare_application()
-        self.application_args = [
-            "--pipeline",
-            self.pipeline,
-            "--checkpoint",
-            str(checkpoint_id),
-            "--actor-json",
-            json.dumps(task_identity(context)),
-        ]
-        # Computed here, not in __init__: the first call may download the jars.
-        from airflow_provider_eo.spark.session import connector_jars_csv
-
-        self.jars = _merge_csv(self.jars, connector_jars_csv())
-        probe = self._get_hook()  # resolves the connection: master and deploy mode
-        cluster = probe._connection["deploy_mode"] == "cluster"
-        overrides = self.pipeline_overrides(pipeline)
-        if cluster:
-            if overrides:
-                raise AirflowFailException(
-                    f"pipeline {pipeline.name!r}: kafka_conn_id/ledger_conn_id cannot reach a "
-                    "cluster-mode driver (it would carry secrets in Spark conf); let the pipeline "
-                    "module read its settings on the cluster, or use client deploy mode"
-                )
-            return {**summary, **self._submit_only(probe)}
-        env = {**local_driver_env(self.pipeline), **(self.env_vars or {})}
-        if overrides:
-            env[names.PIPELINE_OVERRIDES_ENV] = overrides
-        self.env_vars = env
-        self._hook = self._get_hook()
-        super().execute(context)
+        submitted = submit_prepare(
+            self,
+            context,
+            pipeline_ref=self.pipeline,
+            pipeline_name=pipeline.name,
+            checkpoint_id=checkpoint_id,
+            overrides=self.pipeline_overrides(pipeline),
+        )
+        if submitted is not None:  # cluster mode: the sensor waits on the ledger
+            return {**summary, **submitted}
         with open_ledger(pipeline) as ledger:
             cp = ledger.get(pipeline.name, checkpoint_id)
         if cp.state not in (CheckpointState.PREPARED, CheckpointState.COMMITTED):
@@ -202,16 +251,3 @@ class EoSubmitOperator(PipelineTaskMixin, SparkSubmitOperator):
             "attempt": cp.prepared_attempt,
             "spark_app_id": cp.spark_app_id,
         }
-
-    def _submit_only(self, probe: Any) -> dict[str, Any]:
-        """Cluster mode: submit and return; the sensor waits on the ledger."""
-        conf = dict(self.conf or {})
-        if probe._is_yarn:
-            conf.setdefault("spark.yarn.submit.waitAppCompletion", "false")
-        if probe._is_kubernetes:
-            conf.setdefault("spark.kubernetes.submission.waitAppCompletion", "false")
-        self.conf = conf
-        self._hook = self._get_hook()
-        external_id = self._hook.submit(self.application) or getattr(self._hook, "_yarn_application_id", None)
-        self.log.info("prepare job submitted in cluster mode: %s", external_id)
-        return {"state": CheckpointState.PLANNED.value, "submitted": True, "external_id": external_id}

@@ -53,3 +53,11 @@ def test_example_dag_parses_without_services() -> None:
     dag = module.dag
     assert dag.max_active_runs == 1 and dag.catchup is False
     assert sorted(dag.task_ids) == ["eo.commit", "eo.plan", "eo.prepare", "eo.wait"]
+
+
+def test_plan_restores_from_the_run_conf_by_default() -> None:
+    with DAG("g2", schedule=None, start_date=datetime(2025, 1, 1)) as dag:
+        eo_pipeline_group("m:P", group_id="a")
+        eo_pipeline_group("m:P", group_id="b", restore_from=None)
+    assert dag.get_task("a.plan").restore_from == "{{ params.get('restore_from') or '' }}"
+    assert dag.get_task("b.plan").restore_from is None

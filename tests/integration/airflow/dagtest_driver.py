@@ -5,7 +5,13 @@ Used by the Airflow integration tests: Airflow reads AIRFLOW_HOME when it is fir
 imported, so each test drives Airflow from its own process.
 
     python dagtest_driver.py --dag-module eo_pipeline --runs 3 \
-        [--prepare-fault-runs 1] [--commit-fault-runs 2]
+        [--prepare-fault-runs 1] [--commit-fault-runs 2] [--plan-fault-runs 1] \
+        [--conf JSON] [--logical-dates ISO,ISO] [--mark-success REGEX]
+
+``--conf`` is each run's conf: ``dag.test(run_conf=...)`` creates the run through
+``create_dagrun``, which merges it over the DAG's Params and validates it, as the UI's
+Trigger DAG form and ``airflow dags trigger --conf`` do. ``--logical-dates`` gives one
+run per date (its data interval is the timetable's for that date).
 """
 
 from __future__ import annotations
@@ -31,6 +37,36 @@ def _commit_fault(context: Any) -> None:
         os.environ.pop("EO_FAULT_ACTION", None)
 
 
+def _plan_fault(context: Any, result: Any) -> None:
+    """post_execute hook: fail the first try after the plan task did its work."""
+    if context["ti"].try_number == 1:
+        raise RuntimeError("injected fault after plan")
+
+
+def _arm(
+    prepare: Any,
+    commit: Any,
+    plan: Any,
+    n: int,
+    prepare_faults: set[int],
+    commit_faults: set[int],
+    plan_faults: set[int],
+) -> None:
+    """Set (or clear) this run's injected faults on the eo group's tasks."""
+    prepare.env_vars = (
+        {
+            # Only the first try of this run's prepare job fails (a Spark driver exit
+            # after the staged files are written, before the manifest).
+            "EO_FAULT": "{{ 'prepare.after_write' if ti.try_number == 1 else '' }}",
+            "EO_FAULT_ACTION": "exit",
+        }
+        if n in prepare_faults
+        else None
+    )
+    commit._pre_execute_hook = _commit_fault if n in commit_faults else None
+    plan._post_execute_hook = _plan_fault if n in plan_faults else None
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--dag-module", required=True)
@@ -39,9 +75,20 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--prepare-fault-runs", default="")
     parser.add_argument("--commit-fault-runs", default="")
+    parser.add_argument("--plan-fault-runs", default="")
+    parser.add_argument("--conf", default="")
+    parser.add_argument("--logical-dates", default="")
+    parser.add_argument("--mark-success", default=None)
     args = parser.parse_args()
     prepare_faults = {int(x) for x in args.prepare_fault_runs.split(",") if x}
     commit_faults = {int(x) for x in args.commit_fault_runs.split(",") if x}
+    plan_faults = {int(x) for x in args.plan_fault_runs.split(",") if x}
+    run_conf = json.loads(args.conf) if args.conf else None
+    from datetime import datetime
+
+    logical_dates = [datetime.fromisoformat(x) for x in args.logical_dates.split(",") if x]
+    if logical_dates:
+        args.runs = len(logical_dates)
 
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
@@ -49,23 +96,21 @@ def main() -> int:
 
     module = importlib.import_module(args.dag_module)
     dag = getattr(module, args.dag_attr)
-    prepare = dag.get_task(f"{args.group}.prepare")
-    commit = dag.get_task(f"{args.group}.commit")
+    group = {t.task_id for t in dag.tasks}
+    plan = dag.get_task(f"{args.group}.plan") if f"{args.group}.plan" in group else None
+    prepare = dag.get_task(f"{args.group}.prepare") if f"{args.group}.prepare" in group else None
+    commit = dag.get_task(f"{args.group}.commit") if f"{args.group}.commit" in group else None
     runs = []
     for n in range(1, args.runs + 1):
-        prepare.env_vars = (
-            {
-                # Only the first try of this run's prepare job fails (a Spark driver exit
-                # after the staged files are written, before the manifest).
-                "EO_FAULT": "{{ 'prepare.after_write' if ti.try_number == 1 else '' }}",
-                "EO_FAULT_ACTION": "exit",
-            }
-            if n in prepare_faults
-            else None
-        )
-        commit._pre_execute_hook = _commit_fault if n in commit_faults else None
+        if prepare is None or commit is None or plan is None:
+            assert not (prepare_faults or commit_faults or plan_faults), "faults need the eo group"
+        else:
+            _arm(prepare, commit, plan, n, prepare_faults, commit_faults, plan_faults)
         started = time.monotonic()
-        dr = dag.test()
+        test_kwargs: dict[str, Any] = {"run_conf": run_conf, "mark_success_pattern": args.mark_success}
+        if logical_dates:
+            test_kwargs["logical_date"] = logical_dates[n - 1]
+        dr = dag.test(**test_kwargs)
         os.environ.pop("EO_FAULT", None)
         os.environ.pop("EO_FAULT_ACTION", None)
         with create_session() as session:

@@ -16,7 +16,13 @@ from airflow_provider_eo.version_compat import AirflowSkipException
 
 def test_no_work_at_construction() -> None:
     op = EoPlanOperator(task_id="plan", pipeline="no.such.module:X", kafka_conn_id="nope")
-    assert op.template_fields == ("pipeline", "kafka_conn_id", "ledger_conn_id")
+    assert op.template_fields == (
+        "pipeline",
+        "kafka_conn_id",
+        "ledger_conn_id",
+        "restore_from",
+        "allow_non_restored",
+    )
 
 
 def test_nothing_new_skips(

@@ -1,0 +1,224 @@
+"""Backfill a time interval of a pipeline from Airflow, exactly once, into a backfill sink."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+from airflow_provider_eo import names
+from airflow_provider_eo.core.backfill import run_backfill
+from airflow_provider_eo.ledger import CheckpointState, Ledger
+from airflow_provider_eo.operators.base import (
+    PIPELINE_TEMPLATE_FIELDS,
+    PipelineTaskMixin,
+    actor_for,
+    open_ledger,
+)
+from airflow_provider_eo.operators.savepoint import parse_bool
+from airflow_provider_eo.operators.submit import PrepareNotRecorded, submit_prepare
+from airflow_provider_eo.pipeline import Pipeline
+from airflow_provider_eo.version_compat import AirflowFailException, Context
+
+#: Templates of the interval's ends: the DAG run's own data interval.
+DATA_INTERVAL_START = "{{ data_interval_start }}"
+DATA_INTERVAL_END = "{{ data_interval_end }}"
+
+
+def to_epoch_ms(value: Any, *, field: str) -> int:
+    """An instant as epoch milliseconds: a datetime, an ISO-8601 string (what
+    ``{{ data_interval_start }}`` renders; a naive value is taken as UTC) or an integer
+    number of milliseconds."""
+    if isinstance(value, bool):
+        raise ValueError(f"{field} must be an ISO-8601 instant or epoch milliseconds, got {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, dt.datetime):
+        moment = value
+    else:
+        text = str(value).strip()
+        if text.lstrip("-").isdigit():
+            return int(text)
+        try:
+            moment = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            raise ValueError(
+                f"{field} must be an ISO-8601 instant (e.g. 2025-01-01T00:00:00+00:00) or epoch "
+                f"milliseconds, got {value!r}"
+            ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=dt.timezone.utc)
+    return int(moment.timestamp() * 1000)
+
+
+class EoBackfillOperator(PipelineTaskMixin, SparkSubmitOperator):
+    """Re-process ``[start, end)`` of a pipeline into a backfill sink topic, exactly once.
+
+    Runs :func:`airflow_provider_eo.core.backfill.run_backfill` over the whole interval:
+    the source records whose Kafka timestamp is in ``[start, end)`` and that lie in ranges
+    the ledger recorded as COMMITTED, with the pipeline's transform (or ``transform``),
+    into ``sink_topic``. The backfill is a pipeline of its own (own name, consumer group
+    and commit identity per (pipeline, sink topic)) checkpointed through the same
+    protocol: each of its checkpoints is **prepared by spark-submit** of the provider's
+    prepare application (the same submission as
+    :class:`~airflow_provider_eo.operators.submit.EoSubmitOperator`, with
+    ``--backfill-sink-topic``/``--backfill-transform``), then waited for in the ledger
+    until PREPARED, then **committed** in Kafka transactions.
+
+    Exactly once across retries and re-runs: a retry (or a cleared task) resumes the
+    backfill's unfinished checkpoint; running an interval that is already done adds
+    nothing, and adjacent intervals never overlap.
+
+    In client deploy mode the task runs each driver; in cluster mode it submits and polls
+    the ledger for PREPARED (at most ``prepare_timeout`` seconds, holding the slot).
+
+    Returns (XCom) ``{"pipeline", "backfill_pipeline", "checkpoints", "records", "start",
+    "end", "sink_topic"}``.
+
+    :param pipeline: import path ``"module:ATTR"`` of the live pipeline. (templated)
+    :param start: start of the interval (inclusive): ISO-8601 or epoch ms; default the
+        run's ``data_interval_start``. (templated)
+    :param end: end of the interval (exclusive); default the run's ``data_interval_end``.
+        (templated)
+    :param sink_topic: the backfill sink topic. (templated)
+    :param transform: ``"module:function"`` replacing the pipeline's transform. (templated)
+    :param allow_live_sink: allow ``sink_topic`` to be the live pipeline's sink. (templated)
+    :param prepare_timeout: seconds to wait for a cluster-mode prepare to be PREPARED.
+    :param kafka_conn_id: optional ``kafka`` connection merged over the pipeline's config
+        (client mode only). (templated)
+    :param ledger_conn_id: optional ``eo_ledger`` connection replacing the pipeline's
+        ledger URL (client mode only). (templated)
+    :param conn_id: the Spark connection (``spark_default``); see
+        :class:`SparkSubmitOperator` for every other argument (``conf``, ``jars``,
+        ``env_vars``, ``deploy_mode``, ...).
+    """
+
+    template_fields: Sequence[str] = (
+        *SparkSubmitOperator.template_fields,
+        *PIPELINE_TEMPLATE_FIELDS,
+        "start",
+        "end",
+        "sink_topic",
+        "transform",
+        "allow_live_sink",
+    )
+    ui_color = "#e8fdf8"
+
+    def __init__(
+        self,
+        *,
+        pipeline: str,
+        sink_topic: str,
+        start: str | int | dt.datetime = DATA_INTERVAL_START,
+        end: str | int | dt.datetime = DATA_INTERVAL_END,
+        transform: str | None = None,
+        allow_live_sink: bool | str = False,
+        prepare_timeout: float = 3600.0,
+        kafka_conn_id: str | None = None,
+        ledger_conn_id: str | None = None,
+        conn_id: str = "spark_default",
+        name: str = names.PREPARE_APP,
+        **kwargs: Any,
+    ) -> None:
+        kwargs.setdefault("application", "")
+        super().__init__(conn_id=conn_id, name=name, **kwargs)
+        self._set_pipeline_args(pipeline=pipeline, kafka_conn_id=kafka_conn_id, ledger_conn_id=ledger_conn_id)
+        self.start = start
+        self.end = end
+        self.sink_topic = sink_topic
+        self.transform = transform
+        self.allow_live_sink = allow_live_sink
+        self.prepare_timeout = prepare_timeout
+
+    def execute(self, context: Context) -> dict[str, Any]:  # type: ignore[override]
+        start_ms = to_epoch_ms(self.start, field="start")
+        end_ms = to_epoch_ms(self.end, field="end")
+        sink_topic = str(self.sink_topic or "").strip()
+        if not sink_topic:
+            raise AirflowFailException(f"task {self.task_id!r}: sink_topic must name the backfill sink topic")
+        transform = str(self.transform).strip() if self.transform not in (None, "", "None") else None
+        allow_live_sink = parse_bool(self.allow_live_sink, field="allow_live_sink")
+        live = self.resolve_pipeline()
+        overrides = self.pipeline_overrides(live)
+        extra_args = ["--backfill-sink-topic", sink_topic]
+        if transform:
+            extra_args += ["--backfill-transform", transform]
+
+        def prepare(backfill: Pipeline, ledger: Ledger, checkpoint_id: int) -> None:
+            self._prepare(
+                context, backfill, ledger, checkpoint_id, extra_args=extra_args, overrides=overrides
+            )
+
+        with open_ledger(live) as ledger:
+            result = run_backfill(
+                live,
+                ledger,
+                start_ms,
+                end_ms,
+                sink_topic=sink_topic,
+                transform=transform,
+                allow_live_sink=allow_live_sink,
+                actor=actor_for(context),
+                prepare=prepare,
+                progress=lambda cp: self.log.info(
+                    "backfill of %s: checkpoint %s committed (%s records)",
+                    live.name,
+                    cp.checkpoint_id,
+                    cp.records,
+                ),
+            )
+        summary: dict[str, Any] = result.summary()
+        out = {
+            "pipeline": summary.get("pipeline", live.name),
+            "backfill_pipeline": summary.get("backfill_pipeline"),
+            "checkpoints": summary.get("checkpoints"),
+            "records": summary.get("records"),
+            "start": dt.datetime.fromtimestamp(start_ms / 1000, dt.timezone.utc).isoformat(),
+            "end": dt.datetime.fromtimestamp(end_ms / 1000, dt.timezone.utc).isoformat(),
+            "sink_topic": sink_topic,
+        }
+        self.log.info("pipeline %s: backfill done: %s", live.name, out)
+        return out
+
+    def _prepare(
+        self,
+        context: Context,
+        backfill: Pipeline,
+        ledger: Ledger,
+        checkpoint_id: int,
+        *,
+        extra_args: Sequence[str],
+        overrides: str | None,
+    ) -> None:
+        """Prepare one backfill checkpoint with spark-submit; return once it is PREPARED."""
+        cp = ledger.get(backfill.name, checkpoint_id)
+        if cp.state in (CheckpointState.PREPARED, CheckpointState.COMMITTED):
+            self.log.info(
+                "backfill %s: checkpoint %s is already %s", backfill.name, checkpoint_id, cp.state.value
+            )
+            return
+        submitted = submit_prepare(
+            self,
+            context,
+            pipeline_ref=self.pipeline,
+            pipeline_name=backfill.name,
+            checkpoint_id=checkpoint_id,
+            overrides=overrides,
+            extra_args=extra_args,
+        )
+        deadline = time.monotonic() + (self.prepare_timeout if submitted is not None else 0.0)
+        while True:
+            state = ledger.get(backfill.name, checkpoint_id).state
+            if state in (CheckpointState.PREPARED, CheckpointState.COMMITTED):
+                return
+            if state is CheckpointState.ABORTED or time.monotonic() >= deadline:
+                raise PrepareNotRecorded(
+                    f"backfill {backfill.name!r}: spark-submit "
+                    f"{'was submitted' if submitted is not None else 'finished'} but checkpoint "
+                    f"{checkpoint_id} is {state.value}; see the driver log, then retry this task "
+                    "(the retry resumes this checkpoint)"
+                )
+            time.sleep(min(5.0, max(0.1, deadline - time.monotonic())))

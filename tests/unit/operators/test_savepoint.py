@@ -1,0 +1,133 @@
+"""EoSavepointOperator: arguments parsed from rendered templates, who took it, retry
+idempotence (take_savepoint faked: waiting on checkpoints is covered by the core and the
+Airflow integration tests)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from airflow_provider_eo.ledger import Ledger
+from airflow_provider_eo.operators import savepoint as savepoint_module
+from airflow_provider_eo.operators.savepoint import (
+    SAVEPOINT_NAME_PATTERN,
+    EoSavepointOperator,
+    created_by_for,
+    parse_bool,
+)
+from airflow_provider_eo.pipeline import load_pipeline
+from airflow_provider_eo.version_compat import AirflowFailException
+
+
+def _fake_take(seen: dict[str, Any]) -> Any:
+    def take(pipeline: Any, ledger: Ledger, name: str, **kwargs: Any) -> Any:
+        seen.update(name=name, **kwargs)
+        ledger.ensure_pipeline(pipeline.name, pipeline.fingerprint())
+        return ledger.create_savepoint(
+            pipeline.name,
+            name,
+            checkpoint_id=None,
+            offsets={"in": {0: 3}},
+            note=kwargs["note"],
+            created_by=kwargs["created_by"],
+        )
+
+    return take
+
+
+def test_templated_fields_and_no_work_at_construction() -> None:
+    op = EoSavepointOperator(task_id="sp", pipeline="no.such:X", savepoint_name="{{ params.name }}")
+    assert {"pipeline", "savepoint_name", "note", "stop", "wait_seconds"} <= set(op.template_fields)
+
+
+def test_rendered_params_reach_take_savepoint(
+    pipeline_ref: str, context: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(savepoint_module, "take_savepoint", _fake_take(seen))
+    context["dag_run"] = SimpleNamespace(triggering_user_name="alice")
+    op = EoSavepointOperator(
+        task_id="sp",
+        pipeline=pipeline_ref,
+        savepoint_name="before-v2",
+        note="n",
+        stop="True",
+        wait_seconds="42",
+    )
+    out = op.execute(context)
+    assert seen["name"] == "before-v2" and seen["stop"] is True and seen["wait_s"] == 42.0
+    assert seen["note"] == "n" and seen["actor"].run_id == "r1"
+    assert seen["created_by"] == "airflow:d/r1 by alice"
+    assert out["name"] == "before-v2" and out["created_by"] == "airflow:d/r1 by alice"
+    assert out["offsets"] == {"in": {"0": 3}}
+
+
+@pytest.mark.parametrize("name", ["", "has space", "-lead", "a/b", "x" * 129])
+def test_bad_name_is_refused_before_anything(pipeline_ref: str, context: dict[str, Any], name: str) -> None:
+    op = EoSavepointOperator(task_id="sp", pipeline=pipeline_ref, savepoint_name=name)
+    with pytest.raises(AirflowFailException, match="savepoint name"):
+        op.execute(context)
+
+
+def test_pattern_accepts_ordinary_names() -> None:
+    import re
+
+    for name in ("a", "before-v2", "2025.01.01_nightly", "X" * 128):
+        assert re.fullmatch(SAVEPOINT_NAME_PATTERN, name)
+
+
+def test_retry_of_the_same_run_returns_the_recorded_savepoint(
+    pipeline_ref: str, context: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pipeline = load_pipeline(pipeline_ref)
+    with Ledger(pipeline.ledger_url) as ledger:
+        ledger.ensure_pipeline(pipeline.name, pipeline.fingerprint())
+        ledger.create_savepoint(pipeline.name, "sp1", checkpoint_id=None, offsets={"in": {0: 1}})
+        recorded = ledger.get_savepoint(pipeline.name, "sp1")
+    calls: list[str] = []
+
+    def take(*_a: Any, **_k: Any) -> Any:
+        calls.append("take")
+        raise AssertionError("must not be called")
+
+    monkeypatch.setattr(savepoint_module, "take_savepoint", take)
+    # Recorded by this run: the retry returns it.
+    monkeypatch.setattr(
+        savepoint_module.EoSavepointOperator,
+        "_already_taken",
+        staticmethod(lambda *_a: recorded.summary()),
+    )
+    out = EoSavepointOperator(task_id="sp", pipeline=pipeline_ref, savepoint_name="sp1").execute(context)
+    assert out["name"] == "sp1" and calls == []
+
+
+def test_already_taken_matches_only_the_same_run(pipeline_ref: str) -> None:
+    pipeline = load_pipeline(pipeline_ref)
+    with Ledger(pipeline.ledger_url) as ledger:
+        # unknown pipeline, unknown savepoint: not taken
+        assert EoSavepointOperator._already_taken(ledger, pipeline.name, "x", "d", "r1") is None
+        ledger.ensure_pipeline(pipeline.name, pipeline.fingerprint())
+        assert EoSavepointOperator._already_taken(ledger, pipeline.name, "x", "d", "r1") is None
+        ledger.create_savepoint(pipeline.name, "x", checkpoint_id=None, offsets={"in": {0: 1}})
+        # recorded without a run (CLI): a second take must fail on the name, not return it
+        assert EoSavepointOperator._already_taken(ledger, pipeline.name, "x", "d", "r1") is None
+
+
+def test_created_by_without_a_user() -> None:
+    ti = SimpleNamespace(dag_id="eo_savepoint", run_id="manual__1")
+    assert created_by_for({"ti": ti}) == "airflow:eo_savepoint/manual__1"
+    assert created_by_for({"ti": ti, "dag_run": SimpleNamespace(triggering_user_name=None)}) == (
+        "airflow:eo_savepoint/manual__1"
+    )
+
+
+@pytest.mark.parametrize(("value", "expected"), [(True, True), ("False", False), ("true", True), ("", False)])
+def test_parse_bool(value: Any, expected: bool) -> None:
+    assert parse_bool(value, field="stop") is expected
+
+
+def test_parse_bool_refuses_garbage() -> None:
+    with pytest.raises(ValueError, match="stop must be a boolean"):
+        parse_bool("maybe", field="stop")
