@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import re
+import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -532,10 +533,22 @@ def _live_partitions(config: Mapping[str, Any], topics: Iterable[str]) -> dict[s
 
 
 def _marker_members(config: Mapping[str, Any], group: str) -> list[str]:
+    from confluent_kafka import KafkaException
+
     from airflow_provider_eo.kafka import admin
 
-    fut = admin.admin_client(config).describe_consumer_groups([group], request_timeout=15)[group]
-    desc = fut.result(timeout=15)
+    deadline = time.monotonic() + 30
+    while True:
+        fut = admin.admin_client(config).describe_consumer_groups([group], request_timeout=15)[group]
+        try:
+            desc = fut.result(timeout=15)
+            break
+        except KafkaException as exc:
+            # A group nobody joined yet answers NOT_COORDINATOR / COORDINATOR_LOAD_IN_PROGRESS
+            # for a moment on a fresh broker: transient until the deadline.
+            if not admin._transient(exc.args[0]) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.3)
     return [f"{m.client_id}@{m.host}" for m in desc.members]
 
 
@@ -719,7 +732,7 @@ def run_doctor(pipeline: Pipeline, *, now: dt.datetime | None = None) -> DoctorR
                         unfinished=unfinished,
                         transaction_timeout_ms=pipeline.transaction_timeout_ms,
                         now=now,
-                        client_version=confluent_kafka.version()[0],
+                        client_version=str(getattr(confluent_kafka, "__version__", "?")),
                     )
                 )
 
