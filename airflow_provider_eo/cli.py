@@ -295,7 +295,7 @@ def audit_cmd(ref: PipelineRef, as_json: JsonFlag = False) -> None:
 def doctor_cmd(ref: PipelineRef, as_json: JsonFlag = False) -> None:
     """Preflight checks (broker, topics, prefix, markers, open transactions, staging,
     connector, ledger); each finding says what to change. Exits 0 when safe to run
-    (warnings allowed), 1 when any check failed. Reads only."""
+    (warnings allowed), 1 when any check failed. Changes nothing."""
     from airflow_provider_eo.core.doctor import run_doctor
     from airflow_provider_eo.pipeline import load_pipeline
 

@@ -5,8 +5,9 @@ what to change. A ``fail`` means a checkpoint would fail (or be refused) as thin
 a ``warn`` means it would run but something needs attention. The report is safe to run
 when nothing failed (:attr:`DoctorReport.safe`).
 
-The doctor only reads: it never registers the pipeline, pins a prefix, migrates the
-ledger, creates topics or fetches jars. The decisions are pure functions (``judge_*``,
+The doctor changes nothing: it never registers the pipeline, pins a prefix, migrates the
+ledger, creates topics or fetches jars; its only write is a probe file in the staging dir,
+removed at once. The decisions are pure functions (``judge_*``,
 unit-tested); :func:`run_doctor` gathers the facts from the real services and calls them.
 """
 
@@ -618,7 +619,7 @@ def _guard(check: str, fn: Any, *args: Any) -> tuple[Any, Finding | None]:
 
 
 def run_doctor(pipeline: Pipeline, *, now: dt.datetime | None = None) -> DoctorReport:
-    """Every preflight check of ``pipeline``; reads only (see the module docstring)."""
+    """Every preflight check of ``pipeline``; changes nothing (see the module docstring)."""
     import confluent_kafka
 
     from airflow_provider_eo.kafka.client_config import librdkafka_config

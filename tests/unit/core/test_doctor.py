@@ -187,3 +187,20 @@ def test_staging() -> None:
     assert judge_staging("/s", None).severity == "ok"
     bad = judge_staging("/s", "PermissionError: denied")
     assert bad.severity == "fail" and "denied" in bad.found
+
+
+def test_render_prints_each_finding_its_change_and_the_verdict(capsys: pytest.CaptureFixture[str]) -> None:
+    from airflow_provider_eo.render import print_doctor
+
+    report = DoctorReport(
+        "p",
+        (
+            Finding("staging", "ok", "writable", "unused"),
+            Finding("sink-topic out", "fail", "missing", "create it"),
+        ),
+    )
+    print_doctor(report)
+    out = capsys.readouterr().out
+    assert "FAIL sink-topic out: missing" in out and "-> create it" in out
+    assert "unused" not in out  # an ok finding's change is not printed
+    assert "not safe to run (1 ok, 0 warn, 1 fail)" in out
