@@ -422,6 +422,30 @@ def stream_cmd(
         print("stream: " + " ".join(f"{k}={v}" for k, v in summary.items()), flush=True)
 
 
+@app.command("doctor")
+def doctor_cmd(ref: PipelineRef, as_json: JsonFlag = False) -> None:
+    """Preflight checks (broker, topics, prefix, markers, open transactions, staging,
+    connector, ledger); each finding says what to change. Exits 0 when safe to run
+    (warnings allowed), 1 when any check failed. Changes nothing."""
+    from airflow_provider_eo.core.doctor import run_doctor
+    from airflow_provider_eo.pipeline import load_pipeline
+
+    try:
+        pipeline = load_pipeline(ref)
+        _say_ledger(pipeline.ledger_url)
+        report = run_doctor(pipeline)
+    except _user_errors() as exc:
+        _fail(str(exc))
+        return
+    if as_json:
+        print(json.dumps(report.as_dict()))
+    else:
+        from airflow_provider_eo.render import print_doctor
+
+        print_doctor(report)
+    raise typer.Exit(report.exit_code)
+
+
 # -- savepoints, stop/resume, restore, reset ----------------------------------------------------
 
 savepoint_app = typer.Typer(help="Named, retained positions of a pipeline (restore starts from them).")

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 if TYPE_CHECKING:
+    from airflow_provider_eo.core.doctor import DoctorReport
     from airflow_provider_eo.kafka.audit import AuditReport
     from airflow_provider_eo.ledger import CheckpointRecord, PipelineRecord, SavepointRecord
 
@@ -137,3 +138,19 @@ def print_dag_run(n: int, run: dict[str, Any]) -> None:
         f"{mark(run['state'] == 'success')} run {n} {run['run_id']}: {run['state']}  "
         f"tries: {tries}  ({run['seconds']:.1f}s)"
     )
+
+
+_SEVERITY_MARK = {"ok": "[green]ok  [/]", "warn": "[yellow]warn[/]", "fail": "[bold red]FAIL[/]"}
+
+
+def print_doctor(report: DoctorReport) -> None:
+    """``eo doctor``: one line per finding (severity, check, what was found), the change to
+    make under it, and a verdict."""
+    console.print(f"[bold]eo doctor[/] {report.pipeline}")
+    for f in report.findings:
+        console.print(f"  {_SEVERITY_MARK[f.severity]} [bold]{f.check}[/]: {f.found}", soft_wrap=True)
+        if f.change and f.severity != "ok":
+            console.print(f"         -> {f.change}", soft_wrap=True)
+    counts = f"{report.count('ok')} ok, {report.count('warn')} warn, {report.count('fail')} fail"
+    verdict = "[green]safe to run[/]" if report.safe else "[bold red]not safe to run[/]"
+    console.print(f"{verdict} ({counts})")
