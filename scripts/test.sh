@@ -10,4 +10,4 @@ echo "== mypy" >&2
 .venv/bin/mypy
 echo "== pytest" >&2
 # pytest exits 5 when it collects nothing; set -e turns that into a failure too.
-.venv/bin/pytest -q --timeout=1200 "$@"
+.venv/bin/pytest -q --timeout=1200 --durations=20 "$@"
