@@ -45,6 +45,7 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_provider_eo.operators.savepoint",
                     "airflow_provider_eo.operators.restore",
                     "airflow_provider_eo.operators.backfill",
+                    "airflow_provider_eo.operators.stream",
                 ],
             }
         ],
@@ -57,7 +58,10 @@ def get_provider_info() -> dict[str, Any]:
         "triggers": [
             {
                 "integration-name": "Exactly-once Kafka/Spark (eo)",
-                "python-modules": ["airflow_provider_eo.triggers.checkpoint"],
+                "python-modules": [
+                    "airflow_provider_eo.triggers.checkpoint",
+                    "airflow_provider_eo.triggers.stream",
+                ],
             }
         ],
         # EoKafkaHook reads the apache-kafka provider's "kafka" connections; registering

@@ -18,7 +18,7 @@ from airflow.sdk.exceptions import (
 )
 
 # Triggers still live in airflow-core on Airflow 3 (the triggerer runs them).
-from airflow.triggers.base import BaseTrigger, TriggerEvent
+from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
 
 
 def task_identity(context: Context | dict[str, Any]) -> dict[str, Any]:
@@ -36,6 +36,7 @@ __all__ = [
     "AirflowException",
     "AirflowFailException",
     "AirflowSkipException",
+    "BaseEventTrigger",
     "BaseHook",
     "BaseOperator",
     "BaseSensorOperator",

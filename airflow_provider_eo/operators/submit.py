@@ -35,10 +35,7 @@ class PrepareNotRecorded(AirflowException):
 
 def prepare_application() -> str:
     """File path of the PySpark application ``airflow_provider_eo/spark/prepare.py``."""
-    spec = importlib.util.find_spec(PREPARE_MODULE)
-    if spec is None or not spec.origin:
-        raise AirflowException(f"cannot locate {PREPARE_MODULE}; is airflow-provider-eo installed?")
-    return spec.origin
+    return provider_application(PREPARE_MODULE)
 
 
 def module_root(pipeline_ref: str) -> str | None:
@@ -82,6 +79,61 @@ def local_driver_env(pipeline_ref: str) -> dict[str, str]:
     return env
 
 
+def provider_application(module: str) -> str:
+    """File path of one of the provider's PySpark applications (``module`` is dotted)."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.origin:
+        raise AirflowException(f"cannot locate {module}; is airflow-provider-eo installed?")
+    return spec.origin
+
+
+def configure_submit(
+    task: SparkSubmitOperator,
+    context: Context,
+    *,
+    application: str,
+    application_args: Sequence[str],
+    pipeline_ref: str,
+    pipeline_name: str,
+    overrides: str | None,
+) -> bool:
+    """Set ``task`` up to spark-submit one of the provider's applications: the application
+    (unless the task names its own), its arguments followed by ``--actor-json`` (this task
+    instance, recorded in the ledger), the Kafka connector jars, and in client mode the
+    driver's environment (:func:`local_driver_env`, ``overrides``). Leaves ``task._hook``
+    built for the final settings. Returns ``True`` in cluster deploy mode.
+
+    Shared by the submit, backfill and stream operators; may be called more than once on
+    the same task (each call rebuilds the hook; the merges are idempotent).
+
+    :param overrides: JSON of connection-provided settings (see
+        :func:`~airflow_provider_eo.operators.base.pipeline_overrides`); refused in
+        cluster mode, where it would travel in Spark conf.
+    """
+    task.application = task.application or application
+    task.application_args = [*application_args, "--actor-json", json.dumps(task_identity(context))]
+    # Computed here, not in __init__: the first call may download the jars.
+    from airflow_provider_eo.spark.session import connector_jars_csv
+
+    task.jars = _merge_csv(task.jars, connector_jars_csv())
+    probe = task._get_hook()  # resolves the connection: master and deploy mode
+    if probe._connection["deploy_mode"] == "cluster":
+        if overrides:
+            raise AirflowFailException(
+                f"pipeline {pipeline_name!r}: kafka_conn_id/ledger_conn_id cannot reach a "
+                "cluster-mode driver (it would carry secrets in Spark conf); let the pipeline "
+                "module read its settings on the cluster, or use client deploy mode"
+            )
+        task._hook = probe
+        return True
+    env = {**local_driver_env(pipeline_ref), **(task.env_vars or {})}
+    if overrides:
+        env[names.PIPELINE_OVERRIDES_ENV] = overrides
+    task.env_vars = env
+    task._hook = task._get_hook()
+    return False
+
+
 def submit_prepare(
     task: SparkSubmitOperator,
     context: Context,
@@ -101,37 +153,25 @@ def submit_prepare(
     "PLANNED", "submitted": True, "external_id"}``: the caller waits on the ledger.
     ``extra_args`` are appended to the application's arguments (the backfill's
     ``--backfill-sink-topic``/``--backfill-transform``). May be called more than once on
-    the same task (each call rebuilds the hook; the merges are idempotent).
+    the same task.
 
     :param pipeline_ref: ``"module:ATTR"`` given to the application.
     :param pipeline_name: the pipeline's name, for messages.
     :param checkpoint_id: the checkpoint to prepare.
-    :param overrides: JSON of connection-provided settings (see
-        :func:`~airflow_provider_eo.operators.base.pipeline_overrides`); refused in
-        cluster mode, where it would travel in Spark conf.
+    :param overrides: see :func:`configure_submit`.
     """
-    task.application = task.application or prepare_application()
-    task.application_args = [
-        "--pipeline",
-        pipeline_ref,
-        "--checkpoint",
-        str(checkpoint_id),
-        "--actor-json",
-        json.dumps(task_identity(context)),
-        *extra_args,
-    ]
-    # Computed here, not in __init__: the first call may download the jars.
-    from airflow_provider_eo.spark.session import connector_jars_csv
-
-    task.jars = _merge_csv(task.jars, connector_jars_csv())
-    probe = task._get_hook()  # resolves the connection: master and deploy mode
-    if probe._connection["deploy_mode"] == "cluster":
-        if overrides:
-            raise AirflowFailException(
-                f"pipeline {pipeline_name!r}: kafka_conn_id/ledger_conn_id cannot reach a "
-                "cluster-mode driver (it would carry secrets in Spark conf); let the pipeline "
-                "module read its settings on the cluster, or use client deploy mode"
-            )
+    cluster = configure_submit(
+        task,
+        context,
+        application=prepare_application(),
+        application_args=["--pipeline", pipeline_ref, "--checkpoint", str(checkpoint_id), *extra_args],
+        pipeline_ref=pipeline_ref,
+        pipeline_name=pipeline_name,
+        overrides=overrides,
+    )
+    if cluster:
+        probe = task._hook
+        assert probe is not None
         conf = dict(task.conf or {})
         if probe._is_yarn:
             conf.setdefault("spark.yarn.submit.waitAppCompletion", "false")
@@ -142,11 +182,6 @@ def submit_prepare(
         external_id = task._hook.submit(task.application) or getattr(task._hook, "_yarn_application_id", None)
         task.log.info("prepare job submitted in cluster mode: %s", external_id)
         return {"state": CheckpointState.PLANNED.value, "submitted": True, "external_id": external_id}
-    env = {**local_driver_env(pipeline_ref), **(task.env_vars or {})}
-    if overrides:
-        env[names.PIPELINE_OVERRIDES_ENV] = overrides
-    task.env_vars = env
-    task._hook = task._get_hook()
     SparkSubmitOperator.execute(task, context)
     return None
 

@@ -1,15 +1,56 @@
-"""Trigger that waits, in the triggerer, until the ledger shows a checkpoint PREPARED."""
+"""Triggers that wait, in the triggerer, on the ledger: one checkpoint PREPARED or
+COMMITTED (:class:`EoCheckpointTrigger`), or any checkpoint committed after a time
+(:class:`EoCommittedAfterTrigger`, the streaming mode's freshness wait)."""
 
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal
 
 from airflow_provider_eo.version_compat import BaseTrigger, TriggerEvent
 
 DONE_STATES = frozenset({"PREPARED", "COMMITTED"})
+WaitFor = Literal["prepared", "committed"]
+WAIT_FOR: tuple[WaitFor, ...] = ("prepared", "committed")
+
+
+def done_states(wait_for: str) -> frozenset[str]:
+    """The states that end a wait for ``wait_for`` (``"prepared"``: PREPARED or COMMITTED;
+    ``"committed"``: COMMITTED only). ValueError for anything else."""
+    if wait_for not in WAIT_FOR:
+        raise ValueError(f"wait_for must be one of {WAIT_FOR}, got {wait_for!r}")
+    return DONE_STATES if wait_for == "prepared" else frozenset({"COMMITTED"})
+
+
+def as_utc(value: dt.datetime | str) -> dt.datetime:
+    """An aware UTC datetime from a datetime or an ISO-8601 string (naive means UTC)."""
+    moment = dt.datetime.fromisoformat(value) if isinstance(value, str) else value
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=dt.timezone.utc)
+    return moment.astimezone(dt.timezone.utc)
+
+
+def read_committed_after(ledger_url: str, pipeline: str, after: dt.datetime) -> tuple[int, str] | None:
+    """``(checkpoint_id, committed_at ISO)`` of the newest COMMITTED checkpoint when it was
+    committed after ``after`` (aware), else ``None``; blocking, read-only. Checkpoints
+    commit in id order, so the newest committed one is the last to have committed. A
+    pipeline the ledger does not know yet reads as ``None`` (the stream may not have
+    started)."""
+    from airflow_provider_eo.ledger import CheckpointNotFound, Ledger
+
+    with Ledger(ledger_url, create=False) as ledger:
+        try:
+            cp = ledger.last_committed(pipeline)
+        except CheckpointNotFound:  # the pipeline is not registered yet
+            return None
+    if cp is None or cp.committed_at is None or as_utc(cp.committed_at) <= as_utc(after):
+        return None
+    return cp.checkpoint_id, as_utc(cp.committed_at).isoformat()
+
+
 # The state read reports a checkpoint the ledger does not hold as this pseudo-state.
 MISSING = "MISSING"
 
@@ -33,14 +74,15 @@ def read_checkpoint_state(ledger_url: str, pipeline: str, checkpoint_id: int) ->
 
 
 class EoCheckpointTrigger(BaseTrigger):
-    """Poll the ledger, read-only, until one checkpoint is PREPARED (or COMMITTED).
+    """Poll the ledger, read-only, until one checkpoint is PREPARED (or COMMITTED); with
+    ``wait_for="committed"``, until it is COMMITTED.
 
     It never writes: a trigger may run more than once (triggerer restarts, HA), so it
     only reads the checkpoint's state with ``asyncio.to_thread`` (the ledger client is
     synchronous) and yields exactly one event:
 
     - ``{"status": "success", "pipeline", "checkpoint_id", "state"}`` when PREPARED or
-      COMMITTED;
+      COMMITTED (``wait_for="committed"``: COMMITTED);
     - ``{"status": "failed", "pipeline", "checkpoint_id", "state", "reason"}`` when
       ABORTED or when the checkpoint does not exist;
     - ``{"status": "timeout", "pipeline", "checkpoint_id", "state", "reason"}`` when
@@ -53,6 +95,7 @@ class EoCheckpointTrigger(BaseTrigger):
     :param ledger_url: SQLAlchemy URL of the ledger (trigger kwargs are stored encrypted).
     :param poll_interval: seconds between reads.
     :param deadline: UNIX time after which a ``timeout`` event is sent; ``None`` waits forever.
+    :param wait_for: ``"prepared"`` (default) or ``"committed"``.
     """
 
     def __init__(
@@ -63,6 +106,7 @@ class EoCheckpointTrigger(BaseTrigger):
         ledger_url: str,
         poll_interval: float = 5.0,
         deadline: float | None = None,
+        wait_for: str = "prepared",
     ) -> None:
         super().__init__()
         self.pipeline = pipeline
@@ -70,6 +114,8 @@ class EoCheckpointTrigger(BaseTrigger):
         self.ledger_url = ledger_url
         self.poll_interval = float(poll_interval)
         self.deadline = float(deadline) if deadline is not None else None
+        self.done = done_states(wait_for)
+        self.wait_for = wait_for
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -80,6 +126,7 @@ class EoCheckpointTrigger(BaseTrigger):
                 "ledger_url": self.ledger_url,
                 "poll_interval": self.poll_interval,
                 "deadline": self.deadline,
+                "wait_for": self.wait_for,
             },
         )
 
@@ -107,7 +154,7 @@ class EoCheckpointTrigger(BaseTrigger):
             except LedgerError as exc:  # unreachable database: keep polling until the deadline
                 self.log.warning("%s: cannot read the ledger (%s); polling again", where, exc)
             else:
-                if state in DONE_STATES:
+                if state in self.done:
                     yield self._event("success", state)
                     return
                 if state == "ABORTED":
@@ -118,8 +165,91 @@ class EoCheckpointTrigger(BaseTrigger):
                     return
             if self.deadline is not None and time.time() >= self.deadline:
                 yield self._event(
-                    "timeout", state, f"{where} still {state} at the deadline; is the prepare job running?"
+                    "timeout",
+                    state,
+                    f"{where} still {state} at the deadline; is the "
+                    f"{'prepare job' if state == 'PLANNED' else 'committer'} running?",
                 )
                 return
             self.log.info("%s is %s; checking again in %.1fs", where, state, self.poll_interval)
+            await asyncio.sleep(self.poll_interval)
+
+
+class EoCommittedAfterTrigger(BaseTrigger):
+    """Poll the ledger, read-only, until a checkpoint of the pipeline was committed after
+    ``committed_after`` (streaming mode: "the output is at least this fresh").
+
+    Yields exactly one event:
+
+    - ``{"status": "success", "pipeline", "checkpoint_id", "committed_at",
+      "committed_after"}``: the newest COMMITTED checkpoint, committed after the time;
+    - ``{"status": "timeout", "pipeline", "committed_after", "reason"}`` when ``deadline``
+      passed first.
+
+    A ledger that cannot be reached (or does not know the pipeline yet) is polled again.
+
+    :param pipeline: pipeline name (as recorded in the ledger).
+    :param committed_after: ISO-8601 time (naive means UTC).
+    :param ledger_url: SQLAlchemy URL of the ledger.
+    :param poll_interval: seconds between reads.
+    :param deadline: UNIX time after which a ``timeout`` event is sent; ``None`` waits forever.
+    """
+
+    def __init__(
+        self,
+        *,
+        pipeline: str,
+        committed_after: str,
+        ledger_url: str,
+        poll_interval: float = 5.0,
+        deadline: float | None = None,
+    ) -> None:
+        super().__init__()
+        self.pipeline = pipeline
+        self.committed_after = as_utc(committed_after).isoformat()
+        self.ledger_url = ledger_url
+        self.poll_interval = float(poll_interval)
+        self.deadline = float(deadline) if deadline is not None else None
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "pipeline": self.pipeline,
+                "committed_after": self.committed_after,
+                "ledger_url": self.ledger_url,
+                "poll_interval": self.poll_interval,
+                "deadline": self.deadline,
+            },
+        )
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        from airflow_provider_eo.ledger import LedgerError
+
+        after = as_utc(self.committed_after)
+        where = f"pipeline {self.pipeline!r}"
+        base = {"pipeline": self.pipeline, "committed_after": self.committed_after}
+        while True:
+            try:
+                found = await asyncio.to_thread(read_committed_after, self.ledger_url, self.pipeline, after)
+            except LedgerError as exc:
+                self.log.warning("%s: cannot read the ledger (%s); polling again", where, exc)
+            else:
+                if found is not None:
+                    cid, committed_at = found
+                    yield TriggerEvent(
+                        {**base, "status": "success", "checkpoint_id": cid, "committed_at": committed_at}
+                    )
+                    return
+            if self.deadline is not None and time.time() >= self.deadline:
+                yield TriggerEvent(
+                    {
+                        **base,
+                        "status": "timeout",
+                        "reason": f"{where}: no checkpoint committed after {self.committed_after} "
+                        "by the deadline; is the stream (or its commit DAG) running?",
+                    }
+                )
+                return
+            self.log.info("%s: nothing committed after %s yet", where, self.committed_after)
             await asyncio.sleep(self.poll_interval)

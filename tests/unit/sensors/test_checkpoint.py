@@ -109,3 +109,58 @@ def test_no_checkpoint_skips(pipeline_ref: str, context: dict[str, Any]) -> None
     sensor = EoCheckpointSensor(task_id="wait", pipeline=pipeline_ref, checkpoint_id="None")
     with pytest.raises(AirflowSkipException):
         sensor.execute(context)
+
+
+def test_wait_for_committed(pipeline_ref: str, planned: Any, context: dict[str, Any]) -> None:
+    _prepare(planned)
+    sensor = _sensor(pipeline_ref, wait_for="committed")
+    assert sensor.poke(context) is False  # PREPARED is not enough
+    with pytest.raises(TaskDeferred) as deferred:
+        sensor.execute(context)
+    assert deferred.value.trigger.serialize()[1]["wait_for"] == "committed"
+    with Ledger(planned.ledger_url) as ledger:
+        ledger.mark_committed(planned.name, 1)
+    assert sensor.execute(context)["state"] == "COMMITTED"
+    with pytest.raises(ValueError, match="wait_for"):
+        _sensor(pipeline_ref, wait_for="published")
+
+
+def test_committed_after(pipeline_ref: str, planned: Any, context: dict[str, Any]) -> None:
+    import datetime as dt
+
+    from airflow_provider_eo.triggers.checkpoint import EoCommittedAfterTrigger
+
+    with pytest.raises(ValueError, match="not both"):
+        _sensor(pipeline_ref, committed_after="2025-01-01T00:00:00")
+    with pytest.raises(ValueError, match="not both"):
+        EoCheckpointSensor(task_id="wait", pipeline=pipeline_ref)
+    assert "committed_after" in EoCheckpointSensor.template_fields
+    start = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=5)
+    sensor = EoCheckpointSensor(
+        task_id="fresh", pipeline=pipeline_ref, committed_after=start.isoformat(), poke_interval=1
+    )
+    assert sensor.poke(context) is False
+    with pytest.raises(TaskDeferred) as deferred:
+        sensor.execute(context)
+    trigger = deferred.value.trigger
+    assert isinstance(trigger, EoCommittedAfterTrigger)
+    assert trigger.serialize()[1]["committed_after"] == start.isoformat()
+    _prepare(planned)
+    with Ledger(planned.ledger_url) as ledger:
+        ledger.mark_committed(planned.name, 1)
+    event = sensor.execute(context)
+    assert event["status"] == "success" and event["checkpoint_id"] == 1
+    poked = sensor.poke(context)
+    assert not isinstance(poked, bool) and poked.is_done
+    later = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=60)
+    assert (
+        EoCheckpointSensor(task_id="f", pipeline=pipeline_ref, committed_after=later).poke(context) is False
+    )
+    bad = EoCheckpointSensor(task_id="f", pipeline=pipeline_ref, committed_after="yesterday")
+    with pytest.raises(AirflowException, match="ISO-8601"):
+        bad.poke(context)
+    timeout = {"status": "timeout", "pipeline": "orders", "committed_after": "t", "reason": "late"}
+    with pytest.raises(CheckpointWaitTimeout, match="late"):
+        sensor.execute_complete(context, timeout)
+    ok = {"status": "success", "pipeline": "orders", "committed_after": "t", "checkpoint_id": 1}
+    assert sensor.execute_complete(context, ok) == ok

@@ -62,6 +62,7 @@ def test_serialize_round_trip(ledger_url: str) -> None:
         "ledger_url": ledger_url,
         "poll_interval": 2.5,
         "deadline": 123.0,
+        "wait_for": "prepared",
     }
 
 
@@ -148,3 +149,64 @@ def test_sensor_uses_the_shared_read() -> None:
     from airflow_provider_eo.sensors import checkpoint as sensor_module
 
     assert sensor_module.read_checkpoint_state is read_checkpoint_state
+
+
+def _commit(url: str, checkpoint_id: int = 1) -> None:
+    with Ledger(url) as ledger:
+        ledger.mark_committed(PIPELINE, checkpoint_id)
+
+
+def test_wait_for_committed_ignores_prepared(ledger_url: str) -> None:
+    from airflow_provider_eo.triggers.checkpoint import done_states
+
+    _prepare(ledger_url)
+    trigger = EoCheckpointTrigger(
+        pipeline=PIPELINE,
+        checkpoint_id=1,
+        ledger_url=ledger_url,
+        poll_interval=0.05,
+        deadline=time.time() + 0.3,
+        wait_for="committed",
+    )
+    assert trigger.serialize()[1]["wait_for"] == "committed"
+    assert _first_event(trigger)["status"] == "timeout"  # PREPARED is not enough
+    _commit(ledger_url)
+    trigger = EoCheckpointTrigger(
+        pipeline=PIPELINE, checkpoint_id=1, ledger_url=ledger_url, wait_for="committed"
+    )
+    assert _first_event(trigger)["state"] == "COMMITTED"
+    with pytest.raises(ValueError, match="wait_for"):
+        done_states("published")
+
+
+def test_committed_after(ledger_url: str) -> None:
+    import datetime as dt
+
+    from airflow_provider_eo.triggers.checkpoint import EoCommittedAfterTrigger, read_committed_after
+
+    before = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=5)
+    assert read_committed_after(ledger_url, PIPELINE, before) is None  # nothing committed
+    assert read_committed_after(ledger_url, "unknown", before) is None  # pipeline not registered yet
+    _prepare(ledger_url)
+    _commit(ledger_url)
+    found = read_committed_after(ledger_url, PIPELINE, before)
+    assert found is not None and found[0] == 1
+    later = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=5)
+    assert read_committed_after(ledger_url, PIPELINE, later) is None  # committed before T
+    naive = before.replace(tzinfo=None).isoformat()  # naive means UTC
+    trigger = EoCommittedAfterTrigger(pipeline=PIPELINE, committed_after=naive, ledger_url=ledger_url)
+    cls, kwargs = trigger.serialize()
+    assert cls.endswith("EoCommittedAfterTrigger") and EoCommittedAfterTrigger(**kwargs).serialize() == (
+        cls,
+        kwargs,
+    )
+    event = _first_event(trigger)
+    assert event["status"] == "success" and event["checkpoint_id"] == 1
+    late = EoCommittedAfterTrigger(
+        pipeline=PIPELINE,
+        committed_after=later.isoformat(),
+        ledger_url=ledger_url,
+        poll_interval=0.05,
+        deadline=time.time() + 0.3,
+    )
+    assert _first_event(late)["status"] == "timeout"

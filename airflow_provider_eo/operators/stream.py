@@ -1,0 +1,267 @@
+"""Run a pipeline in streaming mode (DESIGN.md section 8) as one Airflow task.
+
+The task spark-submits ``airflow_provider_eo/spark/stream_app.py``, the long-running
+application that plans, prepares and (``commit="inline"``) commits a checkpoint every
+``interval`` seconds with the ledger as its only offset store.
+
+Where the driver runs, and what holds a worker slot (honest about both modes):
+
+- **client deploy mode** (``local[*]``, standalone client, YARN client): the driver is a
+  child of the task, so the task holds its worker slot for the whole run. It cannot defer:
+  deferring ends the worker process, and a driver left behind could neither be watched nor
+  stopped by Airflow. ``duration``/``checkpoints`` bound the run; SIGTERM (task killed,
+  marked failed/success in the UI) reaches spark-submit via the Spark provider's
+  ``on_kill``.
+- **cluster deploy mode** (standalone cluster, YARN cluster, Kubernetes): the Spark
+  provider's durable submission tracks the driver (``SparkSubmitOperator``'s resumable
+  path: a task retry re-attaches to a driver that is still running instead of submitting
+  a second one). The task still polls from its worker slot. ``kafka_conn_id`` and
+  ``ledger_conn_id`` are refused there (they would travel in Spark conf).
+
+A driver that dies fails the task with :class:`StreamDriverFailed`: the exit code, the
+driver's last output lines and the checkpoints it left unfinished. A task retry submits
+the application again, and it resumes those checkpoints from the ledger first
+(:func:`~airflow_provider_eo.core.stream.run_stream`, case 1): nothing is skipped or
+published twice.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+from airflow_provider_eo.core.stream import COMMIT_MODES
+from airflow_provider_eo.operators.base import (
+    PIPELINE_TEMPLATE_FIELDS,
+    PipelineTaskMixin,
+    open_ledger,
+)
+from airflow_provider_eo.operators.submit import configure_submit, provider_application
+from airflow_provider_eo.version_compat import AirflowException, AirflowFailException, Context
+
+STREAM_MODULE = "airflow_provider_eo.spark.stream_app"
+STREAM_APP = "eo-stream"
+_EXIT_CODE = re.compile(r"Error code is: (-?\d+)")
+
+
+class StreamDriverFailed(AirflowException):
+    """The streaming application's driver exited with an error. ``exit_code`` is
+    spark-submit's (``None`` when unknown), ``tail`` its last output lines and
+    ``unfinished`` the checkpoints a retry resumes. Data is not at risk: the retry resumes
+    the unfinished checkpoints from the ledger."""
+
+    def __init__(
+        self, message: str, *, exit_code: int | None, tail: list[str], unfinished: list[int]
+    ) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.tail = tail
+        self.unfinished = unfinished
+
+
+def stream_summary(lines: Sequence[str]) -> dict[str, Any] | None:
+    """The application's exit summary: the last JSON object line with ``checkpoints`` and
+    ``records`` (each checkpoint's own line has ``checkpoint`` instead)."""
+    for line in reversed(lines):
+        text = line.strip()
+        if not text.startswith("{"):
+            continue
+        try:
+            value = json.loads(text)
+        except ValueError:
+            continue
+        if isinstance(value, dict) and "checkpoints" in value and "records" in value:
+            return value
+    return None
+
+
+def stream_arguments(
+    pipeline_ref: str,
+    *,
+    interval: float,
+    commit: str,
+    duration: float | None,
+    checkpoints: int | None,
+    name: str = "",
+) -> list[str]:
+    """The application's arguments (validated: a bad value fails the task, no retry)."""
+    if commit not in COMMIT_MODES:
+        raise AirflowFailException(f"{name}: commit must be one of {COMMIT_MODES}, got {commit!r}")
+    if interval <= 0:
+        raise AirflowFailException(f"{name}: interval must be > 0 seconds, got {interval}")
+    if duration is not None and checkpoints is not None:
+        raise AirflowFailException(f"{name}: give duration or checkpoints, not both")
+    args = ["--pipeline", pipeline_ref, "--interval", repr(float(interval)), "--commit", commit]
+    if duration is not None:
+        args += ["--duration", repr(float(duration))]
+    if checkpoints is not None:
+        if checkpoints < 1:
+            raise AirflowFailException(f"{name}: checkpoints must be >= 1, got {checkpoints}")
+        args += ["--checkpoints", str(int(checkpoints))]
+    return args
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value in (None, "", "None") else float(value)
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value in (None, "", "None") else int(value)
+
+
+class EoStreamOperator(PipelineTaskMixin, SparkSubmitOperator):
+    """Submit the pipeline's long-running streaming application and track it until it ends.
+
+    A :class:`SparkSubmitOperator` whose application is
+    ``airflow_provider_eo/spark/stream_app.py`` (see the module docstring for where the
+    driver runs and the worker slot). The task succeeds when the application exits 0: after
+    ``duration`` seconds, after ``checkpoints`` checkpoints, on SIGTERM, or when the
+    pipeline is stopped (``eo stop``, a stop-with-savepoint). It fails with
+    :class:`StreamDriverFailed` when the driver dies; a retry resumes from the ledger.
+
+    Returns (XCom) the application's summary (``pipeline``, ``commit``, ``checkpoints``,
+    ``records``, ``reason``, ``unfinished`` ...).
+
+    :param pipeline: import path ``"module:ATTR"`` of the pipeline. (templated)
+    :param interval: seconds between checkpoints. (templated)
+    :param commit: ``"inline"`` (the driver commits each prepared checkpoint) or
+        ``"airflow"`` (checkpoints are left PREPARED for a commit DAG). (templated)
+    :param duration: optional bound: stop cleanly after this many seconds. (templated)
+    :param checkpoints: optional bound: stop cleanly after this many checkpoints (resumed
+        ones count). (templated)
+    :param kafka_conn_id: optional ``kafka`` connection merged over the pipeline's config,
+        client mode only. (templated)
+    :param ledger_conn_id: optional ``eo_ledger`` connection replacing the pipeline's
+        ledger URL, client mode only. (templated)
+    :param spark_conn_id: the Spark connection (``spark_default``).
+    :param conf: Spark configuration; see :class:`SparkSubmitOperator` for every other
+        argument (``jars``, ``env_vars``, ``deploy_mode``, ...).
+    """
+
+    template_fields: Sequence[str] = (
+        *SparkSubmitOperator.template_fields,
+        *PIPELINE_TEMPLATE_FIELDS,
+        "interval",
+        "commit",
+        "duration",
+        "checkpoints",
+    )
+    ui_color = "#e8f0fd"
+
+    def __init__(
+        self,
+        *,
+        pipeline: str,
+        interval: float | str = 5.0,
+        commit: str = "inline",
+        duration: float | str | None = None,
+        checkpoints: int | str | None = None,
+        kafka_conn_id: str | None = None,
+        ledger_conn_id: str | None = None,
+        spark_conn_id: str = "spark_default",
+        conf: dict[str, Any] | None = None,
+        name: str = STREAM_APP,
+        **kwargs: Any,
+    ) -> None:
+        kwargs.setdefault("application", "")
+        super().__init__(conn_id=spark_conn_id, conf=conf, name=name, **kwargs)
+        self._set_pipeline_args(pipeline=pipeline, kafka_conn_id=kafka_conn_id, ledger_conn_id=ledger_conn_id)
+        self.interval = interval
+        self.commit = commit
+        self.duration = duration
+        self.checkpoints = checkpoints
+
+    def _unfinished(self, pipeline: Any) -> list[int]:
+        from airflow_provider_eo.core.stream import unfinished_checkpoints
+
+        try:
+            with open_ledger(pipeline) as ledger:
+                return [cp.checkpoint_id for cp in unfinished_checkpoints(ledger, pipeline.name)]
+        except Exception as exc:  # the failure being reported matters more than this read
+            self.log.warning(
+                "pipeline %s: cannot read the ledger's unfinished checkpoints: %s", pipeline.name, exc
+            )
+            return []
+
+    def _tail(self) -> list[str]:
+        lines = getattr(self._hook, "_last_submit_log_lines", None) or ()
+        return [str(line).rstrip() for line in lines]
+
+    def _capture_json_lines(self) -> list[str]:
+        """Keep the application's JSON lines (per checkpoint and the exit summary) while the
+        hook logs its output: the hook's own tail holds only the last 20 lines, and Spark's
+        shutdown messages come after the summary."""
+        captured: list[str] = []
+        hook = self._hook
+        assert hook is not None
+        process = hook._process_spark_submit_log
+
+        def keep(itr: Iterator[Any]) -> Iterator[Any]:
+            for line in itr:
+                if str(line).lstrip().startswith("{"):
+                    captured.append(str(line))
+                yield line
+
+        setattr(hook, "_process_spark_submit_log", lambda itr: process(keep(itr)))  # noqa: B010
+        return captured
+
+    def execute(self, context: Context) -> dict[str, Any]:  # type: ignore[override]
+        pipeline = self.resolve_pipeline()
+        args = stream_arguments(
+            self.pipeline,
+            interval=float(self.interval),
+            commit=str(self.commit),
+            duration=_optional_float(self.duration),
+            checkpoints=_optional_int(self.checkpoints),
+            name=f"pipeline {pipeline.name!r}",
+        )
+        cluster = configure_submit(
+            self,
+            context,
+            application=provider_application(STREAM_MODULE),
+            application_args=args,
+            pipeline_ref=self.pipeline,
+            pipeline_name=pipeline.name,
+            overrides=self.pipeline_overrides(pipeline),
+        )
+        self.log.info(
+            "pipeline %s: streaming application (%s deploy mode, commit=%s) starting; unfinished "
+            "checkpoints it resumes first: %s",
+            pipeline.name,
+            "cluster" if cluster else "client",
+            self.commit,
+            self._unfinished(pipeline) or "none",
+        )
+        json_lines = self._capture_json_lines()
+        try:
+            SparkSubmitOperator.execute(self, context)
+        except AirflowException as exc:
+            match = _EXIT_CODE.search(str(exc))
+            exit_code = int(match.group(1)) if match else None
+            tail = self._tail()[-20:]
+            unfinished = self._unfinished(pipeline)
+            raise StreamDriverFailed(
+                f"pipeline {pipeline.name!r}: the streaming application's driver died (exit code "
+                f"{exit_code if exit_code is not None else 'unknown'}); unfinished checkpoints "
+                f"{unfinished or 'none'} are resumed from the ledger by a retry of this task. "
+                "Last driver output:\n" + "\n".join(tail),
+                exit_code=exit_code,
+                tail=tail,
+                unfinished=unfinished,
+            ) from exc
+        summary = stream_summary(json_lines) or {}
+        unfinished = self._unfinished(pipeline)
+        self.log.info(
+            "pipeline %s: streaming application ended (%s): %s checkpoint(s), %s record(s); "
+            "unfinished now: %s",
+            pipeline.name,
+            summary.get("reason", "no summary"),
+            summary.get("checkpoints"),
+            summary.get("records"),
+            unfinished or "none",
+        )
+        return {"pipeline": pipeline.name, "commit": self.commit, **summary, "unfinished": unfinished}

@@ -1,0 +1,91 @@
+"""dags/eo_stream.py under ``dag.test()``: real Airflow 3, Kafka and spark-submit of the
+streaming application (``spark/stream_app.py`` on ``local[2]``, client mode)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from airflow_provider_eo.demo.sample import produce_sample
+from airflow_provider_eo.kafka.audit import audit_pipeline
+from airflow_provider_eo.ledger import CheckpointState, Ledger
+
+from .conftest import ROOT
+
+pytestmark = [pytest.mark.airflow, pytest.mark.kafka, pytest.mark.spark, pytest.mark.timeout(600)]
+
+
+def _stream_env(airflow_env: Any, **extra: str) -> None:
+    airflow_env.add_dag(ROOT / "dags" / "eo_stream.py")
+    airflow_env.env.update({"EO_STREAM_INTERVAL_S": "1", "EO_STREAM_RETRIES": "0", **extra})
+
+
+def _checkpoints(pipeline: Any) -> list[Any]:
+    with Ledger(pipeline.ledger_url) as ledger:
+        return ledger.list_checkpoints(pipeline.name)
+
+
+def _audit(pipeline: Any) -> None:
+    with Ledger(pipeline.ledger_url) as ledger:
+        report = audit_pipeline(pipeline, ledger)
+    assert report.ok and report.duplicates == 0, report.as_dict()
+
+
+def test_inline_stream_commits_n_checkpoints_exactly_once(airflow_env: Any, kafka_bootstrap: str) -> None:
+    _stream_env(airflow_env)
+    pipeline = airflow_env.pipeline()
+    produce_sample(kafka_bootstrap, pipeline.source_topics[0])
+
+    (run,) = airflow_env.run_dag_test("eo_stream", conf='{"checkpoints": 2}')
+
+    assert run["state"] == "success", run
+    summary = run["xcoms"]["stream"]
+    assert summary["checkpoints"] == 2 and summary["reason"] == "checkpoints", summary
+    assert summary["unfinished"] == [], summary
+    checkpoints = _checkpoints(pipeline)
+    assert [c.state for c in checkpoints] == [CheckpointState.COMMITTED] * 2
+    assert summary["records"] == sum(c.records or 0 for c in checkpoints) > 0
+    _audit(pipeline)
+
+
+def test_driver_death_fails_the_task_then_a_new_try_resumes(airflow_env: Any, kafka_bootstrap: str) -> None:
+    _stream_env(airflow_env, EO_FAULT="prepare.after_write", EO_FAULT_ACTION="exit")
+    pipeline = airflow_env.pipeline()
+    produce_sample(kafka_bootstrap, pipeline.source_topics[0])
+
+    (run,) = airflow_env.run_dag_test("eo_stream", conf='{"checkpoints": 1}')
+
+    assert run["state"] == "failed" and run["tis"]["stream"]["state"] == "failed", run
+    log = airflow_env.log_text()
+    assert "StreamDriverFailed" in log and "the streaming application's driver died (exit code" in log
+    assert "injected fault at prepare.after_write" in log  # the driver's own reason, in the task's error
+    (cp,) = _checkpoints(pipeline)
+    assert cp.state is CheckpointState.PLANNED
+    # The next try (here: a new run, as a retry would) resumes checkpoint 1 from the ledger.
+    del airflow_env.env["EO_FAULT"], airflow_env.env["EO_FAULT_ACTION"]
+    (again,) = airflow_env.run_dag_test("eo_stream", conf='{"checkpoints": 1}')
+    assert again["state"] == "success", again
+    (cp,) = _checkpoints(pipeline)
+    assert cp.state is CheckpointState.COMMITTED and cp.checkpoint_id == 1
+    _audit(pipeline)
+
+
+def test_airflow_commit_mode_commit_dag_runs_commit_prepared_checkpoints(
+    airflow_env: Any, kafka_bootstrap: str
+) -> None:
+    _stream_env(airflow_env)
+    pipeline = airflow_env.pipeline()
+    produce_sample(kafka_bootstrap, pipeline.source_topics[0])
+
+    # The demo pipeline's max_pending is 1: the stream waits (back-pressure) while a
+    # PREPARED checkpoint is not committed, so one bounded run prepares one checkpoint.
+    (run,) = airflow_env.run_dag_test("eo_stream", dag_attr="prepare_dag", conf='{"checkpoints": 1}')
+    assert run["state"] == "success", run
+    assert [c.state for c in _checkpoints(pipeline)] == [CheckpointState.PREPARED]
+
+    runs = airflow_env.run_dag_test("eo_stream", dag_attr="commit_dag", runs=2)
+    assert [r["xcoms"].get("lowest_prepared") for r in runs] == [1, None], runs
+    assert [r["tis"]["commit"]["state"] for r in runs] == ["success", "skipped"], runs
+    assert [c.state for c in _checkpoints(pipeline)] == [CheckpointState.COMMITTED]
+    _audit(pipeline)

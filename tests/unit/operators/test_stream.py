@@ -1,0 +1,129 @@
+"""EoStreamOperator: arguments, lazy work, the driver's failure reason, the summary."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from airflow_provider_eo.operators.stream import (
+    EoStreamOperator,
+    StreamDriverFailed,
+    stream_arguments,
+    stream_summary,
+)
+from airflow_provider_eo.version_compat import AirflowException, AirflowFailException
+
+
+def test_no_work_at_construction(monkeypatch: pytest.MonkeyPatch) -> None:
+    import airflow_provider_eo.spark.session as session
+
+    monkeypatch.setattr(session, "connector_jars_csv", lambda: pytest.fail("jars resolved at parse time"))
+    op = EoStreamOperator(task_id="stream", pipeline="no.such:X", commit="airflow", checkpoints="{{ x }}")
+    assert op.application == "" and op.jars is None and op._conn_id == "spark_default"
+    assert {"pipeline", "interval", "commit", "duration", "checkpoints", "conf"} <= set(op.template_fields)
+
+
+def test_stream_arguments() -> None:
+    assert stream_arguments("m:P", interval=2, commit="inline", duration=None, checkpoints=3) == [
+        "--pipeline", "m:P", "--interval", "2.0", "--commit", "inline", "--checkpoints", "3",
+    ]  # fmt: skip
+    assert stream_arguments("m:P", interval=1, commit="airflow", duration=9, checkpoints=None)[-2:] == [
+        "--duration",
+        "9.0",
+    ]
+    for bad in (
+        {"commit": "later"},
+        {"interval": 0},
+        {"duration": 1.0, "checkpoints": 1},
+        {"checkpoints": 0},
+    ):
+        kwargs: dict[str, Any] = {
+            "interval": 1,
+            "commit": "inline",
+            "duration": None,
+            "checkpoints": None,
+            **bad,
+        }
+        with pytest.raises(AirflowFailException):
+            stream_arguments("m:P", **kwargs)
+
+
+def test_stream_summary_is_the_last_summary_line() -> None:
+    lines = [
+        '{"checkpoint": 1, "records": 3}',
+        '{"pipeline": "p", "checkpoints": 1, "records": 3, "reason": "checkpoints"}',
+        "INFO SparkContext: Successfully stopped SparkContext",
+        "{not json",
+    ]
+    assert stream_summary(lines) == {"pipeline": "p", "checkpoints": 1, "records": 3, "reason": "checkpoints"}
+    assert stream_summary(['{"checkpoint": 1, "records": 3}']) is None
+
+
+class _Hook:
+    def __init__(self, lines: list[str], error: str | None) -> None:
+        self._last_submit_log_lines = lines[-20:]
+        self.lines = lines
+        self.error = error
+
+    def _process_spark_submit_log(self, itr: Any) -> None:
+        for _ in itr:
+            pass
+
+
+def _fake_submit(monkeypatch: pytest.MonkeyPatch, lines: list[str], error: str | None) -> list[Any]:
+    import airflow_provider_eo.operators.stream as mod
+
+    calls: list[Any] = []
+
+    def configure(task: Any, context: Any, **kwargs: Any) -> bool:
+        calls.append(kwargs)
+        task._hook = _Hook(lines, error)
+        return False
+
+    def execute(task: Any, context: Any) -> None:
+        task._hook._process_spark_submit_log(iter(task._hook.lines))
+        if task._hook.error:
+            raise AirflowException(task._hook.error)
+
+    monkeypatch.setattr(mod, "configure_submit", configure)
+    monkeypatch.setattr(mod.SparkSubmitOperator, "execute", execute)
+    return calls
+
+
+def test_success_returns_the_summary(
+    pipeline_ref: str, context: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    summary = (
+        '{"pipeline": "orders", "commit": "inline", "checkpoints": 2, "records": 7, "reason": "checkpoints"}'
+    )
+    calls = _fake_submit(
+        monkeypatch, ['{"checkpoint": 1, "records": 7}', summary, *["spark noise"] * 30], None
+    )
+    op = EoStreamOperator(task_id="stream", pipeline=pipeline_ref, interval="2", checkpoints="2")
+    result = op.execute(context)
+    assert result["checkpoints"] == 2 and result["records"] == 7 and result["unfinished"] == []
+    assert calls[0]["application"].endswith("airflow_provider_eo/spark/stream_app.py")
+    assert calls[0]["application_args"][-2:] == ["--checkpoints", "2"]
+
+
+def test_driver_death_fails_with_its_reason(
+    pipeline_ref: str, context: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow_provider_eo.ledger import Ledger, RangeSpec
+    from airflow_provider_eo.pipeline import load_pipeline
+
+    pipeline = load_pipeline(pipeline_ref)
+    with Ledger(pipeline.ledger_url) as ledger:
+        ledger.ensure_pipeline(pipeline.name, pipeline.fingerprint())
+        ledger.plan(pipeline.name, [RangeSpec("in", 0, 0, 5)])
+    _fake_submit(
+        monkeypatch,
+        ["Traceback (most recent call last):", "RuntimeError: injected fault at prepare.after_write"],
+        "Cannot execute: spark-submit ... Error code is: 3.",
+    )
+    op = EoStreamOperator(task_id="stream", pipeline=pipeline_ref, checkpoints=1)
+    with pytest.raises(StreamDriverFailed, match="exit code 3") as info:
+        op.execute(context)
+    assert info.value.exit_code == 3 and info.value.unfinished == [1]
+    assert "injected fault at prepare.after_write" in str(info.value)
