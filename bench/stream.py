@@ -20,6 +20,9 @@ has its own topics.
    interval) and Spark (same query shape, same trigger) each process their backlog from
    the start: records / seconds until the last record is readable (eo: the last commit
    returned; Spark: the sink's high watermarks reach the backlog, nothing is transactional).
+   Spark's query has no ``maxOffsetsPerTrigger``, so by default eo's
+   ``max_records_per_checkpoint`` is the backlog too (one batch each); ``--max-records``
+   caps eo's checkpoints (a capped plan plans the next at once: core/stream.py catch-up).
 
 Progress goes to stderr; the last line on stdout is machine-readable.
 """
@@ -389,7 +392,13 @@ def main() -> int:
     ap.add_argument("--backlog", type=int, default=500_000, help="records for the max-throughput phase")
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--max-pending", type=int, default=2, help="eo: unfinished checkpoints at once")
-    ap.add_argument("--max-records", type=int, default=100_000, help="eo: records per checkpoint at most")
+    ap.add_argument(
+        "--max-records",
+        type=int,
+        default=None,
+        help="eo: max_records_per_checkpoint (default: the backlog, so that eo, like Spark's "
+        "uncapped query, takes the backlog in one batch)",
+    )
     ap.add_argument("--skip-latency", action="store_true", help="only the max-throughput phase")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the finally below still runs
@@ -430,7 +439,7 @@ def main() -> int:
             transform=TRANSFORM,
             ledger_url=f"sqlite:///{work / 'ledger.db'}",
             staging_dir=str(work / "staging"),
-            max_records_per_checkpoint=args.max_records,
+            max_records_per_checkpoint=args.max_records or max(args.backlog, 100_000),
             max_pending=args.max_pending,
         )
 
