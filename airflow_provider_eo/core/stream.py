@@ -15,6 +15,10 @@ SparkSession, and hands it on:
 Back-pressure: never more than the pipeline's ``max_pending`` unfinished checkpoints; when
 that many are PLANNED or PREPARED, the driver waits instead of planning.
 
+Catch-up: a plan cut by ``max_records_per_checkpoint`` means input is waiting, so the next
+plan does not wait for the interval (only for ``max_pending``): a backlog is carried as fast
+as prepare and commit go, not at ``max_records_per_checkpoint`` per interval.
+
 Start, stop and crash (the numbered cases are what a restart can find):
 
 1. On start, the unfinished checkpoints a previous run left are resumed in id order before
@@ -122,7 +126,8 @@ class StreamSteps:
     pass fakes). ``plan_next`` plans the next checkpoint even while earlier ones are
     unfinished (``None``: nothing new); ``prepare`` returns (records, seconds); ``commit``
     returns seconds; ``unfinished`` lists the PLANNED/PREPARED checkpoints in id order;
-    ``state`` reads one checkpoint's state."""
+    ``state`` reads one checkpoint's state; ``full`` tells whether a plan was cut by the
+    pipeline's ``max_records_per_checkpoint`` (more input is waiting)."""
 
     plan_next: Callable[[], CheckpointRecord | None]
     prepare: Callable[[int], tuple[int, float]]
@@ -130,6 +135,7 @@ class StreamSteps:
     unfinished: Callable[[], list[CheckpointRecord]]
     state: Callable[[int], CheckpointState]
     resume_planned: Callable[[CheckpointRecord], CheckpointRecord | None] = lambda cp: cp
+    full: Callable[[CheckpointRecord], bool] = lambda cp: False
 
 
 def unfinished_checkpoints(ledger: Ledger, pipeline: str) -> list[CheckpointRecord]:
@@ -164,7 +170,13 @@ def default_steps(pipeline: Pipeline, ledger: Ledger, spark: Any, actor: Actor) 
         unfinished=lambda: unfinished_checkpoints(ledger, pipeline.name),
         state=lambda cid: ledger.get(pipeline.name, cid).state,
         resume_planned=lambda cp: resume_or_drop_lost(pipeline, ledger, cp, actor=actor),
+        full=lambda cp: planned_records(cp) >= pipeline.max_records_per_checkpoint,
     )
+
+
+def planned_records(cp: CheckpointRecord) -> int:
+    """How many offsets ``cp`` plans to read (all its ranges)."""
+    return sum(r.end - r.start for r in cp.ranges)
 
 
 class _Committer(threading.Thread):
@@ -384,6 +396,8 @@ def drive_stream(
             if planned is None:
                 result.empty_intervals += 1
                 continue
+            if steps.full(planned):
+                next_tick = clock()  # a backlog: plan the next one at once (max_pending bounds it)
             with lock:
                 in_flight.add(planned.checkpoint_id)
             prepare(planned, False)

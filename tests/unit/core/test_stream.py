@@ -197,3 +197,19 @@ def test_commit_failure_stops_and_raises_later_ones_stay_prepared() -> None:
 def test_bad_arguments(kw: dict[str, Any], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         run(FakeLedger(1), **kw)
+
+
+@pytest.mark.parametrize("full", [True, False])
+def test_a_full_plan_plans_the_next_without_waiting_for_the_interval(full: bool) -> None:
+    # A plan cut by max_records_per_checkpoint means input is waiting (a backlog): the next
+    # plan follows at once (bounded by max_pending), else the stream would carry at most
+    # max_records_per_checkpoint per interval however much is waiting.
+    fake = FakeLedger(2)
+    steps = fake.steps()
+    steps.full = lambda cp: full
+    result = drive_stream(steps, pipeline="p", max_pending=2, interval_s=3.0, max_checkpoints=3)
+    assert [c.checkpoint_id for c in result.checkpoints] == [1, 2, 3]
+    if full:
+        assert result.seconds < 2.0  # three checkpoints, no interval waited
+    else:
+        assert result.seconds >= 6.0  # not full: one plan per interval
