@@ -32,16 +32,13 @@ from sqlalchemy import and_, or_, select, update
 from sqlalchemy.orm import Session
 
 from airflow_provider_eo.ledger.engine import Database, utcnow
-from airflow_provider_eo.ledger.errors import CheckpointConflict, InvariantViolation
+from airflow_provider_eo.ledger.errors import InvariantViolation
 from airflow_provider_eo.ledger.events import add_event
-from airflow_provider_eo.ledger.mapping import actor_columns, checkpoint_record_of, pipeline_record
+from airflow_provider_eo.ledger.mapping import pipeline_record
 from airflow_provider_eo.ledger.models import Checkpoint, CheckpointRange, Pipeline
-from airflow_provider_eo.ledger.pipelines import ensure_pipeline, pin_prefix
+from airflow_provider_eo.ledger.pipelines import ensure_pipeline
 from airflow_provider_eo.ledger.reads import (
-    count_unfinished,
-    lowest_unfinished,
     pipeline_row,
-    require_checkpoint,
 )
 from airflow_provider_eo.ledger.records import (
     Actor,
@@ -52,7 +49,7 @@ from airflow_provider_eo.ledger.records import (
     TopicPartition,
 )
 from airflow_provider_eo.ledger.states import CheckpointState
-from airflow_provider_eo.ledger.transitions import _claim_checkpoint_id
+from airflow_provider_eo.ledger.transitions import check_plan_args, record_planned
 
 Interval = tuple[int, int]
 """Offsets ``[start, end)`` of one partition."""
@@ -434,24 +431,13 @@ def plan_backfill_checkpoint(
     pipeline committed. Not idempotent by itself: callers resume :meth:`unfinished` first.
     """
     _check_interval(filter_start_ms, filter_end_ms)
-    if max_pending < 1:
-        raise ValueError(f"max_pending must be >= 1, got {max_pending}")
-    if not ranges:
-        raise ValueError(f"pipeline '{pipeline}': a checkpoint needs at least one range")
-    seen: set[TopicPartition] = set()
+    check_plan_args(pipeline, ranges, max_pending)
     for r in ranges:
-        if r.key in seen:
-            raise InvariantViolation(
-                f"pipeline '{pipeline}': {r.topic}[{r.partition}] appears twice in one plan; "
-                "give each topic-partition one range (a partition's other interval goes into "
-                "the next checkpoint)"
-            )
         if r.end <= r.start or r.skipped_from is not None:
             raise InvariantViolation(
                 f"pipeline '{pipeline}': backfill range {r.compact()} must hold at least one "
                 "offset and skip nothing"
             )
-        seen.add(r.key)
     with db.write() as s:
         p = pipeline_row(s, db, pipeline, lock=True)
         if p.backfill_of is None:
@@ -459,70 +445,21 @@ def plan_backfill_checkpoint(
                 f"pipeline '{pipeline}' is not a backfill pipeline; register it with "
                 "Ledger.register_backfill_pipeline first"
             )
-        last, lineage = p.last_checkpoint_id, p.current_lineage
-        new_id = last + 1
-        pending = count_unfinished(s, p.id)
-        if pending >= max_pending:
-            low = lowest_unfinished(s, p.id)
-            lowest = f"{low.checkpoint_id}, {low.state}" if low is not None else "?"
-            raise InvariantViolation(
-                f"backfill pipeline '{pipeline}': cannot plan checkpoint {new_id}: {pending} "
-                f"unfinished checkpoint(s) already (lowest: {lowest}) and max_pending="
-                f"{max_pending}. Resume it (prepare, commit) or abort it first."
-            )
-        _refuse_overlap(s, pipeline, p.id, new_id, ranges, filter_start_ms, filter_end_ms)
-        if commit_plan is not None:
-            pin_prefix(s, p.id, pipeline, commit_plan.transactional_id_prefix)
-        now = utcnow()
-        if not _claim_checkpoint_id(s, p.id, last, lineage, now):
-            raise CheckpointConflict(
-                f"backfill pipeline '{pipeline}': another planner recorded checkpoint {new_id} "
-                "concurrently; resume Ledger.unfinished() instead of planning again",
-                pipeline=pipeline,
-                checkpoint_id=new_id,
-            )
-        s.add(
-            Checkpoint(
-                pipeline_id=p.id,
-                checkpoint_id=new_id,
-                state=CheckpointState.PLANNED,
-                lineage=lineage,
-                planned_at=now,
-                filter_start_ms=filter_start_ms,
-                filter_end_ms=filter_end_ms,
-                **({"commit_plan": commit_plan.to_json()} if commit_plan is not None else {}),
-                **actor_columns(actor),
-            )
-        )
-        s.flush()
-        s.add_all(
-            CheckpointRange(
-                pipeline_id=p.id,
-                checkpoint_id=new_id,
-                topic=r.topic,
-                partition=r.partition,
-                start_offset=r.start,
-                end_offset=r.end,
-            )
-            for r in ranges
-        )
-        add_event(
+        return record_planned(
             s,
-            p.id,
-            new_id,
-            "transition",
-            to_state=CheckpointState.PLANNED,
+            db,
+            pipeline,
+            p,
+            ranges,
+            max_pending=max_pending,
+            guard=lambda new_id: _refuse_overlap(
+                s, pipeline, p.id, new_id, ranges, filter_start_ms, filter_end_ms
+            ),
             actor=actor,
-            at=now,
-            details={
-                **(dict(details) if details else {}),
-                "backfill_of": p.backfill_of,
-                "time_filter": [filter_start_ms, filter_end_ms],
-                **({"commit_plan": commit_plan.to_json()} if commit_plan is not None else {}),
-            },
+            details=details,
+            commit_plan=commit_plan,
+            time_filter=(filter_start_ms, filter_end_ms),
         )
-        s.flush()
-        return checkpoint_record_of(s, pipeline, require_checkpoint(s, db, pipeline, p.id, new_id))
 
 
 __all__ = [

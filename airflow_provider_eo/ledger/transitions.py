@@ -12,7 +12,7 @@ pipeline row (:func:`_claim_checkpoint_id`).
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import String, cast, or_, select, update
@@ -154,6 +154,124 @@ def _check_contiguous(s: Session, pipeline: str, pid: int, new_id: int, ranges: 
 # -- the transitions ------------------------------------------------------------------------
 
 
+def check_plan_args(pipeline: str, ranges: Sequence[RangeSpec], max_pending: int) -> None:
+    """Refuse a plan without ranges, with a partition twice, or with ``max_pending < 1``
+    (before any database work)."""
+    if max_pending < 1:
+        raise ValueError(f"max_pending must be >= 1, got {max_pending}")
+    if not ranges:
+        raise ValueError(f"pipeline '{pipeline}': a checkpoint needs at least one range")
+    seen: set[TopicPartition] = set()
+    for r in ranges:
+        if r.key in seen:
+            raise InvariantViolation(
+                f"pipeline '{pipeline}': {r.topic}[{r.partition}] appears twice in one "
+                "plan; give each topic-partition one range (a partition's other interval "
+                "goes into the next checkpoint)"
+            )
+        seen.add(r.key)
+
+
+def record_planned(
+    s: Session,
+    db: Database,
+    pipeline: str,
+    p: Pipeline,
+    ranges: Sequence[RangeSpec],
+    *,
+    max_pending: int,
+    guard: Callable[[int], None],
+    actor: Actor | None = None,
+    details: Mapping[str, Any] | None = None,
+    commit_plan: CommitPlan | None = None,
+    time_filter: tuple[int, int] | None = None,
+) -> CheckpointRecord:
+    """Record checkpoint ``last + 1`` of the locked pipeline row ``p`` as PLANNED: the one
+    way a checkpoint is planned, for live pipelines (:func:`plan`) and backfills.
+
+    Refuses more than ``max_pending`` unfinished checkpoints, then runs ``guard(new_id)``
+    (the caller's range check: contiguity for a live pipeline, no overlap for a backfill),
+    pins the commit plan's prefix, claims the id (compare-and-set) and writes the row, its
+    ranges and the event. A live checkpoint (no ``time_filter``) moves the partition heads.
+    """
+    last, lineage = p.last_checkpoint_id, p.current_lineage
+    new_id = last + 1
+    pending = count_unfinished(s, p.id)
+    if pending >= max_pending:
+        low = lowest_unfinished(s, p.id)
+        lowest = f"{low.checkpoint_id}, {low.state}" if low is not None else "?"
+        resume = low.checkpoint_id if low is not None else "it"
+        raise InvariantViolation(
+            f"pipeline '{pipeline}': cannot plan checkpoint {new_id}: {pending} "
+            f"unfinished checkpoint(s) already (lowest: {lowest}) "
+            f"and max_pending={max_pending}. Resume checkpoint {resume} "
+            "(prepare, commit) or abort it first."
+        )
+    guard(new_id)
+    if commit_plan is not None:  # the plan's prefix is the pipeline's, for life
+        pin_prefix(s, p.id, pipeline, commit_plan.transactional_id_prefix)
+    now = utcnow()
+    if not _claim_checkpoint_id(s, p.id, last, lineage, now):
+        raise CheckpointConflict(
+            f"pipeline '{pipeline}': another planner recorded checkpoint {new_id} "
+            "concurrently; resume Ledger.unfinished() instead of planning again",
+            pipeline=pipeline,
+            checkpoint_id=new_id,
+        )
+    filter_columns: dict[str, Any] = {}
+    if time_filter is not None:
+        filter_columns = {"filter_start_ms": time_filter[0], "filter_end_ms": time_filter[1]}
+    s.add(
+        Checkpoint(
+            pipeline_id=p.id,
+            checkpoint_id=new_id,
+            state=PLANNED,
+            lineage=lineage,
+            planned_at=now,
+            # Left out (SQL NULL) without a plan: the ORM would store a JSON 'null'.
+            **({"commit_plan": commit_plan.to_json()} if commit_plan is not None else {}),
+            **filter_columns,
+            **actor_columns(actor),
+        )
+    )
+    s.flush()
+    s.add_all(
+        CheckpointRange(
+            pipeline_id=p.id,
+            checkpoint_id=new_id,
+            topic=r.topic,
+            partition=r.partition,
+            start_offset=r.start,
+            end_offset=r.end,
+            skipped_from=r.skipped_from,
+        )
+        for r in ranges
+    )
+    if time_filter is None:
+        for r in ranges:
+            set_head(s, p.id, r.key, r.end, lineage, new_id)
+    skipped = {
+        f"{r.topic}[{r.partition}]": [r.skipped_from, r.start] for r in ranges if r.skipped_from is not None
+    }
+    add_event(
+        s,
+        p.id,
+        new_id,
+        "transition",
+        to_state=PLANNED,
+        actor=actor,
+        at=now,
+        details={
+            **(dict(details) if details else {}),
+            **({"skipped": skipped} if skipped else {}),
+            **({"backfill_of": p.backfill_of, "time_filter": list(time_filter)} if time_filter else {}),
+            **({"commit_plan": commit_plan.to_json()} if commit_plan is not None else {}),
+        },
+    )
+    s.flush()
+    return checkpoint_record_of(s, pipeline, require_checkpoint(s, db, pipeline, p.id, new_id))
+
+
 def plan(
     db: Database,
     pipeline: str,
@@ -168,25 +286,15 @@ def plan(
 
     Refuses (InvariantViolation) a gap or an overlap with where each partition must
     start (see :meth:`next_starts`), a repeated partition, and more than
-    ``max_pending`` unfinished checkpoints. Not idempotent by itself: callers resume
-    :meth:`unfinished` first; two concurrent planners cannot both succeed.
+    ``max_pending`` unfinished checkpoints; a stopped pipeline (PipelineStopped). Not
+    idempotent by itself: callers resume :meth:`unfinished` first; two concurrent
+    planners cannot both succeed.
 
     ``commit_plan`` (how the checkpoint will be published) is stored in the same
     transaction, and its transactional-id prefix is pinned for the pipeline (a plan
     with another prefix than the pinned one is refused).
     """
-    if max_pending < 1:
-        raise ValueError(f"max_pending must be >= 1, got {max_pending}")
-    if not ranges:
-        raise ValueError(f"pipeline '{pipeline}': a checkpoint needs at least one range")
-    seen: set[TopicPartition] = set()
-    for r in ranges:
-        if r.key in seen:
-            raise InvariantViolation(
-                f"pipeline '{pipeline}': {r.topic}[{r.partition}] appears twice in one "
-                "plan; give each topic-partition one range"
-            )
-        seen.add(r.key)
+    check_plan_args(pipeline, ranges, max_pending)
     with db.write() as s:
         p = pipeline_row(s, db, pipeline, lock=True)
         if p.stopped_at is not None:  # checked under the row lock: a stop is never overtaken
@@ -196,78 +304,18 @@ def plan(
                 stopped_at=p.stopped_at.isoformat(),
                 reason=p.stop_reason,
             )
-        last, lineage = p.last_checkpoint_id, p.current_lineage
-        new_id = last + 1
-        pending = count_unfinished(s, p.id)
-        if pending >= max_pending:
-            low = lowest_unfinished(s, p.id)
-            lowest = f"{low.checkpoint_id}, {low.state}" if low is not None else "?"
-            resume = low.checkpoint_id if low is not None else "it"
-            raise InvariantViolation(
-                f"pipeline '{pipeline}': cannot plan checkpoint {new_id}: {pending} "
-                f"unfinished checkpoint(s) already (lowest: {lowest}) "
-                f"and max_pending={max_pending}. Resume checkpoint {resume} "
-                "(prepare, commit) or abort it first."
-            )
-        _check_contiguous(s, pipeline, p.id, new_id, ranges)
-        if commit_plan is not None:  # the plan's prefix is the pipeline's, for life
-            pin_prefix(s, p.id, pipeline, commit_plan.transactional_id_prefix)
-        now = utcnow()
-        if not _claim_checkpoint_id(s, p.id, last, lineage, now):
-            raise CheckpointConflict(
-                f"pipeline '{pipeline}': another planner recorded checkpoint {new_id} "
-                "concurrently; resume Ledger.unfinished() instead of planning again",
-                pipeline=pipeline,
-                checkpoint_id=new_id,
-            )
-        s.add(
-            Checkpoint(
-                pipeline_id=p.id,
-                checkpoint_id=new_id,
-                state=PLANNED,
-                lineage=lineage,
-                planned_at=now,
-                # Left out (SQL NULL) without a plan: the ORM would store a JSON 'null'.
-                **({"commit_plan": commit_plan.to_json()} if commit_plan is not None else {}),
-                **actor_columns(actor),
-            )
-        )
-        s.flush()
-        s.add_all(
-            CheckpointRange(
-                pipeline_id=p.id,
-                checkpoint_id=new_id,
-                topic=r.topic,
-                partition=r.partition,
-                start_offset=r.start,
-                end_offset=r.end,
-                skipped_from=r.skipped_from,
-            )
-            for r in ranges
-        )
-        for r in ranges:
-            set_head(s, p.id, r.key, r.end, lineage, new_id)
-        skipped = {
-            f"{r.topic}[{r.partition}]": [r.skipped_from, r.start]
-            for r in ranges
-            if r.skipped_from is not None
-        }
-        add_event(
+        return record_planned(
             s,
-            p.id,
-            new_id,
-            "transition",
-            to_state=PLANNED,
+            db,
+            pipeline,
+            p,
+            ranges,
+            max_pending=max_pending,
+            guard=lambda new_id: _check_contiguous(s, pipeline, p.id, new_id, ranges),
             actor=actor,
-            at=now,
-            details={
-                **(details or {}),
-                **({"skipped": skipped} if skipped else {}),
-                **({"commit_plan": commit_plan.to_json()} if commit_plan is not None else {}),
-            },
+            details=details,
+            commit_plan=commit_plan,
         )
-        s.flush()
-        return checkpoint_record_of(s, pipeline, require_checkpoint(s, db, pipeline, p.id, new_id))
 
 
 def mark_prepared(
