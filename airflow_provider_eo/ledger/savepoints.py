@@ -7,6 +7,7 @@ from typing import Any
 
 from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 from airflow_provider_eo.ledger.engine import Database, utcnow
 from airflow_provider_eo.ledger.errors import InvariantViolation, LedgerError, SavepointNotFound
@@ -95,19 +96,26 @@ def create_savepoint(
         ) from exc
 
 
+def _savepoint_row(s: Session, db: Database, pipeline: str, name: str, done: str = "") -> Savepoint:
+    """The named savepoint's row; SavepointNotFound (saying ``done``, e.g. "nothing was
+    deleted") when the pipeline has none by that name."""
+    pid = pipeline_row(s, db, pipeline).id
+    row = s.execute(
+        select(Savepoint).where(Savepoint.pipeline_id == pid, Savepoint.name == name)
+    ).scalar_one_or_none()
+    if row is None:
+        said = f"; {done}" if done else ""
+        raise SavepointNotFound(
+            f"pipeline '{pipeline}' has no savepoint '{name}'{said}. List them with "
+            "`eo savepoint list MODULE:ATTR` (or Ledger.list_savepoints())."
+        )
+    return row
+
+
 def get_savepoint(db: Database, pipeline: str, name: str) -> SavepointRecord:
     """The named savepoint; SavepointNotFound when absent."""
     with db.read() as s:
-        pid = pipeline_row(s, db, pipeline).id
-        row = s.execute(
-            select(Savepoint).where(Savepoint.pipeline_id == pid, Savepoint.name == name)
-        ).scalar_one_or_none()
-        if row is None:
-            raise SavepointNotFound(
-                f"pipeline '{pipeline}' has no savepoint '{name}': list them with "
-                "`eo savepoint list MODULE:ATTR` (or Ledger.list_savepoints())"
-            )
-        return savepoint_record(pipeline, row)
+        return savepoint_record(pipeline, _savepoint_row(s, db, pipeline, name))
 
 
 def list_savepoints(db: Database, pipeline: str) -> list[SavepointRecord]:
@@ -221,15 +229,8 @@ def delete_savepoint(
     """Delete the named savepoint (SavepointNotFound when absent, nothing changed); a
     ``savepoint_deleted`` event keeps what it held. Returns the deleted savepoint."""
     with db.write() as s:
-        pid = pipeline_row(s, db, pipeline).id
-        row = s.execute(
-            select(Savepoint).where(Savepoint.pipeline_id == pid, Savepoint.name == name)
-        ).scalar_one_or_none()
-        if row is None:
-            raise SavepointNotFound(
-                f"pipeline '{pipeline}' has no savepoint '{name}'; nothing was deleted. List "
-                "them with `eo savepoint list MODULE:ATTR`."
-            )
+        row = _savepoint_row(s, db, pipeline, name, "nothing was deleted")
+        pid = row.pipeline_id
         record = savepoint_record(pipeline, row)
         s.execute(
             delete(Savepoint).where(Savepoint.id == row.id).execution_options(synchronize_session=False)
