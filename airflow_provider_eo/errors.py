@@ -22,7 +22,8 @@ failure kind). Messages name the pipeline/checkpoint/partition and what to do ne
     ├── StagingError           staged output missing or not matching its manifest
     ├── StagingUnreadable      staging could not be read (I/O): retry, nothing aborted
     ├── PrepareError           the prepare job refused the checkpoint
-    │   └── TransformError
+    │   ├── TransformError     the user's transform failed (a record, or its code)
+    │   └── SparkEnvironmentError  the executors' environment failed (no record to blame)
     ├── PipelineStopped        the pipeline is stopped: no new checkpoint is planned
     ├── SavepointError         a savepoint could not be taken
     │   └── SavepointTimeout   in-flight checkpoints did not finish within the wait
@@ -132,6 +133,14 @@ class PrepareError(EoError):
 class TransformError(PrepareError):
     """The user's transform raised; the message names the checkpoint and, when found, the
     record. Nothing was published."""
+
+
+class SparkEnvironmentError(PrepareError):
+    """The Spark job failed because of the executors' environment, not a record: the
+    transform's module is not importable there, the driver's and the workers' Pythons
+    differ, a function cannot be pickled. Nothing was published and no record is blamed;
+    fix the deployment (ship the module with ``py_files``/archives, align the Pythons) and
+    retry the prepare."""
 
 
 class BackfillRefused(EoError):

@@ -50,3 +50,28 @@ def explode_twice(df: Any) -> Any:
 def reshuffled(df: Any) -> Any:
     """Round-robin repartition: records of every source partition spread over all tasks."""
     return df.repartition(5)
+
+
+def needs_missing_module(df: Any) -> Any:
+    """A Python UDF whose module is missing on the executors (as when the transform's
+    package was not shipped with py_files): every record fails with ModuleNotFoundError."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import BinaryType
+
+    def parse(v: bytes) -> bytes:
+        import eo_not_shipped_to_executors  # type: ignore[import-not-found]  # noqa: F401
+
+        return bytes(v)
+
+    return df.withColumn("value", F.udf(parse, BinaryType())(F.col("value")))
+
+
+def always_fails(df: Any) -> Any:
+    """A Python UDF with a bug that fails on every record (not a bad record)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import BinaryType
+
+    def parse(v: bytes) -> bytes:
+        return bytes(v).decode().upper().encode() + v.missing_attribute  # type: ignore[attr-defined,no-any-return]
+
+    return df.withColumn("value", F.udf(parse, BinaryType())(F.col("value")))

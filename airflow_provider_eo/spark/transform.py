@@ -2,16 +2,21 @@
 finding the first record it fails on (the poison-record search).
 
 Only a failure raised by the user's code (a Python UDF, a Spark expression) counts as bad
-data and starts the search; Kafka or filesystem failures are reported as such.
+data and starts the search; Kafka or filesystem failures are reported as such, and so are
+failures of the executors' environment (the transform's module missing on the executors,
+mismatched Pythons, an unpicklable function), which no record causes. A failure that the
+search pins on the first record is tried on the last record too: when both fail, the
+message says the transform's code (or environment) is the likely cause, not one record.
 """
 
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from airflow_provider_eo.errors import PrepareError, TransformError
+from airflow_provider_eo.errors import PrepareError, SparkEnvironmentError, TransformError
 from airflow_provider_eo.ledger import RangeSpec
 from airflow_provider_eo.pipeline import Pipeline
 from airflow_provider_eo.spark.source import kafka_source, with_provenance
@@ -58,6 +63,46 @@ def is_transform_failure(exc: BaseException) -> bool:
         return True
     text = str(exc)
     return "PythonException" in text or "Python worker" in text or "SparkArithmeticException" in text
+
+
+_MISSING_MODULE = re.compile(r"(?:ModuleNotFoundError|ImportError): No module named '?([\w.]+)'?")
+
+# (pattern in the job's error text, what to do) for failures no record can cause.
+_ENVIRONMENT = (
+    (
+        re.compile(r"(?:ModuleNotFoundError|ImportError)\b"),
+        "ship the transform's module to the executors (EoSubmitOperator(py_files=...) or "
+        "spark-submit --py-files / --archives) or install it on every Spark node",
+    ),
+    (
+        re.compile(r"Python in worker has different version|PYTHON_VERSION_MISMATCH"),
+        "use the same Python on the driver and the executors (PYSPARK_PYTHON / "
+        "spark.pyspark.python)",
+    ),
+    (
+        re.compile(r"Cannot run program \"[^\"]*python|PYTHON_EXECUTABLE"),
+        "install the Python named by PYSPARK_PYTHON / spark.pyspark.python on every Spark node",
+    ),
+    (
+        re.compile(r"PicklingError|Could not serialize|UnpicklingError"),
+        "make the transform's functions picklable (no open clients, locks or sessions "
+        "captured in a UDF's closure)",
+    ),
+)
+
+
+def environment_failure(exc: BaseException) -> str | None:
+    """What to fix when ``exc`` is a failure of the executors' environment rather than of a
+    record (None otherwise): a module missing on the executors, mismatched Pythons, a
+    function that cannot be pickled."""
+    text = str(exc)
+    for pattern, advice in _ENVIRONMENT:
+        if pattern.search(text):
+            missing = _MISSING_MODULE.search(text)
+            if missing:
+                return f"module {missing.group(1)!r} is not importable on the executors: {advice}"
+            return advice
+    return None
 
 
 def short_error(exc: BaseException) -> str:
@@ -111,15 +156,7 @@ def locate_poison(
     """The first record the transform fails on, found with bounded Spark jobs (None when the
     failure does not reproduce on a sub-range or the job budget runs out)."""
 
-    def fails(r: RangeSpec) -> bool:
-        src = with_provenance(kafka_source(spark, pipeline, [r]))
-        try:
-            transform(src).write.format("noop").mode("overwrite").save()
-        except Exception:
-            return True
-        return False
-
-    return first_failing_offset(ranges, fails, max_jobs)
+    return first_failing_offset(ranges, lambda r: _job_fails(spark, pipeline, transform, r), max_jobs)
 
 
 def job_failure(
@@ -131,14 +168,61 @@ def job_failure(
     live: list[RangeSpec],
     where: str,
 ) -> PrepareError:
-    """The error to raise for a failed Spark job: a :class:`TransformError` naming the poison
-    record when the user's code failed, else a :class:`PrepareError` with the job's reason."""
+    """The error to raise for a failed Spark job: a :class:`SparkEnvironmentError` when the
+    executors' environment failed (no record searched for or blamed), a
+    :class:`TransformError` naming the poison record when the user's code failed on one
+    record (or saying it fails on the first and the last record alike), else a
+    :class:`PrepareError` with the job's reason."""
     message = short_error(exc)
+    advice = environment_failure(exc)
+    if advice is not None:
+        return SparkEnvironmentError(
+            f"{where}: the Spark job failed in the executors' environment, not on a record: "
+            f"{message}. Nothing was published; {advice}, then retry the prepare."
+        )
     if is_transform_failure(exc):
         poison = locate_poison(spark, pipeline, transform, live)
+        if poison is not None and _fails_on_last_too(spark, pipeline, transform, live, poison):
+            last = live[-1]
+            return TransformError(
+                f"{where}: transform {pipeline.transform!r} fails on the first record "
+                f"({poison[0]}[{poison[1]}] offset {poison[2]}) and on the last "
+                f"({last.topic}[{last.partition}] offset {last.end - 1}) alike: {message}. "
+                "Most likely a bug in the transform's code (or its environment), not a bad "
+                "record. Nothing was published; fix the transform and retry the prepare."
+            )
         at = f" at {poison[0]}[{poison[1]}] offset {poison[2]}" if poison else ""
         return TransformError(
             f"{where}: transform {pipeline.transform!r} failed{at}: {message}. Nothing was "
             "published; fix the transform (or the record) and retry the prepare."
         )
     return PrepareError(f"{where}: the Spark job failed: {message}")
+
+
+def _fails_on_last_too(
+    spark: SparkSession,
+    pipeline: Pipeline,
+    transform: Transform,
+    live: list[RangeSpec],
+    poison: tuple[str, int, int],
+) -> bool:
+    """Whether a failure pinned on the very first record also happens on the last record
+    (one more bounded Spark job, only in that case)."""
+    first = next((r for r in live if r.end > r.start), None)
+    last = next((r for r in reversed(live) if r.end > r.start), None)
+    if first is None or last is None or poison != (first.topic, first.partition, first.start):
+        return False
+    if (last.topic, last.partition, last.end - 1) == poison:
+        return False  # one record only: nothing else to compare with
+    probe = RangeSpec(last.topic, last.partition, last.end - 1, last.end)
+    return first_failing_offset([probe], lambda r: _job_fails(spark, pipeline, transform, r)) is not None
+
+
+def _job_fails(spark: SparkSession, pipeline: Pipeline, transform: Transform, r: RangeSpec) -> bool:
+    """Whether the transform fails on the records of ``r`` (one bounded Spark job)."""
+    src = with_provenance(kafka_source(spark, pipeline, [r]))
+    try:
+        transform(src).write.format("noop").mode("overwrite").save()
+    except Exception:
+        return True
+    return False

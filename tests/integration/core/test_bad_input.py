@@ -9,7 +9,13 @@ import eo_test_transforms
 import pytest
 from confluent_kafka import Producer, TopicPartition
 
-from airflow_provider_eo.errors import DataLossError, KafkaAdminError, PrepareError, TransformError
+from airflow_provider_eo.errors import (
+    DataLossError,
+    KafkaAdminError,
+    PrepareError,
+    SparkEnvironmentError,
+    TransformError,
+)
 from airflow_provider_eo.kafka import admin
 from airflow_provider_eo.ledger import CheckpointState
 from airflow_provider_eo.stack.kafka import free_port
@@ -64,6 +70,36 @@ def test_poison_record_is_named(harness: Callable[..., Any]) -> None:
     producer.flush(30)
     topic = h.pipeline.source_topics[0]
     with pytest.raises(TransformError, match=rf"failed at {topic}\[0\] offset 27: .*POISON"):
+        h.run_once()
+    assert h.ledger.get(h.pipeline.name, 1).state is CheckpointState.PLANNED
+    assert _sink_empty(h)
+
+
+def test_module_missing_on_executors_blames_the_environment_not_a_record(
+    harness: Callable[..., Any],
+) -> None:
+    """A ModuleNotFoundError on the executors is no bad record: no poison search, no offset
+    blamed, the error says to ship the module; nothing published, the checkpoint retryable."""
+    h = harness(source_partitions=1, sink_partitions=1, transform="eo_test_transforms:needs_missing_module")
+    h.produce(20)
+    with pytest.raises(SparkEnvironmentError) as caught:
+        h.run_once()
+    message = str(caught.value)
+    assert "module 'eo_not_shipped_to_executors' is not importable on the executors" in message
+    assert "py_files" in message and "offset" not in message and "record)" not in message
+    assert h.ledger.get(h.pipeline.name, 1).state is CheckpointState.PLANNED
+    assert _sink_empty(h)
+
+
+def test_transform_failing_on_every_record_is_called_a_code_bug(harness: Callable[..., Any]) -> None:
+    h = harness(source_partitions=1, sink_partitions=1, transform="eo_test_transforms:always_fails")
+    h.produce(20)
+    topic = h.pipeline.source_topics[0]
+    with pytest.raises(
+        TransformError,
+        match=rf"fails on the first record \({topic}\[0\] offset 0\) and on the last "
+        rf"\({topic}\[0\] offset 19\) alike: .*AttributeError.*bug in the transform's code",
+    ):
         h.run_once()
     assert h.ledger.get(h.pipeline.name, 1).state is CheckpointState.PLANNED
     assert _sink_empty(h)

@@ -79,3 +79,33 @@ def test_bisection_gives_up_when_the_budget_runs_out() -> None:
     found = transform.first_failing_offset(ranges, _fails_from({("a", 0, 12345)}, asked), max_calls=5)
     assert found is None and len(asked) == 5
 
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "PythonException: ... ModuleNotFoundError: No module named 'acme.transforms'",
+            "module 'acme.transforms' is not importable on the executors: ship the transform's module",
+        ),
+        ("ImportError: cannot import name 'x' from 'y'", "ship the transform's module"),
+        ("Python in worker has different version 3.10 than that in driver 3.11", "same Python"),
+        ('java.io.IOException: Cannot run program "python3.11": error=2', "install the Python"),
+        ("_pickle.PicklingError: Could not serialize object: TypeError", "picklable"),
+    ],
+)
+def test_environment_failures_are_told_apart(text: str, expected: str) -> None:
+    advice = transform.environment_failure(RuntimeError(text))
+    assert advice is not None and expected in advice
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "PythonException: ValueError: cannot parse record: POISON",
+        "[DIVIDE_BY_ZERO] SparkArithmeticException",
+        "TimeoutException: Kafka broker unreachable",
+    ],
+)
+def test_record_and_kafka_failures_are_not_environment_failures(text: str) -> None:
+    assert transform.environment_failure(RuntimeError(text)) is None
