@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import uuid
 from collections.abc import Callable, Iterator
@@ -10,8 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import create_engine
+from sqlalchemy.engine import make_url
 
 ROOT = Path(__file__).resolve().parents[1]
+PG_SCRIPT = ROOT / "scripts" / "postgres.sh"
 TESTS = Path(__file__).resolve().parent
 # Test transforms/pipelines must be importable by Spark's Python workers and by `eo`
 # subprocesses, not only by this interpreter.
@@ -81,3 +85,42 @@ def spark() -> Iterator[Any]:
         yield session
     finally:
         session.stop()
+
+
+# -- PostgreSQL (scripts/postgres.sh), for ledgers on a real database -------------------------
+def _parse_env_lines(stdout: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in stdout.splitlines() if "=" in line)
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[str]:
+    """URL of the maintenance database of the local PostgreSQL; stopped at the end when
+    this session started it."""
+    proc = subprocess.run(["bash", str(PG_SCRIPT), "start"], capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        message = (
+            f"could not start PostgreSQL with {PG_SCRIPT} start (exit {proc.returncode}):\n"
+            f"{proc.stderr[-3000:]}"
+        )
+        pytest.fail(message)
+    info = _parse_env_lines(proc.stdout)
+    try:
+        yield info["EO_PG_URL"]
+    finally:
+        if info.get("EO_PG_STARTED") == "1":
+            subprocess.run(["bash", str(PG_SCRIPT), "stop"], capture_output=True, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def pg_database(pg_server: str) -> Iterator[str]:
+    """A fresh database for this test run, dropped at the end."""
+    name = f"eo_test_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(make_url(pg_server).set(database="postgres"), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    try:
+        yield make_url(pg_server).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.dispose()

@@ -67,11 +67,15 @@ def ensure_topic(
     partitions: int,
     topic_config: Mapping[str, str] | None = None,
     timeout_s: float = 30.0,
+    replication_factor: int = -1,
 ) -> bool:
-    """Create ``topic`` unless it exists. True when this call created it."""
+    """Create ``topic`` unless it exists. True when this call created it.
+
+    ``replication_factor=-1`` takes the brokers' ``default.replication.factor``.
+    """
     admin = admin_client(config)
     futures = admin.create_topics(
-        [NewTopic(topic, partitions, 1, config=dict(topic_config or {}))],
+        [NewTopic(topic, partitions, replication_factor, config=dict(topic_config or {}))],
         operation_timeout=timeout_s,
         request_timeout=timeout_s,
     )

@@ -92,6 +92,8 @@ class LocalKafka:
     :param version: Apache Kafka version fetched from Maven Central.
     :param extra_config: broker settings added to (or overriding) ``server.properties``,
         e.g. ``{"offsets.retention.minutes": "1"}`` for a test of expiring group offsets.
+    :param cluster_id: KRaft cluster id used when formatting the storage (default: a new
+        one); the nodes of one multi-node cluster must share it.
     """
 
     def __init__(
@@ -101,11 +103,13 @@ class LocalKafka:
         port: int | None = None,
         version: str = KAFKA_VERSION,
         extra_config: Mapping[str, str] | None = None,
+        cluster_id: str | None = None,
     ) -> None:
         self.home = home or state_dir() / "kafka"
         self.requested_port = port
         self.version = version
         self.extra_config = dict(extra_config or {})
+        self.cluster_id = cluster_id
 
     # -- state files -----------------------------------------------------------------
     @property
@@ -209,7 +213,7 @@ class LocalKafka:
             classpath,
         ]
         if not (self.home / "data" / "meta.properties").is_file():
-            cluster_id = new_cluster_id()
+            cluster_id = self.cluster_id or new_cluster_id()
             fmt = subprocess.run(
                 [*jvm, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)],
                 capture_output=True,

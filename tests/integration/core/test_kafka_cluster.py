@@ -1,0 +1,141 @@
+"""Exactly once on a three-broker Kafka cluster (KRaft quorum of three, replication factor 3,
+``min.insync.replicas=2`` for the data, the transaction state log and the offsets topic),
+with the PostgreSQL ledger.
+
+A commit is stopped with its transaction open and every record sent; then the broker that
+coordinates its transactional id (and, for the next checkpoint, the leader of a sink
+partition) is SIGKILLed. The commit goes on (or its retry finishes it): exactly once. The
+killed broker is restarted and, once every replica is back in sync, still nothing is lost
+or duplicated.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from eo_faultlib import finish, kill_child, sigcont
+from eo_harness import Harness, wait_for
+from eo_kafka_cluster import LocalCluster, txn_state_partition
+from sqlalchemy import create_engine
+from sqlalchemy.engine import make_url
+
+from airflow_provider_eo import names
+from airflow_provider_eo.kafka import admin
+from airflow_provider_eo.ledger import CheckpointRecord, CheckpointState
+from airflow_provider_eo.pipeline import Pipeline
+
+pytestmark = [
+    pytest.mark.kafka,
+    pytest.mark.spark,
+    pytest.mark.postgres,
+    pytest.mark.cluster,
+    pytest.mark.timeout(900),
+]
+
+PARTITIONS = 3
+RECORDS = 300
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    c = LocalCluster(tmp_path_factory.mktemp("kafka-cluster"))
+    c.up()
+    try:
+        yield c
+    finally:
+        c.down()
+
+
+@pytest.fixture()
+def pg_ledger_url(pg_server: str) -> Iterator[str]:
+    """A database of its own for this test's ledger, dropped at the end."""
+    name = f"eo_cluster_{uuid.uuid4().hex[:10]}"
+    maintenance = create_engine(make_url(pg_server).set(database="postgres"), isolation_level="AUTOCOMMIT")
+    with maintenance.connect() as conn:
+        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    try:
+        yield make_url(pg_server).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with maintenance.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        maintenance.dispose()
+
+
+def _kill_during_commit(
+    h: Harness, cluster: LocalCluster, victim_of: Callable[[CheckpointRecord], int], expected: int
+) -> tuple[int, int]:
+    """Pause a commit with its transaction open, SIGKILL the broker ``victim_of`` names,
+    let the commit go on, retry it if it failed, restart the broker. (victim, committer rc)."""
+    planned, committer = h.paused_commit()
+    try:
+        checkpoint = h.ledger.get(h.pipeline.name, planned.checkpoint_id)
+        victim = victim_of(checkpoint)
+        cluster.kill(victim)
+    finally:
+        sigcont(committer.pid)
+    try:
+        rc, _out, err = finish(committer, timeout=300)
+    finally:
+        kill_child(committer)
+    state = h.ledger.get(h.pipeline.name, planned.checkpoint_id).state
+    if rc != 0 or state is not CheckpointState.COMMITTED:
+        h.commit(planned.checkpoint_id)  # the task retry: resumes the same checkpoint
+    final = h.ledger.get(h.pipeline.name, planned.checkpoint_id).state
+    assert final is CheckpointState.COMMITTED, err[-2000:]
+    h.assert_exactly_once(expected_records=expected)  # with the broker still down
+
+    cluster.restart(victim)
+    topics = {h.pipeline.source_topics[0]: PARTITIONS, h.pipeline.sink_topic: PARTITIONS}
+    wait_for(lambda: cluster.isr_complete(topics), f"node {victim}'s replicas to catch up", timeout=120)
+    h.assert_exactly_once(expected_records=expected)  # nothing lost across the restart
+    return victim, rc
+
+
+def test_commit_survives_killing_the_coordinator_then_a_leader(
+    cluster: LocalCluster, pg_ledger_url: str, tmp_path: Path, spark: Any
+) -> None:
+    config = {"bootstrap.servers": cluster.bootstrap}
+    source, sink = f"src-{uuid.uuid4().hex[:6]}", f"sink-{uuid.uuid4().hex[:6]}"
+    for topic in (source, sink):
+        admin.ensure_topic(config, topic, partitions=PARTITIONS, replication_factor=3)
+    pipeline = Pipeline(
+        name=f"cluster-{uuid.uuid4().hex[:6]}",
+        kafka=config,
+        source_topics=[source],
+        sink_topic=sink,
+        ledger_url=pg_ledger_url,
+        staging_dir=str(tmp_path / "staging"),
+    )
+    h = Harness(pipeline, config, spark)
+    try:
+        # 1. The transaction coordinator of the commit's transactional id dies mid-commit.
+        def coordinator(cp: CheckpointRecord) -> int:
+            assert cp.commit_plan is not None, "the commit plan is frozen before the transaction"
+            txn_id = names.plan_transactional_id(cp.commit_plan, pipeline.name, 0)
+            return cluster.transaction_coordinator(txn_id)
+
+        h.produce(RECORDS)
+        victim, rc = _kill_during_commit(h, cluster, coordinator, RECORDS)
+        print(f"coordinator kill: node {victim}, paused committer exited {rc}")
+
+        # The coordinator formula is Kafka's: checked against the group coordinator the
+        # brokers report for the pipeline's consumer group (same hash, __consumer_offsets).
+        group = pipeline.group_id
+        described = admin.admin_client(config).describe_consumer_groups([group])[group].result(timeout=30)
+        assert described.coordinator.id == cluster.leader_of("__consumer_offsets", txn_state_partition(group))
+
+        # 2. The leader of a sink partition dies mid-commit.
+        h.produce(RECORDS, start=RECORDS)
+        victim, rc = _kill_during_commit(h, cluster, lambda cp: cluster.leader_of(sink, 0), 2 * RECORDS)
+        print(f"leader kill: node {victim}, paused committer exited {rc}")
+
+        # 3. The pipeline goes on normally with every broker back.
+        h.produce(RECORDS, start=2 * RECORDS)
+        h.drain()
+        h.assert_exactly_once(expected_records=3 * RECORDS)
+    finally:
+        h.ledger.close()
