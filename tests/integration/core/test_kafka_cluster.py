@@ -3,10 +3,11 @@
 with the PostgreSQL ledger.
 
 A commit is stopped with its transaction open and every record sent; then the broker that
-coordinates its transactional id (and, for the next checkpoint, the leader of a sink
-partition) is SIGKILLed. The commit goes on (or its retry finishes it): exactly once. The
-killed broker is restarted and, once every replica is back in sync, still nothing is lost
-or duplicated.
+coordinates its transactional id is SIGKILLed together with the committer (a crashed commit
+task: its retry finishes the checkpoint), and for the next checkpoint the leader of a sink
+partition is SIGKILLed while the committer goes on. Exactly once both times. Each killed
+broker is restarted and, once every replica is back in sync, still nothing is lost or
+duplicated.
 """
 
 from __future__ import annotations
@@ -66,15 +67,23 @@ def pg_ledger_url(pg_server: str) -> Iterator[str]:
 
 
 def _kill_during_commit(
-    h: Harness, cluster: LocalCluster, victim_of: Callable[[CheckpointRecord], int], expected: int
+    h: Harness,
+    cluster: LocalCluster,
+    victim_of: Callable[[CheckpointRecord], int],
+    expected: int,
+    *,
+    kill_committer: bool,
 ) -> tuple[int, int]:
-    """Pause a commit with its transaction open, SIGKILL the broker ``victim_of`` names,
-    let the commit go on, retry it if it failed, restart the broker. (victim, committer rc)."""
+    """Pause a commit with its transaction open, SIGKILL the broker ``victim_of`` names (and,
+    with ``kill_committer``, the committer too: a crashed commit task), let the commit go on
+    or retry it, restart the broker. Returns (victim, committer's exit status)."""
     planned, committer = h.paused_commit()
     try:
         checkpoint = h.ledger.get(h.pipeline.name, planned.checkpoint_id)
         victim = victim_of(checkpoint)
         cluster.kill(victim)
+        if kill_committer:
+            kill_child(committer)
     finally:
         sigcont(committer.pid)
     try:
@@ -119,8 +128,11 @@ def test_commit_survives_killing_the_coordinator_then_a_leader(
             return cluster.transaction_coordinator(txn_id)
 
         h.produce(RECORDS)
-        victim, rc = _kill_during_commit(h, cluster, coordinator, RECORDS)
-        print(f"coordinator kill: node {victim}, paused committer exited {rc}")
+        # The commit task dies with it: the retry meets a new coordinator that still holds
+        # the open transaction, fences it and publishes the checkpoint once.
+        victim, rc = _kill_during_commit(h, cluster, coordinator, RECORDS, kill_committer=True)
+        assert rc == -9
+        print(f"coordinator kill: node {victim}, committer killed too, retried")
 
         # The coordinator formula is Kafka's: checked against the group coordinator the
         # brokers report for the pipeline's consumer group (same hash, __consumer_offsets).
@@ -130,7 +142,9 @@ def test_commit_survives_killing_the_coordinator_then_a_leader(
 
         # 2. The leader of a sink partition dies mid-commit.
         h.produce(RECORDS, start=RECORDS)
-        victim, rc = _kill_during_commit(h, cluster, lambda cp: cluster.leader_of(sink, 0), 2 * RECORDS)
+        victim, rc = _kill_during_commit(
+            h, cluster, lambda cp: cluster.leader_of(sink, 0), 2 * RECORDS, kill_committer=False
+        )
         print(f"leader kill: node {victim}, paused committer exited {rc}")
 
         # 3. The pipeline goes on normally with every broker back.
