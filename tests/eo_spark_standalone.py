@@ -1,0 +1,145 @@
+"""A Spark standalone cluster on 127.0.0.1 for the cluster tests: one master and one worker
+started from the installed Spark distribution (pyspark's ``bin/spark-class``), executors in
+their own JVMs with their own Python workers.
+
+The worker runs with a clean environment: no test folder and no pipeline module on its
+``PYTHONPATH``, as on a real cluster node, so whatever the executors import must be
+installed there (the provider, from the venv) or shipped with the job (``py_files``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from eo_harness import wait_for
+
+from airflow_provider_eo.stack.kafka import free_port, pid_alive
+
+
+def spark_home() -> Path:
+    """The installed Spark distribution: pyspark's package folder (bin/, jars/)."""
+    import pyspark
+
+    return Path(pyspark.__file__).resolve().parent
+
+
+class StandaloneCluster:
+    """``spark-class org.apache.spark.deploy.master.Master`` and one ``...worker.Worker``."""
+
+    def __init__(self, home: Path, *, cores: int = 2, memory: str = "1g") -> None:
+        self.home = home
+        self.cores = cores
+        self.memory = memory
+        self.port = free_port()
+        self.ui_port = free_port()
+        self.worker_ui_port = free_port()
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    @property
+    def master_url(self) -> str:
+        return f"spark://127.0.0.1:{self.port}"
+
+    def _env(self) -> dict[str, str]:
+        # A cluster node's environment: this venv's Python (pyspark, pyarrow, the provider
+        # installed in it) but no PYTHONPATH pointing at the tests or a DAGs folder.
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SPARK_HOME")}
+        env.update(
+            SPARK_HOME=str(spark_home()),
+            SPARK_LOCAL_IP="127.0.0.1",
+            SPARK_LOG_DIR=str(self.home / "logs"),
+            SPARK_WORKER_DIR=str(self.home / "work"),
+            PYSPARK_PYTHON=sys.executable,
+            PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
+        )
+        return env
+
+    def _start(self, name: str, *args: str) -> None:
+        log = (self.home / f"{name}.log").open("ab")
+        proc = subprocess.Popen(
+            [str(spark_home() / "bin" / "spark-class"), *args],
+            env=self._env(),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        self.procs.append(proc)
+
+    def state(self) -> dict[str, Any]:
+        """The master's JSON status (workers, applications)."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json/", timeout=5) as resp:
+            return json.loads(resp.read())  # type: ignore[no-any-return]
+
+    def _alive_workers(self) -> int:
+        try:
+            return sum(1 for w in self.state().get("workers", []) if w.get("state") == "ALIVE")
+        except OSError:
+            return 0
+
+    def up(self, timeout_s: float = 120.0) -> None:
+        (self.home / "logs").mkdir(parents=True, exist_ok=True)
+        (self.home / "work").mkdir(parents=True, exist_ok=True)
+        self._start(
+            "master",
+            "org.apache.spark.deploy.master.Master",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--webui-port",
+            str(self.ui_port),
+        )
+        self._start(
+            "worker",
+            "org.apache.spark.deploy.worker.Worker",
+            "--host",
+            "127.0.0.1",
+            "--webui-port",
+            str(self.worker_ui_port),
+            "--cores",
+            str(self.cores),
+            "--memory",
+            self.memory,
+            "--work-dir",
+            str(self.home / "work"),
+            self.master_url,
+        )
+        try:
+            wait_for(lambda: self._alive_workers() == 1, "the standalone worker to register", timeout=timeout_s)
+        except BaseException:
+            self.down()
+            raise
+
+    def log_tail(self, lines: int = 40) -> str:
+        out = []
+        for name in ("master", "worker"):
+            path = self.home / f"{name}.log"
+            if path.is_file():
+                out.append(f"--- {name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-lines:]))
+        return "\n".join(out)
+
+    def executor_logs(self) -> str:
+        """Every executor's stderr (under the worker's work dir)."""
+        return "\n".join(p.read_text(errors="replace") for p in sorted((self.home / "work").rglob("stderr")))
+
+    def down(self) -> None:
+        """Stop the worker (and its executors) and the master; nothing is left running."""
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in reversed(self.procs):
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+        wait_for(lambda: not any(pid_alive(p.pid) for p in self.procs), "the standalone cluster to stop", timeout=30)
+        self.procs.clear()
