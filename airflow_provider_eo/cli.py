@@ -446,6 +446,38 @@ def doctor_cmd(ref: PipelineRef, as_json: JsonFlag = False) -> None:
     raise typer.Exit(report.exit_code)
 
 
+@app.command("recover")
+def recover_cmd(
+    ref: PipelineRef,
+    wait: Annotated[
+        float, typer.Option("--wait", help="Seconds to wait for the sink's stable offsets after fencing.")
+    ] = 15.0,
+    as_json: JsonFlag = False,
+) -> None:
+    """Resolve open transactions of this pipeline safely: commit its PREPARED checkpoint by
+    the markers, fence every transactional id it used (aborting a zombie's open
+    transaction), then check the sink. Exits 0 when no transaction is left open on the
+    sink, 1 when one is (not ours: the message says how to find its owner)."""
+    from airflow_provider_eo.core.recover import recover_pipeline
+    from airflow_provider_eo.ledger import Actor
+
+    result = _with_ledger(
+        ref,
+        lambda pipeline, ledger: recover_pipeline(
+            pipeline, ledger, actor=Actor.here(), wait_s=wait, progress=lambda line: err.print(line)
+        ),
+    )
+    _emit(result.summary(), as_json)
+    if not result.clean:
+        parts = ", ".join(f"[{p}] {s} < {h}" for p, (s, h) in sorted(result.open_after.items()))
+        _fail(
+            f"pipeline {result.pipeline!r}: transactions still open on {result.sink_topic} after "
+            f"fencing every transactional id of ours (stable < high: {parts}); they are not this "
+            "pipeline's. Find the owner with `kafka-transactions.sh --bootstrap-server ... "
+            f"find-hanging --topic {result.sink_topic}` and abort it there."
+        )
+
+
 # -- savepoints, stop/resume, restore, reset ----------------------------------------------------
 
 savepoint_app = typer.Typer(help="Named, retained positions of a pipeline (restore starts from them).")

@@ -29,6 +29,7 @@ failure kind). Messages name the pipeline/checkpoint/partition and what to do ne
     │   └── SavepointTimeout   in-flight checkpoints did not finish within the wait
     ├── RestoreRefused         a restore/reset was refused (partitions differ, offsets gone)
     ├── BackfillRefused        a backfill request was refused before anything was planned
+    ├── RecoverError           `eo recover` could not fence or finish (nothing published twice)
     └── StackError             the local development stack (stack/errors.py)
 
 :class:`ControlSignal` is not part of the tree: its subclasses are raised and caught inside
@@ -148,6 +149,12 @@ class BackfillRefused(EoError):
     committed pipeline, an empty interval, the live sink as the target, a missing sink
     topic, another transform for an existing backfill target). Nothing was read, published
     or recorded; the message says what to change."""
+
+
+class RecoverError(EoError):
+    """``eo recover`` could not fence the pipeline's transactional ids or finish its
+    unfinished checkpoint. Fencing only aborts what was never committed and a commit
+    publishes only what the markers lack, so a retry is always safe."""
 
 
 class ControlSignal(Exception):

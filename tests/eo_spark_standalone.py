@@ -113,7 +113,7 @@ class StandaloneCluster:
             self.master_url,
         )
         try:
-            wait_for(lambda: self._alive_workers() == 1, "the standalone worker to register", timeout=timeout_s)
+            wait_for(lambda: self._alive_workers() == 1, "the worker to register", timeout=timeout_s)
         except BaseException:
             self.down()
             raise
@@ -123,7 +123,8 @@ class StandaloneCluster:
         for name in ("master", "worker"):
             path = self.home / f"{name}.log"
             if path.is_file():
-                out.append(f"--- {name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-lines:]))
+                tail = path.read_text(errors="replace").splitlines()[-lines:]
+                out.append(f"--- {name}\n" + "\n".join(tail))
         return "\n".join(out)
 
     def executor_logs(self) -> str:
@@ -141,5 +142,6 @@ class StandaloneCluster:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=30)
-        wait_for(lambda: not any(pid_alive(p.pid) for p in self.procs), "the standalone cluster to stop", timeout=30)
+        procs = list(self.procs)
+        wait_for(lambda: not any(pid_alive(p.pid) for p in procs), "the cluster to stop", timeout=30)
         self.procs.clear()

@@ -25,7 +25,7 @@ Idempotent: aborting an ABORTED checkpoint does nothing; a COMMITTED one is refu
 from __future__ import annotations
 
 from airflow_provider_eo import names
-from airflow_provider_eo.errors import AbortRefused
+from airflow_provider_eo.errors import AbortRefused, EoError
 from airflow_provider_eo.kafka.client_config import librdkafka_config
 from airflow_provider_eo.kafka.publisher import ProducerLost, connect, kafka_call, new_producer
 from airflow_provider_eo.ledger import (
@@ -62,9 +62,19 @@ def shard_ids(pipeline: Pipeline, cp: CheckpointRecord) -> list[str]:
     return [names.plan_transactional_id(plan, pipeline.name, shard) for shard in range(plan.shards)]
 
 
-def fence(pipeline: Pipeline, transactional_ids: list[str], *, where: str) -> None:
+def fence(
+    pipeline: Pipeline,
+    transactional_ids: list[str],
+    *,
+    where: str,
+    refused: type[EoError] = AbortRefused,
+    then: str = "Retry the abort once the broker answers.",
+) -> None:
     """``init_transactions`` with a fresh producer per id: bumps each id's epoch, so the
-    broker aborts any open transaction of an earlier producer and fences it."""
+    broker aborts any open transaction of an earlier producer and fences it.
+
+    :param refused: the error raised when an id cannot be fenced (``then`` ends its message).
+    """
     config = librdkafka_config(pipeline.kafka)
     timeout_s = pipeline.transaction_timeout_ms / 1000
     for txn_id in transactional_ids:
@@ -73,9 +83,9 @@ def fence(pipeline: Pipeline, transactional_ids: list[str], *, where: str) -> No
             kafka_call("metadata", connect, producer, pipeline.sink_topic, timeout_s, where=where)
             kafka_call("init_transactions", producer.init_transactions, timeout_s, where=where)
         except ProducerLost as exc:
-            raise AbortRefused(
+            raise refused(
                 f"{where}could not fence transactional id {txn_id!r} ({exc}); nothing was "
-                "aborted and the checkpoint is unchanged. Retry the abort once the broker answers."
+                f"aborted and the checkpoint is unchanged. {then}"
             ) from exc
         finally:
             del producer

@@ -378,8 +378,9 @@ def judge_open_transactions(
             f"checkpoint {cid}: commit started and unfinished for longer than transaction_timeout_ms="
             f"{transaction_timeout_ms}: {'; '.join(stale)}"
             + (f"; open transaction(s) on {sink_topic}{open_parts}" if open_parts else ""),
-            f"run `eo commit MODULE:ATTR --checkpoint {cid}`: it fences those transactional ids "
-            "(init_transactions aborts what is open) and publishes only what the markers lack",
+            "run `eo recover MODULE:ATTR` (or `eo commit MODULE:ATTR --checkpoint "
+            f"{cid}`): it fences those transactional ids (init_transactions aborts what is open) "
+            "and publishes only what the markers lack",
         )
     if open_parts:
         lag = ", ".join(f"[{p}] {stable.get(p)} < {high[p]}" for p in open_parts)
@@ -388,9 +389,10 @@ def judge_open_transactions(
             "warn",
             f"open transaction(s) on {sink_topic} (last stable offset < high watermark: {lag}); "
             f"no commit of ours is pending in the ledger; {unlisted}",
-            "if it persists beyond the producers' transaction.timeout.ms, find its owner with "
-            f"`kafka-transactions.sh --bootstrap-server ... find-hanging --topic {sink_topic}` and "
-            "abort it there",
+            "run `eo recover MODULE:ATTR`: it fences every transactional id of this pipeline, "
+            "which aborts an open transaction of ours; if one stays open it is not ours: find its "
+            f"owner with `kafka-transactions.sh --bootstrap-server ... find-hanging --topic {sink_topic}` "
+            "and abort it there",
         )
     return Finding(
         check, "ok", f"no open transaction on {sink_topic} (last stable offset = high watermark); {unlisted}"
@@ -553,9 +555,11 @@ def _marker_members(config: Mapping[str, Any], group: str) -> list[str]:
     return [f"{m.client_id}@{m.host}" for m in desc.members]
 
 
-def _sink_offsets(
+def sink_offsets(
     config: Mapping[str, Any], topic: str, partitions: int
 ) -> tuple[dict[int, int], dict[int, int]]:
+    """(last stable offset, high watermark) per partition of ``topic``: a partition whose
+    stable offset is below its high watermark has an open transaction."""
     from confluent_kafka import IsolationLevel, TopicPartition
     from confluent_kafka.admin import OffsetSpec
 
@@ -720,7 +724,7 @@ def run_doctor(pipeline: Pipeline, *, now: dt.datetime | None = None) -> DoctorR
         txn_sink = plan.sink_topic if plan is not None else pipeline.sink_topic
         txn_parts = live.get(txn_sink)
         if txn_parts is not None:
-            offsets, bad = _guard("open-transactions", _sink_offsets, config, txn_sink, len(txn_parts))
+            offsets, bad = _guard("open-transactions", sink_offsets, config, txn_sink, len(txn_parts))
             if bad is not None:
                 findings.append(bad)
             else:

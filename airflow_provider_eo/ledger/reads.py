@@ -8,7 +8,7 @@ from sqlalchemy.orm import Session
 from airflow_provider_eo.ledger.engine import Database
 from airflow_provider_eo.ledger.errors import CheckpointNotFound
 from airflow_provider_eo.ledger.mapping import checkpoint_record_of, checkpoint_records, pipeline_record
-from airflow_provider_eo.ledger.models import Checkpoint, PartitionHead, Pipeline
+from airflow_provider_eo.ledger.models import Checkpoint, CommitShard, PartitionHead, Pipeline
 from airflow_provider_eo.ledger.records import CheckpointRecord, PipelineRecord, TopicPartition
 from airflow_provider_eo.ledger.states import UNFINISHED_STATES, CheckpointState
 
@@ -158,3 +158,14 @@ def next_starts(db: Database, pipeline: str) -> dict[TopicPartition, int]:
     """
     with db.read() as s:
         return heads(s, pipeline_row(s, db, pipeline).id)
+
+
+def transactional_ids(db: Database, pipeline: str) -> list[str]:
+    """Every transactional id a commit of ``pipeline`` has used (from the commit shards),
+    sorted: what ``eo recover`` fences."""
+    with db.read() as s:
+        pid = pipeline_row(s, db, pipeline).id
+        rows = s.execute(
+            select(CommitShard.transactional_id).where(CommitShard.pipeline_id == pid).distinct()
+        ).scalars()
+        return sorted(rows)

@@ -187,3 +187,6 @@ class Ledger:
     backfill_work = _delegate(backfill.backfill_work)
     register_backfill_pipeline = _delegate(backfill.register_backfill_pipeline)
     plan_backfill = _delegate(backfill.plan_backfill_checkpoint)
+
+    # -- lead: recover ------------------------------------------------------------------------
+    transactional_ids = _delegate(reads.transactional_ids)

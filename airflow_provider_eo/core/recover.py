@@ -1,0 +1,128 @@
+"""``eo recover``: resolve lingering open transactions of a pipeline safely.
+
+An open transaction on a sink partition holds back every ``read_committed`` consumer
+(the last stable offset stays below the high watermark) until the broker's transaction
+timeout aborts it. One of ours is left by a committer that died with its transaction open
+(a killed commit task, a zombie). Recovery, in order:
+
+1. The unfinished checkpoint, when PREPARED, is committed: :func:`commit_checkpoint` fences
+   each shard's transactional id (``init_transactions`` aborts what the dead committer left
+   open) and publishes only what the commit markers do not show yet — so nothing is
+   published twice. A live committer's lease is respected (its error is reported).
+2. Every other transactional id this pipeline's commits ever used (the ledger's commit
+   shards, plus the ids today's settings give) is fenced: an open transaction under one of
+   them belongs to a zombie of an already finished checkpoint and is aborted; nothing in it
+   was ever committed, so nothing is lost.
+3. The sink partitions are read again; a transaction still open is not ours (another
+   producer): reported with how to find its owner.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_provider_eo import names
+from airflow_provider_eo.core.abort import fence
+from airflow_provider_eo.core.commit import commit_checkpoint
+from airflow_provider_eo.core.doctor import sink_offsets
+from airflow_provider_eo.errors import RecoverError
+from airflow_provider_eo.kafka import admin
+from airflow_provider_eo.kafka.client_config import librdkafka_config
+from airflow_provider_eo.ledger import Actor, CheckpointState, Ledger
+from airflow_provider_eo.pipeline import Pipeline
+
+
+@dataclass
+class RecoverResult:
+    """What ``eo recover`` found and did."""
+
+    pipeline: str
+    sink_topic: str
+    open_before: dict[int, tuple[int, int]]  # partition -> (stable, high) where stable < high
+    fenced: list[str] = field(default_factory=list)
+    committed: int | None = None  # the PREPARED checkpoint this call committed
+    published: int = 0
+    open_after: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+    @property
+    def clean(self) -> bool:
+        """No transaction is left open on the sink."""
+        return not self.open_after
+
+    def summary(self) -> dict[str, Any]:
+        """A JSON-ready view (``eo recover --json``)."""
+        return {
+            "pipeline": self.pipeline,
+            "sink_topic": self.sink_topic,
+            "open_before": {str(p): list(v) for p, v in sorted(self.open_before.items())},
+            "fenced": self.fenced,
+            "committed": self.committed,
+            "published": self.published,
+            "open_after": {str(p): list(v) for p, v in sorted(self.open_after.items())},
+            "clean": self.clean,
+        }
+
+
+def _open(config: dict[str, Any], topic: str) -> dict[int, tuple[int, int]]:
+    partitions = admin.partition_count(config, topic)
+    stable, high = sink_offsets(config, topic, partitions)
+    return {p: (stable[p], high[p]) for p in sorted(high) if stable.get(p, high[p]) < high[p]}
+
+
+def recover_pipeline(
+    pipeline: Pipeline,
+    ledger: Ledger,
+    *,
+    actor: Actor | None = None,
+    wait_s: float = 15.0,
+    progress: Callable[[str], None] | None = None,
+) -> RecoverResult:
+    """Fence the pipeline's transactional ids, commit its PREPARED checkpoint by the
+    markers, and report what stays open on the sink (see the module docstring).
+
+    :param wait_s: how long to wait for the sink's last stable offsets to catch up after
+        fencing (the broker writes the abort markers asynchronously).
+    """
+    say = progress or (lambda _line: None)
+    where = f"pipeline {pipeline.name!r}: "
+    config = librdkafka_config(pipeline.kafka)
+    unfinished = ledger.unfinished(pipeline.name)
+    sink = unfinished.commit_plan.sink_topic if unfinished and unfinished.commit_plan else pipeline.sink_topic
+    result = RecoverResult(pipeline.name, sink, _open(config, sink))
+    for p, (stable, high) in result.open_before.items():
+        say(f"open transaction on {sink}[{p}]: last stable offset {stable} < high watermark {high}")
+
+    # 1. The PREPARED checkpoint: the commit fences its shards and publishes by the markers.
+    done: set[str] = set()
+    if unfinished is not None and unfinished.state is CheckpointState.PREPARED:
+        commit = commit_checkpoint(pipeline, ledger, unfinished.checkpoint_id, actor=actor)
+        result.committed, result.published = unfinished.checkpoint_id, commit.published
+        plan = commit.checkpoint.commit_plan
+        if plan is not None:
+            done = {names.plan_transactional_id(plan, pipeline.name, s) for s in range(plan.shards)}
+        say(
+            f"checkpoint {unfinished.checkpoint_id}: committed ({commit.published} records "
+            f"published, {commit.shards_skipped} shards already done by their markers)"
+        )
+
+    # 2. Every other id of ours: a zombie's open transaction is aborted.
+    today = names.commit_plan(pipeline, admin.partition_count(config, pipeline.sink_topic))
+    ids = set(ledger.transactional_ids(pipeline.name)) | {
+        names.plan_transactional_id(today, pipeline.name, s) for s in range(today.shards)
+    }
+    for txn_id in sorted(ids - done):
+        fence(pipeline, [txn_id], where=where, refused=RecoverError, then="Retry `eo recover`.")
+        result.fenced.append(txn_id)
+        say(f"fenced {txn_id}")
+
+    # 3. What is still open is not ours.
+    deadline = time.monotonic() + wait_s
+    while True:
+        result.open_after = _open(config, sink)
+        if not result.open_after or time.monotonic() >= deadline:
+            break
+        time.sleep(0.5)
+    return result
