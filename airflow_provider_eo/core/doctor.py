@@ -622,8 +622,12 @@ def _guard(check: str, fn: Any, *args: Any) -> tuple[Any, Finding | None]:
         return None, Finding(check, "fail", f"{type(exc).__name__}: {exc}", "see the message")
 
 
-def run_doctor(pipeline: Pipeline, *, now: dt.datetime | None = None) -> DoctorReport:
-    """Every preflight check of ``pipeline``; changes nothing (see the module docstring)."""
+def run_doctor(pipeline: Pipeline, *, now: dt.datetime | None = None, spark: bool = True) -> DoctorReport:
+    """Every preflight check of ``pipeline``; changes nothing (see the module docstring).
+
+    :param spark: also check the staging dir and the Spark connector; the plan task's
+        preflight passes ``False`` (it runs where plans are made, not where Spark runs).
+    """
     import confluent_kafka
 
     from airflow_provider_eo.kafka.client_config import librdkafka_config
@@ -742,6 +746,8 @@ def run_doctor(pipeline: Pipeline, *, now: dt.datetime | None = None) -> DoctorR
                 )
 
     # 3. Staging and Spark.
+    if not spark:
+        return DoctorReport(pipeline.name, tuple(findings))
     findings.append(judge_staging(pipeline.staging_dir, _staging_probe(pipeline.staging_dir)))
     try:
         version = installed_spark_version()

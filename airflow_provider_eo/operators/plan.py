@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from airflow_provider_eo.core.doctor import run_doctor
 from airflow_provider_eo.core.plan import plan_checkpoint
 from airflow_provider_eo.core.restore import restore_from_savepoint
 from airflow_provider_eo.errors import PipelineStopped
@@ -17,6 +18,7 @@ from airflow_provider_eo.operators.base import (
 )
 from airflow_provider_eo.operators.restore import restore_request_key
 from airflow_provider_eo.operators.savepoint import parse_bool
+from airflow_provider_eo.pipeline import Pipeline
 from airflow_provider_eo.version_compat import (
     AirflowException,
     AirflowSkipException,
@@ -26,6 +28,12 @@ from airflow_provider_eo.version_compat import (
 
 # Ranges listed in the XCom; a pipeline with more partitions gets a "... N more" tail.
 MAX_XCOM_RANGES = 64
+
+
+class PreflightFailed(AirflowException):
+    """The plan task's preflight (``eo doctor``'s Kafka and ledger checks) found a problem
+    that would make the checkpoint fail or be refused; nothing was planned. Each finding
+    says what to change. Retryable: a broker that was down may answer on the next try."""
 
 
 class PlanRefused(AirflowException):
@@ -84,6 +92,11 @@ class EoPlanOperator(PipelineTaskMixin, BaseOperator):
         (default) plans as usual. (templated)
     :param allow_non_restored: with ``restore_from``: accept partitions the savepoint does
         not cover and drop those that no longer exist. (templated)
+    :param preflight: before planning, run ``eo doctor``'s ledger and Kafka checks
+        (transaction timeout vs the brokers' maximum, source and sink topics and partition
+        counts, the transactional-id prefix, the marker group, open transactions); a
+        failing check fails the task with :class:`PreflightFailed` naming what to change,
+        warnings are logged. Staging and the Spark connector are checked by the prepare.
     """
 
     template_fields: Sequence[str] = (*PIPELINE_TEMPLATE_FIELDS, "restore_from", "allow_non_restored")
@@ -98,6 +111,7 @@ class EoPlanOperator(PipelineTaskMixin, BaseOperator):
         skip_when_empty: bool = True,
         restore_from: str | None = None,
         allow_non_restored: bool | str = False,
+        preflight: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -105,9 +119,27 @@ class EoPlanOperator(PipelineTaskMixin, BaseOperator):
         self.skip_when_empty = skip_when_empty
         self.restore_from = restore_from
         self.allow_non_restored = allow_non_restored
+        self.preflight = preflight
+
+    def _preflight(self, pipeline: Pipeline) -> None:
+        """``eo doctor`` without the Spark checks: fail on a failing finding, log warnings."""
+        report = run_doctor(pipeline, spark=False)
+        for f in report.findings:
+            if f.severity == "warn":
+                self.log.warning("preflight %s: %s -> %s", f.check, f.found, f.change)
+        failed = [f for f in report.findings if f.severity == "fail"]
+        if failed:
+            lines = "\n".join(f"  {f.check}: {f.found}\n    -> {f.change}" for f in failed)
+            raise PreflightFailed(
+                f"pipeline {pipeline.name!r}: preflight failed, nothing was planned "
+                f"(`eo doctor {self.pipeline}` shows the same):\n{lines}"
+            )
+        self.log.info("pipeline %s: preflight ok (%d checks)", pipeline.name, len(report.findings))
 
     def execute(self, context: Context) -> dict[str, Any] | None:
         pipeline = self.resolve_pipeline()
+        if self.preflight:
+            self._preflight(pipeline)
         actor = actor_for(context)
         savepoint = savepoint_to_restore(self.restore_from)
         restored: dict[str, Any] | None = None

@@ -84,3 +84,22 @@ def test_commit_killed_after_kafka_commit_retry_publishes_nothing(
     checkpoints = _audit_clean(pipeline)
     assert [c.state for c in checkpoints] == [CheckpointState.COMMITTED] * 2
     assert sum(c.records or 0 for c in checkpoints) <= committed
+
+
+def test_plan_preflight_fails_the_run_naming_the_missing_sink(airflow_env: Any, kafka_bootstrap: str) -> None:
+    """The plan task runs the doctor's Kafka and ledger checks first: a missing sink topic
+    fails it with what to change, before anything is planned or read."""
+    missing = f"no-such-sink-{airflow_env.env['EO_DEMO_PIPELINE']}"
+    airflow_env.env["EO_DEMO_SINK_TOPIC"] = missing
+    pipeline = airflow_env.pipeline()
+    produce_sample(kafka_bootstrap, pipeline.source_topics[0])
+
+    (run,) = airflow_env.run_dag_test("eo_pipeline", runs=1)
+
+    assert run["state"] == "failed", run
+    assert run["tis"]["eo.plan"]["state"] == "failed", run
+    log = airflow_env.log_text()
+    assert f"pipeline {pipeline.name!r}: preflight failed, nothing was planned" in log
+    assert f"sink topic {missing!r} does not exist" in log and "kafka-topics --create" in log
+    with Ledger(pipeline.ledger_url) as ledger:
+        assert pipeline.name not in [p.name for p in ledger.list_pipelines()]
