@@ -208,6 +208,7 @@ class EoBackfillOperator(PipelineTaskMixin, SparkSubmitOperator):
             checkpoint_id=checkpoint_id,
             overrides=overrides,
             extra_args=extra_args,
+            ship=[backfill.transform],
         )
         deadline = time.monotonic() + (self.prepare_timeout if submitted is not None else 0.0)
         while True:

@@ -19,6 +19,7 @@ from airflow_provider_eo.operators.base import (
     PipelineTaskMixin,
     open_ledger,
 )
+from airflow_provider_eo.spark.shipping import ship_py_files
 from airflow_provider_eo.version_compat import (
     AirflowException,
     AirflowFailException,
@@ -96,12 +97,15 @@ def configure_submit(
     pipeline_ref: str,
     pipeline_name: str,
     overrides: str | None,
+    ship: Sequence[str | None] = (),
 ) -> bool:
     """Set ``task`` up to spark-submit one of the provider's applications: the application
     (unless the task names its own), its arguments followed by ``--actor-json`` (this task
-    instance, recorded in the ledger), the Kafka connector jars, and in client mode the
-    driver's environment (:func:`local_driver_env`, ``overrides``). Leaves ``task._hook``
-    built for the final settings. Returns ``True`` in cluster deploy mode.
+    instance, recorded in the ledger), the Kafka connector jars, the user's modules in
+    ``py_files`` (the pipeline module and the ``ship`` references, e.g. the transform: see
+    :mod:`~airflow_provider_eo.spark.shipping`), and in client mode the driver's
+    environment (:func:`local_driver_env`, ``overrides``). Leaves ``task._hook`` built
+    for the final settings. Returns ``True`` in cluster deploy mode.
 
     Shared by the submit, backfill and stream operators; may be called more than once on
     the same task (each call rebuilds the hook; the merges are idempotent).
@@ -116,6 +120,10 @@ def configure_submit(
     from airflow_provider_eo.spark.session import connector_jars_csv
 
     task.jars = _merge_csv(task.jars, connector_jars_csv())
+    shipped = ship_py_files([pipeline_ref, *ship])
+    if shipped:
+        task.py_files = _merge_csv(task.py_files, ",".join(shipped))
+        task.log.info("shipping to the executors (py_files): %s", ", ".join(shipped))
     probe = task._get_hook()  # resolves the connection: master and deploy mode
     if probe._connection["deploy_mode"] == "cluster":
         if overrides:
@@ -143,6 +151,7 @@ def submit_prepare(
     checkpoint_id: int,
     overrides: str | None,
     extra_args: Sequence[str] = (),
+    ship: Sequence[str | None] = (),
 ) -> dict[str, Any] | None:
     """spark-submit the provider's prepare application for one checkpoint, with the
     Spark settings of ``task`` (any :class:`SparkSubmitOperator`: connection, ``conf``,
@@ -168,6 +177,7 @@ def submit_prepare(
         pipeline_ref=pipeline_ref,
         pipeline_name=pipeline_name,
         overrides=overrides,
+        ship=ship,
     )
     if cluster:
         probe = task._hook
@@ -268,6 +278,7 @@ class EoSubmitOperator(PipelineTaskMixin, SparkSubmitOperator):
             pipeline_name=pipeline.name,
             checkpoint_id=checkpoint_id,
             overrides=self.pipeline_overrides(pipeline),
+            ship=[pipeline.transform],
         )
         if submitted is not None:  # cluster mode: the sensor waits on the ledger
             return {**summary, **submitted}

@@ -63,7 +63,7 @@ def test_runs_the_interval_and_prepares_by_spark_submit(
 
     def fake_run(live: Any, ledger: Any, start_ms: int, end_ms: int, **kwargs: Any) -> Any:
         seen.update(start_ms=start_ms, end_ms=end_ms, **kwargs)
-        backfill = SimpleNamespace(name="orders~backfill")
+        backfill = SimpleNamespace(name="orders~backfill", transform="acme.t:fn")
         kwargs["prepare"](backfill, FakeLedger(), 7)
         kwargs["prepare"](backfill, FakeLedger(), 8)  # already PREPARED: nothing submitted
         return SimpleNamespace(
@@ -110,7 +110,7 @@ def test_prepare_not_recorded_is_an_error(
             return SimpleNamespace(state=CheckpointState.PLANNED)
 
     def fake_run(live: Any, ledger: Any, start_ms: int, end_ms: int, **kwargs: Any) -> Any:
-        kwargs["prepare"](SimpleNamespace(name="bf"), FakeLedger(), 1)
+        kwargs["prepare"](SimpleNamespace(name="bf", transform=None), FakeLedger(), 1)
 
     monkeypatch.setattr(backfill_module, "run_backfill", fake_run)
     monkeypatch.setattr(backfill_module, "submit_prepare", lambda *_a, **_k: None)

@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_eo.core.doctor import DoctorReport, Finding
 from airflow_provider_eo.ledger import CheckpointConflict, InvariantViolation, Ledger, RangeSpec
 from airflow_provider_eo.operators import plan as plan_module
-from airflow_provider_eo.operators.plan import EoPlanOperator, PlanRefused
+from airflow_provider_eo.operators.plan import EoPlanOperator, PlanRefused, PreflightFailed
 from airflow_provider_eo.version_compat import AirflowSkipException
 
 
@@ -30,8 +31,9 @@ def test_nothing_new_skips(
 ) -> None:
     monkeypatch.setattr(plan_module, "plan_checkpoint", lambda *_a, **_k: None)
     with pytest.raises(AirflowSkipException, match="nothing new"):
-        EoPlanOperator(task_id="plan", pipeline=pipeline_ref).execute(context)
-    assert EoPlanOperator(task_id="p", pipeline=pipeline_ref, skip_when_empty=False).execute(context) is None
+        EoPlanOperator(task_id="plan", pipeline=pipeline_ref, preflight=False).execute(context)
+    op = EoPlanOperator(task_id="p", pipeline=pipeline_ref, skip_when_empty=False, preflight=False)
+    assert op.execute(context) is None
 
 
 @pytest.mark.parametrize(
@@ -49,7 +51,7 @@ def test_ledger_refusal_is_typed(
 
     monkeypatch.setattr(plan_module, "plan_checkpoint", refuse)
     with pytest.raises(PlanRefused, match="orders"):
-        EoPlanOperator(task_id="plan", pipeline=pipeline_ref).execute(context)
+        EoPlanOperator(task_id="plan", pipeline=pipeline_ref, preflight=False).execute(context)
 
 
 def test_xcom_summary_and_lineage(
@@ -63,7 +65,7 @@ def test_xcom_summary_and_lineage(
         return ledger.plan(pipeline.name, [RangeSpec("in", 0, 0, 7), RangeSpec("in", 1, 3, 5)], actor=actor)
 
     monkeypatch.setattr(plan_module, "plan_checkpoint", fake_plan)
-    out = EoPlanOperator(task_id="plan", pipeline=pipeline_ref).execute(context)
+    out = EoPlanOperator(task_id="plan", pipeline=pipeline_ref, preflight=False).execute(context)
     expected = {
         "pipeline": "orders",
         "checkpoint_id": 1,
@@ -76,3 +78,34 @@ def test_xcom_summary_and_lineage(
     assert json.loads(json.dumps(out)) == out  # an XCom: JSON all the way down
     actor = seen["actor"]
     assert (actor.dag_id, actor.run_id, actor.task_id, actor.try_number) == ("d", "r1", "eo.x", 1)
+
+
+def test_preflight_failure_stops_before_planning(
+    pipeline_ref: str, context: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    planned: list[object] = []
+    report = DoctorReport(
+        "orders",
+        (
+            Finding("ledger", "ok", "reachable"),
+            Finding("open-transactions", "warn", "open on sink[0]", "run `eo recover`"),
+            Finding("sink-topic", "fail", "sink topic 'x' does not exist", "create it"),
+        ),
+    )
+    monkeypatch.setattr(
+        plan_module, "run_doctor", lambda *_a, **kw: report if kw == {"spark": False} else None
+    )
+    monkeypatch.setattr(plan_module, "plan_checkpoint", lambda *a, **_k: planned.append(a))
+    with pytest.raises(
+        PreflightFailed,
+        match=r"(?s)preflight failed, nothing was planned.*sink-topic: sink topic 'x'.*-> create it",
+    ):
+        EoPlanOperator(task_id="plan", pipeline=pipeline_ref).execute(context)
+    assert planned == []
+    ok = DoctorReport(
+        "orders", (Finding("open-transactions", "warn", "open on sink[0]", "run `eo recover`"),)
+    )
+    monkeypatch.setattr(plan_module, "run_doctor", lambda *_a, **_k: ok)
+    monkeypatch.setattr(plan_module, "plan_checkpoint", lambda *a, **_k: None)
+    with pytest.raises(AirflowSkipException):  # warnings do not stop the plan
+        EoPlanOperator(task_id="plan", pipeline=pipeline_ref).execute(context)

@@ -72,14 +72,16 @@ def test_plan_restores_first_then_plans(
 
     monkeypatch.setattr(plan_module, "restore_from_savepoint", restore)
     monkeypatch.setattr(plan_module, "plan_checkpoint", plan)
-    op = EoPlanOperator(task_id="plan", pipeline=pipeline_ref, restore_from="sp1", skip_when_empty=False)
+    op = EoPlanOperator(
+        task_id="plan", pipeline=pipeline_ref, restore_from="sp1", skip_when_empty=False, preflight=False
+    )
     assert op.execute(context) is None
     assert order == ["restore", "plan"] and calls[0]["request_key"] == "d/r1"
     # no restore_from: no restore
     order.clear()
-    EoPlanOperator(task_id="plan", pipeline=pipeline_ref, restore_from="", skip_when_empty=False).execute(
-        context
-    )
+    EoPlanOperator(
+        task_id="plan", pipeline=pipeline_ref, restore_from="", skip_when_empty=False, preflight=False
+    ).execute(context)
     assert order == ["plan"]
 
 
@@ -91,7 +93,9 @@ def test_stopped_pipeline_skips_with_the_reason(
 
     monkeypatch.setattr(plan_module, "plan_checkpoint", stopped)
     with pytest.raises(AirflowSkipException, match="stopped by alice: maintenance"):
-        EoPlanOperator(task_id="plan", pipeline=pipeline_ref, skip_when_empty=False).execute(context)
+        EoPlanOperator(task_id="plan", pipeline=pipeline_ref, skip_when_empty=False, preflight=False).execute(
+            context
+        )
 
 
 def test_restore_result_is_what_the_core_returns() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_eo.operators.shipping import ship_py_files, user_module_source
+from airflow_provider_eo.spark.shipping import ship_py_files, user_module_source
 
 
 @pytest.fixture()
@@ -34,8 +34,9 @@ def user_code(tmp_path: Path) -> Iterator[Path]:
 def test_single_file_module_ships_as_itself_and_package_as_zip(user_code: Path, tmp_path: Path) -> None:
     dest = tmp_path / "ship"
     files = ship_py_files(["acme_pipes:P", "acme_pkg.sub.enrich:fn", "acme_pkg.sub.enrich:other"], dest)
-    assert files == [str(user_code / "acme_pipes.py"), str(dest / "acme_pkg.zip")]
-    with zipfile.ZipFile(dest / "acme_pkg.zip") as zf:
+    (zipped,) = dest.glob("*/acme_pkg.zip")
+    assert files == [str(user_code / "acme_pipes.py"), str(zipped)]
+    with zipfile.ZipFile(zipped) as zf:
         assert sorted(zf.namelist()) == [
             "acme_pkg/__init__.py",
             "acme_pkg/sub/__init__.py",
@@ -52,3 +53,12 @@ def test_installed_standard_and_missing_modules_are_not_shipped(module: str) -> 
 
 def test_none_refs_are_skipped(tmp_path: Path) -> None:
     assert ship_py_files([None, "", "json:loads"], tmp_path) == []
+
+
+def test_zips_are_content_addressed(user_code: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "ship"
+    (first,) = ship_py_files(["acme_pkg:x"], dest)
+    assert ship_py_files(["acme_pkg:x"], dest) == [first]  # same code: same zip, not rewritten
+    (user_code / "acme_pkg" / "sub" / "enrich.py").write_text("def fn(df):\n    return df.limit(1)\n")
+    (second,) = ship_py_files(["acme_pkg:x"], dest)
+    assert second != first and Path(first).is_file()  # a running app's zip stays

@@ -14,9 +14,11 @@ cluster as well.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import sysconfig
+import tempfile
 import zipfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -53,20 +55,41 @@ def user_module_source(module: str) -> Path | None:
     return origin if origin.suffix == ".py" else None
 
 
+def default_ship_dir() -> Path:
+    """Where packages are zipped for shipping: one folder per user under the temp dir."""
+    return Path(tempfile.gettempdir()) / f"eo-py-files-{os.getuid()}"
+
+
 def _zip_package(folder: Path, dest: Path) -> Path:
-    """``dest/<package>.zip`` holding ``<package>/...`` (Python files and data, no caches)."""
-    target = dest / f"{folder.name}.zip"
-    with zipfile.ZipFile(target, "w", compression=zipfile.ZIP_DEFLATED) as zf:
-        for path in sorted(folder.rglob("*")):
-            if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
-                zf.write(path, Path(folder.name) / path.relative_to(folder))
+    """``dest/<digest>/<package>.zip`` holding ``<package>/...`` (Python files and data, no
+    caches). Content-addressed: the same code reuses its zip, changed code gets a new one,
+    and a zip a running application still serves is never rewritten."""
+    files = [
+        p
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
+    ]
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes() + b"\0")
+    target = dest / digest.hexdigest()[:16] / f"{folder.name}.zip"
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_suffix(f".zip.{os.getpid()}.tmp")
+    with zipfile.ZipFile(partial, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        for path in files:
+            zf.write(path, Path(folder.name) / path.relative_to(folder))
+    os.replace(partial, target)  # atomic: a concurrent task sees a whole zip or none
     return target
 
 
-def ship_py_files(refs: Iterable[str | None], dest: Path) -> list[str]:
+def ship_py_files(refs: Iterable[str | None], dest: Path | None = None) -> list[str]:
     """The ``py_files`` entries that carry the user modules of ``refs`` (``"module:attr"``
     references such as the pipeline and its transform) to the executors; packages are
-    zipped into ``dest``. Installed modules are left out; each module is shipped once."""
+    zipped under ``dest`` (default :func:`default_ship_dir`). Installed modules are left
+    out; each module is shipped once."""
+    dest = dest or default_ship_dir()
     shipped: list[str] = []
     seen: set[Path] = set()
     for ref in refs:
@@ -77,7 +100,6 @@ def ship_py_files(refs: Iterable[str | None], dest: Path) -> list[str]:
             continue
         seen.add(source)
         if source.is_dir():
-            dest.mkdir(parents=True, exist_ok=True)
             shipped.append(str(_zip_package(source, dest)))
         else:
             shipped.append(str(source))
