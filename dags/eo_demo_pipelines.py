@@ -9,6 +9,9 @@ a test broker or a real cluster:
 - ``EO_LEDGER_URL``: the ledger (default: a SQLite file in the project's ``.eo`` folder).
 - ``EO_STAGING_DIR``: where prepared output waits for its commit (default ``.eo/staging``).
 - ``EO_DEMO_MAX_RECORDS``: offsets per checkpoint (default 1000).
+- ``EO_DEMO_TRANSFORM``: the transform, ``module:function`` (default the example
+  ``airflow_provider_eo.examples.transforms:enrich``); a module next to the DAGs is shipped
+  to the Spark executors by the prepare task (``py_files``).
 
 Loaded by the tasks at run time (``"eo_demo_pipelines:demo_pipeline"``), never at parse time.
 """
@@ -37,7 +40,7 @@ def demo_pipeline(env: Mapping[str, str] | None = None) -> Pipeline:
         kafka={"bootstrap.servers": env.get("EO_KAFKA_BOOTSTRAP", "127.0.0.1:9092")},
         source_topics=[env.get("EO_DEMO_SOURCE_TOPIC", "eo-demo-events")],
         sink_topic=env.get("EO_DEMO_SINK_TOPIC", "eo-demo-enriched"),
-        transform="airflow_provider_eo.examples.transforms:enrich",
+        transform=env.get("EO_DEMO_TRANSFORM") or "airflow_provider_eo.examples.transforms:enrich",
         ledger_url=ledger_url,
         staging_dir=staging_dir,
         max_records_per_checkpoint=int(env.get("EO_DEMO_MAX_RECORDS", "1000")),
