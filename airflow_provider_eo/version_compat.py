@@ -17,6 +17,9 @@ from airflow.sdk.exceptions import (
     AirflowSkipException,
 )
 
+# Registers a value with the task log's secrets masker (also applied to rendered fields).
+from airflow.sdk.log import mask_secret
+
 # Triggers still live in airflow-core on Airflow 3 (the triggerer runs them).
 from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
 
@@ -45,5 +48,6 @@ __all__ = [
     "PokeReturnValue",
     "TaskGroup",
     "TriggerEvent",
+    "mask_secret",
     "task_identity",
 ]

@@ -96,8 +96,13 @@ prepared = Asset(
     watchers=[
         AssetWatcher(
             name=f"eo_prepared_{_pipeline.name}",
+            # With EO_LEDGER_CONN_ID the triggerer looks the ledger up by connection id: a
+            # trigger's kwargs never carry a password (a password-free URL is accepted).
             trigger=EoPreparedCheckpointTrigger(
-                pipeline=_pipeline.name, ledger_url=_pipeline.ledger_url, poll_interval=2.0
+                pipeline=_pipeline.name,
+                ledger_url=None if os.environ.get("EO_LEDGER_CONN_ID") else _pipeline.ledger_url,
+                ledger_conn_id=os.environ.get("EO_LEDGER_CONN_ID") or None,
+                poll_interval=2.0,
             ),
         )
     ],

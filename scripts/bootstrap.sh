@@ -26,12 +26,21 @@ if [ ! -x .venv/bin/python ]; then
   say "creating .venv with $($PY --version)"
   "$PY" -m venv .venv
 fi
-stamp=$(sha256sum pyproject.toml | cut -c1-16)
+# The exact versions the tests run against (pyproject.toml only has lower bounds).
+pyver=$(.venv/bin/python -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+constraints=constraints/constraints-$pyver.txt
+constraint_args=()
+if [ -f "$constraints" ]; then
+  constraint_args=(-c "$constraints")
+else
+  say "no $constraints for Python $pyver: installing the newest versions pyproject.toml allows"
+fi
+stamp=$(cat pyproject.toml "$constraints" 2>/dev/null | sha256sum | cut -c1-16)
 if [ "$(cat .venv/.eo-installed 2>/dev/null || true)" != "$stamp" ]; then
-  say "installing the package and its pinned dependencies into .venv (first run takes ~1-2 min)"
+  say "installing the package and its dependencies (${constraints}) into .venv (first run takes ~1-2 min)"
   .venv/bin/python -m pip install -q --upgrade pip
   # pip >= 25.1 (upgraded just above) installs PEP 735 dependency groups.
-  .venv/bin/python -m pip install -q -e . --group dev
+  .venv/bin/python -m pip install -q "${constraint_args[@]}" -e . --group dev
   echo "$stamp" > .venv/.eo-installed
 fi
 

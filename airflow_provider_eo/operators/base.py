@@ -16,13 +16,34 @@ from typing import Any
 
 from airflow_provider_eo.ledger import Actor, Ledger
 from airflow_provider_eo.pipeline import Pipeline, load_pipeline
-from airflow_provider_eo.version_compat import AirflowSkipException, Context, task_identity
+from airflow_provider_eo.version_compat import AirflowSkipException, Context, mask_secret, task_identity
+
+#: Kafka client settings whose values are secrets (librdkafka names).
+SECRET_KAFKA_KEYS = ("password", "secret", "sasl.jaas.config", "sasl.oauthbearer.config")
+
+
+def mask_pipeline_secrets(pipeline: Pipeline) -> None:
+    """Register the pipeline's secrets with Airflow's masker, so the task log (and rendered
+    fields) show ``***``: the ledger URL's password and the Kafka settings that are secrets
+    (``sasl.password``, ``ssl.key.password``, ``sasl.oauthbearer.client.secret``, ...)."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        password = make_url(pipeline.ledger_url).password
+    except Exception:  # not a URL SQLAlchemy parses: the ledger refuses it later, loudly
+        password = None
+    if password:
+        mask_secret(str(password))
+    for key, value in pipeline.kafka.items():
+        if value and any(marker in str(key).lower() for marker in SECRET_KAFKA_KEYS):
+            mask_secret(str(value))
 
 
 def resolve_pipeline(
     ref: str, *, kafka_conn_id: str | None = None, ledger_conn_id: str | None = None
 ) -> Pipeline:
-    """Load ``ref`` and apply the Airflow connections (when given) over its settings."""
+    """Load ``ref`` and apply the Airflow connections (when given) over its settings; its
+    secrets are masked in the task log from here on (:func:`mask_pipeline_secrets`)."""
     pipeline = load_pipeline(ref)
     if kafka_conn_id:
         from airflow_provider_eo.hooks.kafka import EoKafkaHook
@@ -33,6 +54,7 @@ def resolve_pipeline(
 
         url = LedgerHook(eo_ledger_conn_id=ledger_conn_id).get_url()
         pipeline = dataclasses.replace(pipeline, ledger_url=url)
+    mask_pipeline_secrets(pipeline)
     return pipeline
 
 

@@ -15,6 +15,7 @@ from airflow_provider_eo.triggers.checkpoint import (
     EoCheckpointTrigger,
     EoCommittedAfterTrigger,
     as_utc,
+    check_ledger_ref,
     done_states,
     read_checkpoint_state,
     read_committed_after,
@@ -129,6 +130,16 @@ class EoCheckpointSensor(PipelineTaskMixin, BaseSensorOperator):
             "committed_after": after.isoformat(),
         }
 
+    def _trigger_ledger(self, url: str) -> dict[str, str | None]:
+        """How the trigger names the ledger: the task's ``ledger_conn_id`` (looked up in
+        the triggerer; the password never enters the trigger's stored kwargs), else the
+        pipeline's URL, refused when it carries a password."""
+        conn_id = self.ledger_conn_id or None
+        if conn_id:
+            return {"ledger_url": None, "ledger_conn_id": str(conn_id)}
+        check_ledger_ref(url, None, where=f"task {self.task_id!r}")
+        return {"ledger_url": url, "ledger_conn_id": None}
+
     def _target(self) -> tuple[str, int, str]:
         cid = self.target_checkpoint()
         pipeline = self.resolve_pipeline()
@@ -166,7 +177,7 @@ class EoCheckpointSensor(PipelineTaskMixin, BaseSensorOperator):
             trigger=EoCheckpointTrigger(
                 pipeline=name,
                 checkpoint_id=cid,
-                ledger_url=url,
+                **self._trigger_ledger(url),
                 poll_interval=self.poke_interval,
                 deadline=time.time() + self.timeout,
                 wait_for=self.wait_for,
@@ -196,7 +207,7 @@ class EoCheckpointSensor(PipelineTaskMixin, BaseSensorOperator):
             trigger=EoCommittedAfterTrigger(
                 pipeline=name,
                 committed_after=after.isoformat(),
-                ledger_url=url,
+                **self._trigger_ledger(url),
                 poll_interval=self.poke_interval,
                 deadline=time.time() + self.timeout,
             ),

@@ -33,6 +33,32 @@ def as_utc(value: dt.datetime | str) -> dt.datetime:
     return moment.astimezone(dt.timezone.utc)
 
 
+def check_ledger_ref(ledger_url: str | None, ledger_conn_id: str | None, *, where: str) -> None:
+    """A trigger names its ledger by connection id (resolved in the triggerer) or by a URL
+    without a password: its kwargs are stored in Airflow's metadata database and shown in
+    the UI, so a password must never travel in them. ValueError otherwise."""
+    from sqlalchemy.engine import make_url
+
+    if (ledger_url is None) == (ledger_conn_id is None):
+        raise ValueError(f"{where}: give exactly one of ledger_url and ledger_conn_id")
+    if ledger_url is not None and make_url(ledger_url).password:
+        raise ValueError(
+            f"{where}: the ledger URL carries a password, which a trigger must not store; give "
+            "the task a ledger_conn_id (an eo_ledger or postgres connection) instead"
+        )
+
+
+def resolve_ledger_url(ledger_url: str | None, ledger_conn_id: str | None) -> str:
+    """The ledger URL a trigger reads: its own (password-free) URL, or the connection's,
+    looked up where the trigger runs (blocking: call it in a worker thread)."""
+    if ledger_conn_id is not None:
+        from airflow_provider_eo.hooks.ledger import LedgerHook
+
+        return LedgerHook(ledger_conn_id, create=False).get_url()
+    assert ledger_url is not None
+    return ledger_url
+
+
 def read_committed_after(ledger_url: str, pipeline: str, after: dt.datetime) -> tuple[int, str] | None:
     """``(checkpoint_id, committed_at ISO)`` of the newest COMMITTED checkpoint when it was
     committed after ``after`` (aware), else ``None``; blocking, read-only. Checkpoints
@@ -92,7 +118,9 @@ class EoCheckpointTrigger(BaseTrigger):
 
     :param pipeline: pipeline name (as recorded in the ledger).
     :param checkpoint_id: the checkpoint to wait for.
-    :param ledger_url: SQLAlchemy URL of the ledger (trigger kwargs are stored encrypted).
+    :param ledger_url: SQLAlchemy URL of the ledger, without a password.
+    :param ledger_conn_id: or the Airflow connection of the ledger (looked up in the
+        triggerer): exactly one of the two; a password travels only this way.
     :param poll_interval: seconds between reads.
     :param deadline: UNIX time after which a ``timeout`` event is sent; ``None`` waits forever.
     :param wait_for: ``"prepared"`` (default) or ``"committed"``.
@@ -103,15 +131,18 @@ class EoCheckpointTrigger(BaseTrigger):
         *,
         pipeline: str,
         checkpoint_id: int,
-        ledger_url: str,
+        ledger_url: str | None = None,
+        ledger_conn_id: str | None = None,
         poll_interval: float = 5.0,
         deadline: float | None = None,
         wait_for: str = "prepared",
     ) -> None:
         super().__init__()
+        check_ledger_ref(ledger_url, ledger_conn_id, where=f"pipeline {pipeline!r}")
         self.pipeline = pipeline
         self.checkpoint_id = int(checkpoint_id)
         self.ledger_url = ledger_url
+        self.ledger_conn_id = ledger_conn_id
         self.poll_interval = float(poll_interval)
         self.deadline = float(deadline) if deadline is not None else None
         self.done = done_states(wait_for)
@@ -124,6 +155,7 @@ class EoCheckpointTrigger(BaseTrigger):
                 "pipeline": self.pipeline,
                 "checkpoint_id": self.checkpoint_id,
                 "ledger_url": self.ledger_url,
+                "ledger_conn_id": self.ledger_conn_id,
                 "poll_interval": self.poll_interval,
                 "deadline": self.deadline,
                 "wait_for": self.wait_for,
@@ -146,10 +178,11 @@ class EoCheckpointTrigger(BaseTrigger):
 
         where = f"pipeline {self.pipeline!r}, checkpoint {self.checkpoint_id}"
         state = "UNKNOWN"
+        url = await asyncio.to_thread(resolve_ledger_url, self.ledger_url, self.ledger_conn_id)
         while True:
             try:
                 state, reason = await asyncio.to_thread(
-                    read_checkpoint_state, self.ledger_url, self.pipeline, self.checkpoint_id
+                    read_checkpoint_state, url, self.pipeline, self.checkpoint_id
                 )
             except LedgerError as exc:  # unreachable database: keep polling until the deadline
                 self.log.warning("%s: cannot read the ledger (%s); polling again", where, exc)
@@ -190,7 +223,8 @@ class EoCommittedAfterTrigger(BaseTrigger):
 
     :param pipeline: pipeline name (as recorded in the ledger).
     :param committed_after: ISO-8601 time (naive means UTC).
-    :param ledger_url: SQLAlchemy URL of the ledger.
+    :param ledger_url: SQLAlchemy URL of the ledger, without a password.
+    :param ledger_conn_id: or the Airflow connection of the ledger (exactly one of the two).
     :param poll_interval: seconds between reads.
     :param deadline: UNIX time after which a ``timeout`` event is sent; ``None`` waits forever.
     """
@@ -200,14 +234,17 @@ class EoCommittedAfterTrigger(BaseTrigger):
         *,
         pipeline: str,
         committed_after: str,
-        ledger_url: str,
+        ledger_url: str | None = None,
+        ledger_conn_id: str | None = None,
         poll_interval: float = 5.0,
         deadline: float | None = None,
     ) -> None:
         super().__init__()
+        check_ledger_ref(ledger_url, ledger_conn_id, where=f"pipeline {pipeline!r}")
         self.pipeline = pipeline
         self.committed_after = as_utc(committed_after).isoformat()
         self.ledger_url = ledger_url
+        self.ledger_conn_id = ledger_conn_id
         self.poll_interval = float(poll_interval)
         self.deadline = float(deadline) if deadline is not None else None
 
@@ -218,6 +255,7 @@ class EoCommittedAfterTrigger(BaseTrigger):
                 "pipeline": self.pipeline,
                 "committed_after": self.committed_after,
                 "ledger_url": self.ledger_url,
+                "ledger_conn_id": self.ledger_conn_id,
                 "poll_interval": self.poll_interval,
                 "deadline": self.deadline,
             },
@@ -229,9 +267,10 @@ class EoCommittedAfterTrigger(BaseTrigger):
         after = as_utc(self.committed_after)
         where = f"pipeline {self.pipeline!r}"
         base = {"pipeline": self.pipeline, "committed_after": self.committed_after}
+        url = await asyncio.to_thread(resolve_ledger_url, self.ledger_url, self.ledger_conn_id)
         while True:
             try:
-                found = await asyncio.to_thread(read_committed_after, self.ledger_url, self.pipeline, after)
+                found = await asyncio.to_thread(read_committed_after, url, self.pipeline, after)
             except LedgerError as exc:
                 self.log.warning("%s: cannot read the ledger (%s); polling again", where, exc)
             else:

@@ -7,6 +7,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+from airflow_provider_eo.triggers.checkpoint import check_ledger_ref, resolve_ledger_url
 from airflow_provider_eo.version_compat import BaseEventTrigger, TriggerEvent
 
 
@@ -37,29 +38,46 @@ class EoPreparedCheckpointTrigger(BaseEventTrigger):
     PREPARED fire again (their commit runs are no-ops once committed).
 
     :param pipeline: pipeline name (as recorded in the ledger).
-    :param ledger_url: SQLAlchemy URL of the ledger.
+    :param ledger_url: SQLAlchemy URL of the ledger, without a password.
+    :param ledger_conn_id: or the Airflow connection of the ledger, looked up in the
+        triggerer (exactly one of the two).
     :param poll_interval: seconds between reads.
     """
 
-    def __init__(self, *, pipeline: str, ledger_url: str, poll_interval: float = 2.0) -> None:
+    def __init__(
+        self,
+        *,
+        pipeline: str,
+        ledger_url: str | None = None,
+        ledger_conn_id: str | None = None,
+        poll_interval: float = 2.0,
+    ) -> None:
         super().__init__()
+        check_ledger_ref(ledger_url, ledger_conn_id, where=f"pipeline {pipeline!r}")
         self.pipeline = pipeline
         self.ledger_url = ledger_url
+        self.ledger_conn_id = ledger_conn_id
         self.poll_interval = float(poll_interval)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
             f"{type(self).__module__}.{type(self).__qualname__}",
-            {"pipeline": self.pipeline, "ledger_url": self.ledger_url, "poll_interval": self.poll_interval},
+            {
+                "pipeline": self.pipeline,
+                "ledger_url": self.ledger_url,
+                "ledger_conn_id": self.ledger_conn_id,
+                "poll_interval": self.poll_interval,
+            },
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from airflow_provider_eo.ledger import LedgerError
 
         fired: set[int] = set()
+        url = await asyncio.to_thread(resolve_ledger_url, self.ledger_url, self.ledger_conn_id)
         while True:
             try:
-                prepared = await asyncio.to_thread(read_prepared, self.ledger_url, self.pipeline)
+                prepared = await asyncio.to_thread(read_prepared, url, self.pipeline)
             except LedgerError as exc:
                 self.log.warning(
                     "pipeline %r: cannot read the ledger (%s); polling again", self.pipeline, exc

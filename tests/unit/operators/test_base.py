@@ -51,3 +51,33 @@ def test_no_checkpoint_skips(value: object) -> None:
 def test_bad_checkpoint_id_says_what_was_given() -> None:
     with pytest.raises(ValueError, match=r"checkpoint_id must be an integer.*'abc'"):
         parse_checkpoint_id("abc", task_id="prepare")
+
+
+def test_pipeline_secrets_are_registered_with_the_task_log_masker() -> None:
+    from airflow.sdk.log import redact
+
+    from airflow_provider_eo.operators.base import mask_pipeline_secrets
+    from airflow_provider_eo.pipeline import Pipeline
+
+    pipeline = Pipeline(
+        name="masked",
+        kafka={
+            "bootstrap.servers": "broker:9093",
+            "sasl.password": "kafka-pw-8c1f",
+            "ssl.key.password": "key-pw-77aa",
+            "sasl.username": "svc-orders",
+        },
+        source_topics=["in"],
+        sink_topic="out",
+        ledger_url="postgresql+psycopg://eo:ledger-pw-5d2e@db:5432/eo",
+    )
+    line = (
+        "url=postgresql+psycopg://eo:ledger-pw-5d2e@db:5432/eo sasl=kafka-pw-8c1f "
+        "key=key-pw-77aa user=svc-orders"
+    )
+    assert redact(line) == line  # nothing registered yet
+    mask_pipeline_secrets(pipeline)
+    masked = str(redact(line))
+    for secret in ("ledger-pw-5d2e", "kafka-pw-8c1f", "key-pw-77aa"):
+        assert secret not in masked, masked
+    assert "user=svc-orders" in masked and "db:5432" in masked

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,13 @@ from typing import Any
 import pytest
 
 from airflow_provider_eo.ledger import Ledger, RangeSpec
-from airflow_provider_eo.triggers.checkpoint import MISSING, EoCheckpointTrigger, read_checkpoint_state
+from airflow_provider_eo.triggers.checkpoint import (
+    MISSING,
+    EoCheckpointTrigger,
+    EoCommittedAfterTrigger,
+    read_checkpoint_state,
+)
+from airflow_provider_eo.triggers.stream import EoPreparedCheckpointTrigger
 
 PIPELINE = "orders"
 
@@ -60,10 +67,38 @@ def test_serialize_round_trip(ledger_url: str) -> None:
         "pipeline": PIPELINE,
         "checkpoint_id": 3,
         "ledger_url": ledger_url,
+        "ledger_conn_id": None,
         "poll_interval": 2.5,
         "deadline": 123.0,
         "wait_for": "prepared",
     }
+
+
+def test_a_url_with_a_password_is_refused_a_connection_id_is_resolved_in_the_triggerer(
+    ledger_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = "s3cr3t-pw"
+    for trigger_class, extra in (
+        (EoCheckpointTrigger, {"checkpoint_id": 1}),
+        (EoCommittedAfterTrigger, {"committed_after": "2026-01-01T00:00:00"}),
+        (EoPreparedCheckpointTrigger, {}),
+    ):
+        with pytest.raises(ValueError, match="carries a password, which a trigger must not store"):
+            trigger_class(pipeline=PIPELINE, ledger_url=f"postgresql+psycopg://eo:{secret}@db/eo", **extra)
+        with pytest.raises(ValueError, match="exactly one of ledger_url and ledger_conn_id"):
+            trigger_class(pipeline=PIPELINE, ledger_url=ledger_url, ledger_conn_id="x", **extra)
+
+    # The connection (here with a password the SQLite URL ignores) is looked up where the
+    # trigger runs; the stored kwargs hold only its id.
+    path = ledger_url.removeprefix("sqlite:///")
+    fields = {"conn_type": "eo_ledger", "host": path, "password": secret}
+    monkeypatch.setenv("AIRFLOW_CONN_EO_TRIGGER_LEDGER", json.dumps(fields))
+    _prepare(ledger_url)
+    trigger = EoCheckpointTrigger(pipeline=PIPELINE, checkpoint_id=1, ledger_conn_id="eo_trigger_ledger")
+    _classpath, kwargs = trigger.serialize()
+    assert kwargs["ledger_conn_id"] == "eo_trigger_ledger" and kwargs["ledger_url"] is None
+    assert secret not in json.dumps(kwargs)
+    assert _first_event(trigger)["state"] == "PREPARED"
 
 
 def test_prepared_yields_success(ledger_url: str) -> None:
