@@ -70,6 +70,37 @@ def get_provider_info() -> dict[str, Any]:
             {
                 "hook-class-name": "airflow_provider_eo.hooks.ledger.LedgerHook",
                 "connection-type": "eo_ledger",
+                "hook-name": "EO checkpoint ledger",
+                # The connection form, declared as Airflow >= 3.2 reads it (no wtforms, no
+                # hook import): extra fields and the standard fields' labels/placeholders.
+                "conn-fields": {
+                    "sqlalchemy_url": {
+                        "label": "SQLAlchemy URL",
+                        "description": "The whole ledger URL (wins over the fields above), e.g. "
+                        "postgresql+psycopg://user:pw@host:5432/eo. Stored like a password.",
+                        "schema": {"type": ["string", "null"], "format": "password"},
+                    },
+                    "dialect": {
+                        "label": "Dialect",
+                        "description": "sqlite: Host is the ledger file's path; otherwise PostgreSQL.",
+                        "schema": {"type": ["string", "null"], "enum": ["postgresql", "sqlite", None]},
+                    },
+                    "driver": {
+                        "label": "SQLAlchemy driver",
+                        "description": "Driver of a PostgreSQL ledger (default postgresql+psycopg).",
+                        "schema": {"type": ["string", "null"]},
+                    },
+                },
+                "ui-field-behaviour": {
+                    "hidden-fields": [],
+                    "relabeling": {"host": "Host (or SQLite file path)", "schema": "Database"},
+                    "placeholders": {
+                        "host": "127.0.0.1  or  /opt/airflow/eo/ledger.db",
+                        "port": "5432",
+                        "schema": "eo",
+                        "login": "eo",
+                    },
+                },
             }
         ],
     }

@@ -20,7 +20,10 @@ class LedgerHook(BaseHook):
     """Open the checkpoint ledger named by an Airflow connection.
 
     The URL comes from, in order: the ``sqlalchemy_url`` argument; the connection's extra
-    ``sqlalchemy_url``; else the connection's fields. With extra ``{"dialect": "sqlite"}``
+    ``sqlalchemy_url``; else the connection's fields. Any connection type works the same
+    way, so an existing ``postgres`` (common-sql) connection can be the ledger. The
+    connection form is declared in the provider info (``conn-fields``,
+    ``ui-field-behaviour``), as Airflow >= 3.2 reads it. With extra ``{"dialect": "sqlite"}``
     (or a host that is a ``.db`` file path and no port) ``host`` holds the SQLite file
     path; otherwise host/port/schema/login/password make a ``postgresql+psycopg`` URL.
 
@@ -47,22 +50,6 @@ class LedgerHook(BaseHook):
         self.sqlalchemy_url = sqlalchemy_url
         self.create = create
         self._ledger: Ledger | None = None
-
-    @classmethod
-    def get_ui_field_behaviour(cls) -> dict[str, Any]:
-        return {
-            "hidden_fields": [],
-            "relabeling": {
-                "host": "Host (or SQLite file path)",
-                "schema": "Database",
-            },
-            "placeholders": {
-                "host": "127.0.0.1  or  /opt/airflow/eo/ledger.db",
-                "port": "5432",
-                "schema": "eo",
-                "extra": '{"sqlalchemy_url": "postgresql+psycopg://user:pw@host:5432/eo"}',
-            },
-        }
 
     def get_url(self) -> str:
         """The SQLAlchemy URL of the ledger (with password: never log it, log

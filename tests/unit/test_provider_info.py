@@ -43,3 +43,22 @@ def test_no_config_section_nobody_reads() -> None:
 
 def test_one_version_source() -> None:
     assert get_provider_info()["versions"] == [airflow_provider_eo.__version__]
+
+
+def test_airflow_reads_the_ledger_connection_form_from_the_provider_info() -> None:
+    """Airflow's providers manager (>= 3.2) builds the eo_ledger form from ``conn-fields`` and
+    ``ui-field-behaviour`` without importing the hook; the URL field is a password field."""
+    import warnings
+
+    from airflow.providers_manager import ProvidersManager
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "get_ui_field_behaviour() is deprecated"
+        manager = ProvidersManager()
+        behaviours = manager.field_behaviours
+        widgets = manager.connection_form_widgets
+    assert behaviours["eo_ledger"]["relabeling"]["host"] == "Host (or SQLite file path)"
+    url = widgets["extra__eo_ledger__sqlalchemy_url"]
+    assert url.is_sensitive and url.field["schema"]["title"] == "SQLAlchemy URL"
+    assert widgets["extra__eo_ledger__dialect"].field["schema"]["enum"] == ["postgresql", "sqlite", None]
+    assert "kafka" in manager.hooks  # apache-airflow-providers-apache-kafka: the `kafka` connection type
