@@ -93,6 +93,30 @@ def dev_jars() -> None:
         _fail(str(exc))
 
 
+setup_app = typer.Typer(help="One-time set-up where the jars are built (image build, deploy step).")
+app.add_typer(setup_app, name="setup", no_args_is_help=True)
+
+
+@setup_app.command("jars")
+def setup_jars() -> None:
+    """Fetch the Spark Kafka connector matching the installed pyspark (Maven) and build eo's
+    JVM partitioner jar (javac) into the eo home (EO_HOME); print them comma-separated.
+
+    Run it once where Maven and a JDK exist (the Airflow image build, a deploy step): the
+    Airflow tasks then add these jars themselves and never run a build tool. Without them a
+    task needs the connector in its packages/jars, and sink partitions use the Arrow UDF."""
+    from airflow_provider_eo.spark.session import connector_jars_csv
+    from airflow_provider_eo.stack.paths import state_dir
+
+    try:
+        jars = connector_jars_csv()
+    except StackError as exc:
+        _fail(str(exc))
+        return
+    err.print(f"installed under {state_dir() / 'jars'}", highlight=False)
+    print(jars)
+
+
 @app.command("demo")
 def demo(
     airflow: Annotated[

@@ -88,6 +88,50 @@ def provider_application(module: str) -> str:
     return spec.origin
 
 
+def add_task_time_jars(task: SparkSubmitOperator, pipeline_name: str) -> None:
+    """Add to ``task.jars`` what the prepare needs and is already installed on this worker,
+    never running a build tool (no Maven, no javac at task time):
+
+    - the Kafka connector, unless the task's ``packages``/``jars``/``conf`` already name it
+      (as Spark users give it, e.g. ``packages="org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0"``):
+      the jars ``eo setup jars`` (or ``eo dev jars``) fetched; when neither, the task fails
+      saying what to set, before anything is submitted;
+    - eo's JVM partitioner jar when ``eo setup jars`` built it; otherwise the prepare
+      computes sink partitions with its Arrow UDF (same result, slower), logged here.
+    """
+    from airflow_provider_eo.spark.session import connector_coordinate, names_connector
+    from airflow_provider_eo.stack.javac import cached_udf_jar
+    from airflow_provider_eo.stack.maven import cached_spark_kafka_jars, installed_spark_version
+
+    conf = dict(task.conf or {})
+    try:
+        version: str | None = installed_spark_version()
+    except ImportError:
+        version = None
+    jars: list[str] = []
+    if not names_connector(task.packages, task.jars, conf.get("spark.jars.packages"), conf.get("spark.jars")):
+        cached = cached_spark_kafka_jars(version) if version else None
+        if not cached:
+            raise AirflowFailException(
+                f"pipeline {pipeline_name!r}: the Spark Kafka connector is not configured for task "
+                f"{task.task_id!r}: give it as for any Spark job, e.g. packages="
+                f"'{connector_coordinate(version or '<your Spark version>')}' (or jars=...), or run "
+                "`eo setup jars` on this worker. Nothing was submitted."
+            )
+        jars += [str(p) for p in cached]
+    udf = cached_udf_jar(version) if version else None
+    if udf is not None:
+        jars.append(str(udf))
+    else:
+        task.log.warning(
+            "pipeline %s: eo's JVM partitioner jar is not installed on this worker (`eo setup jars` "
+            "builds it); the prepare computes sink partitions with its Arrow UDF (same result, slower)",
+            pipeline_name,
+        )
+    if jars:
+        task.jars = _merge_csv(task.jars, ",".join(jars))
+
+
 def configure_submit(
     task: SparkSubmitOperator,
     context: Context,
@@ -101,7 +145,7 @@ def configure_submit(
 ) -> bool:
     """Set ``task`` up to spark-submit one of the provider's applications: the application
     (unless the task names its own), its arguments followed by ``--actor-json`` (this task
-    instance, recorded in the ledger), the Kafka connector jars, the user's modules in
+    instance, recorded in the ledger), the jars (:func:`add_task_time_jars`), the user's modules in
     ``py_files`` (the pipeline module and the ``ship`` references, e.g. the transform: see
     :mod:`~airflow_provider_eo.spark.shipping`), and in client mode the driver's
     environment (:func:`local_driver_env`, ``overrides``). Leaves ``task._hook`` built
@@ -116,10 +160,7 @@ def configure_submit(
     """
     task.application = task.application or application
     task.application_args = [*application_args, "--actor-json", json.dumps(task_identity(context))]
-    # Computed here, not in __init__: the first call may download the jars.
-    from airflow_provider_eo.spark.session import connector_jars_csv
-
-    task.jars = _merge_csv(task.jars, connector_jars_csv())
+    add_task_time_jars(task, pipeline_name)
     shipped = ship_py_files([pipeline_ref, *ship])
     if shipped:
         task.py_files = _merge_csv(task.py_files, ",".join(shipped))

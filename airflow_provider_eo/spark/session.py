@@ -14,6 +14,21 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
+#: The Kafka connector's Maven artifact (without the Scala suffix).
+CONNECTOR_ARTIFACT = "spark-sql-kafka-0-10"
+
+
+def connector_coordinate(spark_version: str, scala: str = "2.13") -> str:
+    """The connector as Spark users give it to ``--packages``."""
+    return f"org.apache.spark:{CONNECTOR_ARTIFACT}_{scala}:{spark_version}"
+
+
+def names_connector(*settings: str | None) -> bool:
+    """Whether any of ``settings`` (packages, jars, spark.jars, spark.jars.packages) already
+    names the Kafka connector."""
+    return any(CONNECTOR_ARTIFACT in (value or "") for value in settings)
+
+
 def connector_jars_csv() -> str:
     """Comma-separated paths of the Kafka connector jars (fetched on first use) and of eo's
     own Spark functions jar (compiled on first use, when a JDK is there)."""

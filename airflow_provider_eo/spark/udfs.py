@@ -3,6 +3,7 @@
 No ``from __future__ import annotations`` here: arrow_udf reads the type hints at runtime.
 """
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -11,6 +12,7 @@ import pyarrow as pa
 from airflow_provider_eo.kafka.partitioner import java_partitions
 
 KAFKA_PARTITION_FUNCTION = "eo_kafka_partition"
+_FALLBACK_LOGGED = False
 
 
 def murmur2_partitioner(partitions: int):  # type: ignore[no-untyped-def]
@@ -45,4 +47,14 @@ def kafka_partitioner(spark: Any, partitions: int) -> Callable[[Any], Any]:
 
     if register_java_partitioner(spark):
         return lambda key: F.call_function(KAFKA_PARTITION_FUNCTION, key, F.lit(partitions))
+    global _FALLBACK_LOGGED
+    if not _FALLBACK_LOGGED:
+        _FALLBACK_LOGGED = True
+        print(
+            "eo: the JVM partitioner (eo.spark.KafkaPartition) is not on this Spark session's "
+            "classpath (`eo setup jars` builds it); sink partitions are computed by the Arrow UDF "
+            "(same result, slower)",
+            file=sys.stderr,
+            flush=True,
+        )
     return murmur2_partitioner(partitions)

@@ -23,6 +23,18 @@ SOURCES = (JAVA_ROOT / "eo" / "spark" / "KafkaPartition.java",)
 KAFKA_PARTITION_CLASS = "eo.spark.KafkaPartition"
 
 
+def udf_jar_path(spark_version: str) -> Path:
+    """Where the partitioner jar for this source and ``spark_version`` lives once built."""
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES) + spark_version.encode())
+    return state_dir() / "jars" / f"eo-spark-udfs-{digest.hexdigest()[:12]}.jar"
+
+
+def cached_udf_jar(spark_version: str) -> Path | None:
+    """The partitioner jar when already built (``eo setup jars``); never compiles."""
+    out = udf_jar_path(spark_version)
+    return out if out.is_file() else None
+
+
 def udf_jar() -> Path | None:
     """The jar with :data:`KAFKA_PARTITION_CLASS`, compiled on first use.
 
@@ -32,10 +44,12 @@ def udf_jar() -> Path | None:
     """
     import pyspark
 
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES) + pyspark.__version__.encode())
-    out = state_dir() / "jars" / f"eo-spark-udfs-{digest.hexdigest()[:12]}.jar"
+    out = udf_jar_path(pyspark.__version__)
     if out.is_file():
         return out
+    from airflow_provider_eo.stack.maven import forbid_check
+
+    forbid_check("javac", "eo's JVM partitioner jar")
     javac, jar = shutil.which("javac"), shutil.which("jar")
     api = sorted((Path(pyspark.__file__).parent / "jars").glob("spark-sql-api_*.jar"))
     if javac is None or jar is None or not api:

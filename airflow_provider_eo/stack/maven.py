@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -14,6 +15,22 @@ from airflow_provider_eo.stack.paths import state_dir
 POM_DIR = Path(__file__).resolve().parent / "maven"
 
 
+#: Set (to anything) where no build tool may run: Airflow workers. The tests set it for
+#: every Airflow task they run, so a task that would run Maven or javac fails loudly.
+FORBID_ENV = "EO_FORBID_BUILD_TOOLS"
+
+
+def forbid_check(tool: str, what: str) -> None:
+    """Refuse to run ``tool`` when :data:`FORBID_ENV` is set (a StackError naming the fix)."""
+    if os.environ.get(FORBID_ENV):
+        raise StackError(
+            f"{what} is not installed here and would need {tool}, which may not run here "
+            f"({FORBID_ENV} is set: an Airflow task never runs a build tool). Run `eo setup jars` "
+            "where the jars are built (image build, deploy step), or give the connector through "
+            "the task's packages/jars."
+        )
+
+
 def _require(tool: str, how: str) -> str:
     path = shutil.which(tool)
     if path is None:
@@ -23,9 +40,11 @@ def _require(tool: str, how: str) -> str:
 
 def _copy_dependencies(pom: str, out: Path, props: dict[str, str], what: str) -> list[Path]:
     """Run ``mvn dependency:copy-dependencies`` once into ``out``; later calls reuse it."""
+    cached = _cached_dependencies(out)
+    if cached is not None:
+        return cached
+    forbid_check("Maven", what)
     done = out / ".complete"
-    if done.is_file():
-        return sorted(out.glob("*.jar"))
     mvn = _require("mvn", "install Maven (Debian: apt-get install -y maven) and retry.")
     _require("java", "install a Java 17+ runtime (Debian: apt-get install -y openjdk-17-jre-headless).")
     tmp = out.with_name(out.name + ".partial")
@@ -60,6 +79,17 @@ def _copy_dependencies(pom: str, out: Path, props: dict[str, str], what: str) ->
         flush=True,
     )
     return jars
+
+
+def _cached_dependencies(out: Path) -> list[Path] | None:
+    """The jars a completed fetch left in ``out``; None when none completed."""
+    return sorted(out.glob("*.jar")) if (out / ".complete").is_file() else None
+
+
+def cached_spark_kafka_jars(spark_version: str) -> list[Path] | None:
+    """The connector jars for ``spark_version`` when already fetched (``eo setup jars``,
+    ``eo dev jars``, the bootstrap); None otherwise. Never runs Maven."""
+    return _cached_dependencies(state_dir() / "jars" / f"spark-sql-kafka-{spark_version}")
 
 
 def kafka_broker_jars(kafka_version: str) -> list[Path]:

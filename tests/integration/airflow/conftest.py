@@ -42,6 +42,8 @@ def airflow_base_env(home: Path, dags: Path) -> dict[str, str]:
             "AIRFLOW__API_AUTH__JWT_SECRET": "eo-tests-jwt-secret-not-for-production",
             "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
             "AIRFLOW_CONN_SPARK_DEFAULT": SPARK_CONN,
+            # No build tool at task time: a task that would run Maven or javac fails.
+            "EO_FORBID_BUILD_TOOLS": "1",
             "PATH": os.pathsep.join([str(VENV_BIN), os.environ.get("PATH", "")]),
             # Spark's Python workers and driver: this venv's interpreter.
             "PYSPARK_PYTHON": sys.executable,

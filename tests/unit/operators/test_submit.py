@@ -82,3 +82,61 @@ def test_aborted_fails_without_retry(pipeline_ref: str, context: dict[str, Any])
 def test_no_checkpoint_skips(pipeline_ref: str, context: dict[str, Any]) -> None:
     with pytest.raises(AirflowSkipException):
         EoSubmitOperator(task_id="prepare", pipeline=pipeline_ref, checkpoint_id="").execute(context)
+
+
+def _submit_task(**kwargs: Any) -> EoSubmitOperator:
+    return EoSubmitOperator(task_id="prepare", pipeline="m:P", checkpoint_id=1, **kwargs)
+
+
+def test_task_time_jars_never_build_and_say_what_to_set(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No Maven/javac at task time: the connector comes from the task's settings or from what
+    `eo setup jars` installed; with neither, the task fails naming the coordinate."""
+    from airflow_provider_eo.operators.submit import add_task_time_jars
+    from airflow_provider_eo.stack.maven import installed_spark_version
+
+    monkeypatch.setenv("EO_HOME", str(tmp_path / "home"))  # nothing installed there
+    monkeypatch.setenv("EO_FORBID_BUILD_TOOLS", "1")
+    version = installed_spark_version()
+    coordinate = f"org.apache.spark:spark-sql-kafka-0-10_2.13:{version}"
+
+    bare = _submit_task()
+    expected = rf"not configured for task 'prepare'.*packages='{coordinate}'"
+    with pytest.raises(AirflowFailException, match=expected):
+        add_task_time_jars(bare, "orders")
+
+    for given in ({"packages": coordinate}, {"conf": {"spark.jars.packages": coordinate}}):
+        task = _submit_task(**given)
+        add_task_time_jars(task, "orders")  # the user's connector; the partitioner is missing
+        assert task.jars is None
+
+    jars = tmp_path / "home" / "jars"
+    connector = jars / f"spark-sql-kafka-{version}"
+    connector.mkdir(parents=True)
+    (connector / "spark-sql-kafka-0-10_2.13.jar").write_bytes(b"")
+    (connector / ".complete").write_text("done")
+    from airflow_provider_eo.stack.javac import udf_jar_path
+
+    udf_jar_path(version).write_bytes(b"")
+    installed = _submit_task(jars="/opt/extra.jar")
+    add_task_time_jars(installed, "orders")
+    assert installed.jars is not None
+    assert installed.jars.split(",") == [
+        "/opt/extra.jar",
+        str(connector / "spark-sql-kafka-0-10_2.13.jar"),
+        str(udf_jar_path(version)),
+    ]
+
+
+def test_build_tools_are_refused_where_forbidden(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_provider_eo.stack.errors import StackError
+    from airflow_provider_eo.stack.javac import udf_jar
+    from airflow_provider_eo.stack.maven import spark_kafka_jars
+
+    monkeypatch.setenv("EO_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("EO_FORBID_BUILD_TOOLS", "1")
+    with pytest.raises(StackError, match=r"would need Maven, which may not run here.*eo setup jars"):
+        spark_kafka_jars()
+    with pytest.raises(StackError, match="would need javac"):
+        udf_jar()
