@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,7 +18,7 @@ from airflow_provider_eo.operators.base import (
     open_ledger,
 )
 from airflow_provider_eo.operators.savepoint import parse_bool
-from airflow_provider_eo.operators.submit import PrepareNotRecorded, submit_prepare
+from airflow_provider_eo.operators.submit import PrepareNotRecorded, remember_spark_target, submit_prepare
 from airflow_provider_eo.pipeline import Pipeline
 from airflow_provider_eo.version_compat import AirflowFailException, Context
 
@@ -72,8 +71,8 @@ class EoBackfillOperator(PipelineTaskMixin, SparkSubmitOperator):
     backfill's unfinished checkpoint; running an interval that is already done adds
     nothing, and adjacent intervals never overlap.
 
-    In client deploy mode the task runs each driver; in cluster mode it submits and polls
-    the ledger for PREPARED (at most ``prepare_timeout`` seconds, holding the slot).
+    In client deploy mode the task runs each driver; in cluster mode the Spark provider
+    tracks each driver until it ends (see :class:`~airflow_provider_eo.operators.submit.EoSubmitOperator`).
 
     Returns (XCom) ``{"pipeline", "backfill_pipeline", "checkpoints", "records", "start",
     "end", "sink_topic"}``.
@@ -86,7 +85,6 @@ class EoBackfillOperator(PipelineTaskMixin, SparkSubmitOperator):
     :param sink_topic: the backfill sink topic. (templated)
     :param transform: ``"module:function"`` replacing the pipeline's transform. (templated)
     :param allow_live_sink: allow ``sink_topic`` to be the live pipeline's sink. (templated)
-    :param prepare_timeout: seconds to wait for a cluster-mode prepare to be PREPARED.
     :param kafka_conn_id: optional ``kafka`` connection merged over the pipeline's config
         (client mode only). (templated)
     :param ledger_conn_id: optional ``eo_ledger`` connection replacing the pipeline's
@@ -116,7 +114,6 @@ class EoBackfillOperator(PipelineTaskMixin, SparkSubmitOperator):
         end: str | int | dt.datetime = DATA_INTERVAL_END,
         transform: str | None = None,
         allow_live_sink: bool | str = False,
-        prepare_timeout: float = 3600.0,
         kafka_conn_id: str | None = None,
         ledger_conn_id: str | None = None,
         conn_id: str = "spark_default",
@@ -125,13 +122,13 @@ class EoBackfillOperator(PipelineTaskMixin, SparkSubmitOperator):
     ) -> None:
         kwargs.setdefault("application", "")
         super().__init__(conn_id=conn_id, name=name, **kwargs)
+        remember_spark_target(self, conn_id, kwargs.get("deploy_mode"))
         self._set_pipeline_args(pipeline=pipeline, kafka_conn_id=kafka_conn_id, ledger_conn_id=ledger_conn_id)
         self.start = start
         self.end = end
         self.sink_topic = sink_topic
         self.transform = transform
         self.allow_live_sink = allow_live_sink
-        self.prepare_timeout = prepare_timeout
 
     def execute(self, context: Context) -> dict[str, Any]:  # type: ignore[override]
         start_ms = to_epoch_ms(self.start, field="start")
@@ -200,7 +197,7 @@ class EoBackfillOperator(PipelineTaskMixin, SparkSubmitOperator):
                 "backfill %s: checkpoint %s is already %s", backfill.name, checkpoint_id, cp.state.value
             )
             return
-        submitted = submit_prepare(
+        submit_prepare(
             self,
             context,
             pipeline_ref=self.pipeline,
@@ -210,16 +207,10 @@ class EoBackfillOperator(PipelineTaskMixin, SparkSubmitOperator):
             extra_args=extra_args,
             ship=[backfill.transform],
         )
-        deadline = time.monotonic() + (self.prepare_timeout if submitted is not None else 0.0)
-        while True:
-            state = ledger.get(backfill.name, checkpoint_id).state
-            if state in (CheckpointState.PREPARED, CheckpointState.COMMITTED):
-                return
-            if state is CheckpointState.ABORTED or time.monotonic() >= deadline:
-                raise PrepareNotRecorded(
-                    f"backfill {backfill.name!r}: spark-submit "
-                    f"{'was submitted' if submitted is not None else 'finished'} but checkpoint "
-                    f"{checkpoint_id} is {state.value}; see the driver log, then retry this task "
-                    "(the retry resumes this checkpoint)"
-                )
-            time.sleep(min(5.0, max(0.1, deadline - time.monotonic())))
+        state = ledger.get(backfill.name, checkpoint_id).state
+        if state not in (CheckpointState.PREPARED, CheckpointState.COMMITTED):
+            raise PrepareNotRecorded(
+                f"backfill {backfill.name!r}: the prepare job finished but checkpoint "
+                f"{checkpoint_id} is {state.value}; see the driver log, then retry this task "
+                "(the retry resumes this checkpoint)"
+            )

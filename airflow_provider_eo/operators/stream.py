@@ -40,7 +40,7 @@ from airflow_provider_eo.operators.base import (
     PipelineTaskMixin,
     open_ledger,
 )
-from airflow_provider_eo.operators.submit import configure_submit, provider_application
+from airflow_provider_eo.operators.submit import configure_submit, provider_application, remember_spark_target
 from airflow_provider_eo.version_compat import AirflowException, AirflowFailException, Context
 
 STREAM_MODULE = "airflow_provider_eo.spark.stream_app"
@@ -169,6 +169,7 @@ class EoStreamOperator(PipelineTaskMixin, SparkSubmitOperator):
     ) -> None:
         kwargs.setdefault("application", "")
         super().__init__(conn_id=spark_conn_id, conf=conf, name=name, **kwargs)
+        remember_spark_target(self, spark_conn_id, kwargs.get("deploy_mode"))
         self._set_pipeline_args(pipeline=pipeline, kafka_conn_id=kafka_conn_id, ledger_conn_id=ledger_conn_id)
         self.interval = interval
         self.commit = commit

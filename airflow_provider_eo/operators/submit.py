@@ -23,6 +23,7 @@ from airflow_provider_eo.spark.shipping import ship_py_files
 from airflow_provider_eo.version_compat import (
     AirflowException,
     AirflowFailException,
+    BaseHook,
     Context,
     task_identity,
 )
@@ -88,6 +89,33 @@ def provider_application(module: str) -> str:
     return spec.origin
 
 
+def remember_spark_target(task: SparkSubmitOperator, conn_id: str, deploy_mode: str | None) -> None:
+    """Keep the Spark connection id and deploy mode given to ``task``'s constructor (the
+    provider stores them privately), so :func:`spark_target` needs no private attribute."""
+    task.eo_spark_conn_id = conn_id
+    task.eo_deploy_mode = deploy_mode
+
+
+def spark_target(task: SparkSubmitOperator) -> tuple[str, str]:
+    """``(master, deploy mode)`` the task submits to, read as SparkSubmitHook reads them but
+    through public surfaces: the task's ``deploy_mode`` argument, else the connection's
+    ``deploy-mode`` extra, else ``client``; the master from the connection's host/port."""
+    conn_id = getattr(task, "eo_spark_conn_id", None) or "spark_default"
+    conn = BaseHook.get_connection(conn_id)
+    extra = conn.extra_dejson or {}
+    host = conn.host or ""
+    master = f"{host}:{conn.port}" if conn.port and host else host
+    deploy_mode = getattr(task, "eo_deploy_mode", None) or extra.get("deploy-mode") or "client"
+    return master, str(deploy_mode)
+
+
+def _rebuild_hook(task: SparkSubmitOperator) -> None:
+    """Let the next ``SparkSubmitOperator.execute`` build its hook from the task's current
+    settings (the operator builds it once and caches it; a task that submits more than once,
+    the backfill, changes its arguments between submissions)."""
+    task._hook = None
+
+
 def add_task_time_jars(task: SparkSubmitOperator, pipeline_name: str) -> None:
     """Add to ``task.jars`` what the prepare needs and is already installed on this worker,
     never running a build tool (no Maven, no javac at task time):
@@ -148,11 +176,12 @@ def configure_submit(
     instance, recorded in the ledger), the jars (:func:`add_task_time_jars`), the user's modules in
     ``py_files`` (the pipeline module and the ``ship`` references, e.g. the transform: see
     :mod:`~airflow_provider_eo.spark.shipping`), and in client mode the driver's
-    environment (:func:`local_driver_env`, ``overrides``). Leaves ``task._hook`` built
-    for the final settings. Returns ``True`` in cluster deploy mode.
+    environment (:func:`local_driver_env`, ``overrides``). Returns ``True`` in cluster
+    deploy mode. Uses only the Spark provider's public surface (the connection, the
+    operator's arguments and ``execute``), no SparkSubmitHook internals.
 
     Shared by the submit, backfill and stream operators; may be called more than once on
-    the same task (each call rebuilds the hook; the merges are idempotent).
+    the same task (the next ``execute`` builds its hook afresh; the merges are idempotent).
 
     :param overrides: JSON of connection-provided settings (see
         :func:`~airflow_provider_eo.operators.base.pipeline_overrides`); refused in
@@ -165,21 +194,20 @@ def configure_submit(
     if shipped:
         task.py_files = _merge_csv(task.py_files, ",".join(shipped))
         task.log.info("shipping to the executors (py_files): %s", ", ".join(shipped))
-    probe = task._get_hook()  # resolves the connection: master and deploy mode
-    if probe._connection["deploy_mode"] == "cluster":
+    _master, deploy_mode = spark_target(task)
+    _rebuild_hook(task)
+    if deploy_mode == "cluster":
         if overrides:
             raise AirflowFailException(
                 f"pipeline {pipeline_name!r}: kafka_conn_id/ledger_conn_id cannot reach a "
                 "cluster-mode driver (it would carry secrets in Spark conf); let the pipeline "
                 "module read its settings on the cluster, or use client deploy mode"
             )
-        task._hook = probe
         return True
     env = {**local_driver_env(pipeline_ref), **(task.env_vars or {})}
     if overrides:
         env[names.PIPELINE_OVERRIDES_ENV] = overrides
     task.env_vars = env
-    task._hook = task._get_hook()
     return False
 
 
@@ -193,14 +221,14 @@ def submit_prepare(
     overrides: str | None,
     extra_args: Sequence[str] = (),
     ship: Sequence[str | None] = (),
-) -> dict[str, Any] | None:
+) -> None:
     """spark-submit the provider's prepare application for one checkpoint, with the
     Spark settings of ``task`` (any :class:`SparkSubmitOperator`: connection, ``conf``,
     ``jars``, ``env_vars`` ...). Shared by the submit and the backfill operators.
 
-    Client mode runs the driver and returns ``None`` when spark-submit has finished (the
-    caller then reads the ledger). Cluster mode only submits and returns ``{"state":
-    "PLANNED", "submitted": True, "external_id"}``: the caller waits on the ledger.
+    Returns when spark-submit (client mode) or the provider's driver tracking (cluster
+    mode) has finished; the caller then reads the ledger. A failed driver fails
+    the task with spark-submit's (or the tracked driver's) reason.
     ``extra_args`` are appended to the application's arguments (the backfill's
     ``--backfill-sink-topic``/``--backfill-transform``). May be called more than once on
     the same task.
@@ -210,7 +238,7 @@ def submit_prepare(
     :param checkpoint_id: the checkpoint to prepare.
     :param overrides: see :func:`configure_submit`.
     """
-    cluster = configure_submit(
+    if configure_submit(
         task,
         context,
         application=prepare_application(),
@@ -219,22 +247,12 @@ def submit_prepare(
         pipeline_name=pipeline_name,
         overrides=overrides,
         ship=ship,
-    )
-    if cluster:
-        probe = task._hook
-        assert probe is not None
-        conf = dict(task.conf or {})
-        if probe._is_yarn:
-            conf.setdefault("spark.yarn.submit.waitAppCompletion", "false")
-        if probe._is_kubernetes:
-            conf.setdefault("spark.kubernetes.submission.waitAppCompletion", "false")
-        task.conf = conf
-        task._hook = task._get_hook()
-        external_id = task._hook.submit(task.application) or getattr(task._hook, "_yarn_application_id", None)
-        task.log.info("prepare job submitted in cluster mode: %s", external_id)
-        return {"state": CheckpointState.PLANNED.value, "submitted": True, "external_id": external_id}
+    ):
+        # The provider's own driver tracking (standalone cluster status polling, YARN and
+        # Kubernetes tracking as configured on the operator) waits for the driver and fails
+        # the task with its final state when it dies; the ledger then says PREPARED or not.
+        task.log.info("prepare job: cluster deploy mode, the Spark provider tracks the driver")
     SparkSubmitOperator.execute(task, context)
-    return None
 
 
 class EoSubmitOperator(PipelineTaskMixin, SparkSubmitOperator):
@@ -249,9 +267,11 @@ class EoSubmitOperator(PipelineTaskMixin, SparkSubmitOperator):
     submitted (a retry after the job finished, a cleared task). A retry after a failed
     job prepares the same checkpoint again in a new attempt folder.
 
-    In client mode the task runs the driver and returns when the checkpoint is PREPARED.
-    In cluster mode it returns once the application is submitted (no waiting for
-    completion); the checkpoint sensor downstream waits for the ledger instead.
+    In client mode the task runs the driver; in cluster mode the Spark provider tracks the
+    driver until it ends (standalone status polling, YARN and Kubernetes as configured on
+    the operator). Either way a dead driver fails the task with its reason (spark-submit's
+    exit and log lines, or the tracked driver's final state), and the task succeeds once
+    the ledger shows the checkpoint PREPARED. Only the provider's public surface is used.
 
     :param pipeline: import path ``"module:ATTR"`` of the pipeline. (templated)
     :param checkpoint_id: the checkpoint to prepare, usually the plan's XCom, e.g.
@@ -285,6 +305,7 @@ class EoSubmitOperator(PipelineTaskMixin, SparkSubmitOperator):
     ) -> None:
         kwargs.setdefault("application", "")
         super().__init__(conn_id=conn_id, name=name, **kwargs)
+        remember_spark_target(self, conn_id, kwargs.get("deploy_mode"))
         self._set_pipeline_args(
             pipeline=pipeline,
             checkpoint_id=checkpoint_id,
@@ -312,7 +333,7 @@ class EoSubmitOperator(PipelineTaskMixin, SparkSubmitOperator):
                 f"{f' ({cp.abort_reason})' if cp.abort_reason else ''}; the next DAG run replans "
                 "its range"
             )
-        submitted = submit_prepare(
+        submit_prepare(
             self,
             context,
             pipeline_ref=self.pipeline,
@@ -321,13 +342,11 @@ class EoSubmitOperator(PipelineTaskMixin, SparkSubmitOperator):
             overrides=self.pipeline_overrides(pipeline),
             ship=[pipeline.transform],
         )
-        if submitted is not None:  # cluster mode: the sensor waits on the ledger
-            return {**summary, **submitted}
         with open_ledger(pipeline) as ledger:
             cp = ledger.get(pipeline.name, checkpoint_id)
         if cp.state not in (CheckpointState.PREPARED, CheckpointState.COMMITTED):
             raise PrepareNotRecorded(
-                f"pipeline {pipeline.name!r}: spark-submit finished but checkpoint {checkpoint_id} "
+                f"pipeline {pipeline.name!r}: the prepare job finished but checkpoint {checkpoint_id} "
                 f"is {cp.state.value}; see the driver log above, then retry this task"
             )
         return {
