@@ -237,6 +237,9 @@ class EoStreamOperator(PipelineTaskMixin, SparkSubmitOperator):
             self.commit,
             self._unfinished(pipeline) or "none",
         )
+        # Build the hook now (as SparkSubmitOperator.execute would) so its output can be
+        # tapped: the application's JSON lines and the driver's last lines on a failure.
+        self._hook = self._get_hook()
         json_lines = self._capture_json_lines()
         try:
             SparkSubmitOperator.execute(self, context)

@@ -75,6 +75,8 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--prepare-fault-runs", default="")
     parser.add_argument("--commit-fault-runs", default="")
+    # A DAG whose commit task is not in an eo group (the stream's commit DAG: "commit").
+    parser.add_argument("--commit-task", default=None)
     parser.add_argument("--plan-fault-runs", default="")
     parser.add_argument("--conf", default="")
     parser.add_argument("--logical-dates", default="")
@@ -99,11 +101,15 @@ def main() -> int:
     group = {t.task_id for t in dag.tasks}
     plan = dag.get_task(f"{args.group}.plan") if f"{args.group}.plan" in group else None
     prepare = dag.get_task(f"{args.group}.prepare") if f"{args.group}.prepare" in group else None
-    commit = dag.get_task(f"{args.group}.commit") if f"{args.group}.commit" in group else None
+    commit_id = args.commit_task or f"{args.group}.commit"
+    commit = dag.get_task(commit_id) if commit_id in group else None
     runs = []
     for n in range(1, args.runs + 1):
         if prepare is None or commit is None or plan is None:
-            assert not (prepare_faults or commit_faults or plan_faults), "faults need the eo group"
+            assert not (prepare_faults or plan_faults), "prepare/plan faults need the eo group"
+            assert commit is not None or not commit_faults, f"no task {commit_id} for commit faults"
+            if commit is not None:
+                commit._pre_execute_hook = _commit_fault if n in commit_faults else None
         else:
             _arm(prepare, commit, plan, n, prepare_faults, commit_faults, plan_faults)
         started = time.monotonic()

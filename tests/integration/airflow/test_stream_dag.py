@@ -74,7 +74,7 @@ def test_driver_death_fails_the_task_then_a_new_try_resumes(airflow_env: Any, ka
 def test_airflow_commit_mode_commit_dag_runs_commit_prepared_checkpoints(
     airflow_env: Any, kafka_bootstrap: str
 ) -> None:
-    _stream_env(airflow_env)
+    _stream_env(airflow_env, EO_STREAM_RETRIES="1")
     pipeline = airflow_env.pipeline()
     produce_sample(kafka_bootstrap, pipeline.source_topics[0])
 
@@ -84,8 +84,15 @@ def test_airflow_commit_mode_commit_dag_runs_commit_prepared_checkpoints(
     assert run["state"] == "success", run
     assert [c.state for c in _checkpoints(pipeline)] == [CheckpointState.PREPARED]
 
-    runs = airflow_env.run_dag_test("eo_stream", dag_attr="commit_dag", runs=2)
+    # The first commit task dies right after its Kafka transaction committed (before the
+    # ledger knew): its retry finds the markers and finishes without publishing again.
+    runs = airflow_env.run_dag_test(
+        "eo_stream", dag_attr="commit_dag", runs=2, commit_task="commit", commit_fault_runs="1"
+    )
     assert [r["xcoms"].get("lowest_prepared") for r in runs] == [1, None], runs
     assert [r["tis"]["commit"]["state"] for r in runs] == ["success", "skipped"], runs
+    assert runs[0]["tis"]["commit"]["try_number"] == 2, runs  # try 1 was killed, try 2 finished
+    assert runs[0]["xcoms"]["commit"]["published"] == 0, runs  # ... by the markers: nothing re-sent
+    assert "injected fault at commit.after_commit_txn" in airflow_env.log_text()
     assert [c.state for c in _checkpoints(pipeline)] == [CheckpointState.COMMITTED]
     _audit(pipeline)
