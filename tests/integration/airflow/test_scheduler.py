@@ -21,7 +21,7 @@ from airflow_provider_eo.demo.sample import produce_sample
 from airflow_provider_eo.kafka.audit import audit_pipeline
 from airflow_provider_eo.ledger import CheckpointNotFound, CheckpointState, Ledger
 
-from .conftest import HERE, VENV_BIN
+from .conftest import HERE, ROOT, VENV_BIN
 
 pytestmark = [pytest.mark.airflow, pytest.mark.kafka, pytest.mark.spark, pytest.mark.timeout(420)]
 
@@ -55,10 +55,26 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
 
 @pytest.fixture()
 def deployment(airflow_env: Any) -> Iterator[Any]:
-    port = _free_port()
     airflow_env.add_dag(HERE / "dags" / "eo_scheduled.py")
     # Only the test DAG is scheduled (the example DAG would run the same pipeline too).
     (airflow_env.dags / "eo_pipeline.py").unlink()
+    with _deploy(airflow_env) as deployed:
+        yield deployed
+
+
+@pytest.fixture()
+def stream_deployment(airflow_env: Any) -> Iterator[Any]:
+    """Only dags/eo_stream.py: its commit DAG is scheduled on the asset whose watcher runs in
+    the triggerer."""
+    airflow_env.add_dag(ROOT / "dags" / "eo_stream.py")
+    (airflow_env.dags / "eo_pipeline.py").unlink()
+    with _deploy(airflow_env) as deployed:
+        yield deployed
+
+
+@contextlib.contextmanager
+def _deploy(airflow_env: Any) -> Iterator[Any]:
+    port = _free_port()
     env = dict(airflow_env.env)
     env.update(
         {
@@ -146,3 +162,50 @@ def test_scheduled_runs_defer_and_commit(deployment: Any, kafka_bootstrap: str) 
     assert report.ok and report.duplicates == 0 and report.missing == 0, report.as_dict()
     # The wait of a committed checkpoint's run went through the triggerer.
     assert deferred & {c.run_id for c in committed}, (deferred, [c.run_id for c in committed])
+
+
+def _dag_runs(home: Path, dag_id: str) -> list[tuple[str, str, str]]:
+    """(run_id, run_type, state) of a DAG's runs, from the deployment's metadata database."""
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(home / "airflow.db")) as db:
+        query = "SELECT run_id, run_type, state FROM dag_run WHERE dag_id = ?"
+        rows = db.execute(query, (dag_id,)).fetchall()
+    return [(str(a), str(b), str(c)) for a, b, c in rows]
+
+
+def test_asset_watcher_commits_what_the_stream_prepared(
+    stream_deployment: Any, kafka_bootstrap: str, spark: Any
+) -> None:
+    """commit="airflow" for real: the streaming application only prepares (here: the same
+    plan + prepare calls, made by the test); the triggerer runs the AssetWatcher's
+    EoPreparedCheckpointTrigger, whose event makes the scheduler start eo_stream_commit,
+    whose task commits the checkpoint — for two checkpoints in a row, exactly once."""
+    from airflow_provider_eo.core.plan import plan_checkpoint
+    from airflow_provider_eo.spark.prepare import prepare_checkpoint
+
+    home = stream_deployment.home
+    pipeline = stream_deployment.pipeline()
+    produce_sample(kafka_bootstrap, pipeline.source_topics[0])
+    with Ledger(pipeline.ledger_url) as ledger:
+        for expected in (1, 2):
+            cp = plan_checkpoint(pipeline, ledger)
+            assert cp is not None and cp.checkpoint_id == expected
+            prepare_checkpoint(spark, pipeline, ledger, cp.checkpoint_id)
+
+            def committed(cid: int = expected) -> bool:
+                return ledger.get(pipeline.name, cid).state is CheckpointState.COMMITTED
+
+            with contextlib.suppress(AssertionError):
+                wait_for(committed, f"checkpoint {expected} committed by the commit DAG", timeout=240)
+            assert committed(), f"{_dag_runs(home, 'eo_stream_commit')}\n{_component_logs(home)}"
+    def succeeded() -> list[tuple[str, str, str]]:
+        runs = _dag_runs(home, "eo_stream_commit")
+        return [r for r in runs if r[1] == "asset_triggered" and r[2] == "success"]
+
+    with contextlib.suppress(AssertionError):  # the last run may still be finishing
+        wait_for(lambda: len(succeeded()) >= 2, "two asset-triggered commit runs to succeed", timeout=60)
+    assert len(succeeded()) >= 2, _dag_runs(home, "eo_stream_commit")
+    with Ledger(pipeline.ledger_url) as ledger:
+        report = audit_pipeline(pipeline, ledger)
+    assert report.ok and report.duplicates == 0 and report.missing == 0, report.as_dict()
