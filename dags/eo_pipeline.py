@@ -51,6 +51,11 @@ with DAG(
         spark_conn_id=os.environ.get("EO_SPARK_CONN_ID", "spark_default"),
         kafka_conn_id=os.environ.get("EO_KAFKA_CONN_ID") or None,
         ledger_conn_id=os.environ.get("EO_LEDGER_CONN_ID") or None,
+        # The Kafka connector as for any Spark job (else: the jars `eo setup jars` installed).
+        prepare_kwargs={
+            "packages": os.environ.get("EO_SPARK_PACKAGES") or None,
+            "jars": os.environ.get("EO_SPARK_JARS") or None,
+        },
         poke_interval=5,
         timeout=30 * 60,
         retries=2,

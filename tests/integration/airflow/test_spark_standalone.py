@@ -5,8 +5,9 @@ the "cluster"), the PostgreSQL ledger.
 
 The worker has a cluster node's environment: nothing on its PYTHONPATH. The prepare task
 (EoSubmitOperator, ``spark://`` connection) ships the pipeline module and the transform
-with ``py_files``; the connector jars go with ``--jars``. Exactly once, audited; the
-applications ran on the standalone master.
+with ``py_files``; the connector is given with ``--jars`` as a Spark user would, and the
+worker has no `eo setup jars` output, so the prepare uses the Arrow partitioner (logged).
+Exactly once, audited; the applications ran on the standalone master.
 """
 
 from __future__ import annotations
@@ -79,6 +80,13 @@ def pg_ledger(pg_server: str) -> Iterator[str]:
 def test_pipeline_dag_on_a_standalone_cluster_ships_the_transform(
     airflow_env: Any, kafka_bootstrap: str, standalone: StandaloneCluster, pg_ledger: str, tmp_path: Path
 ) -> None:
+    from airflow_provider_eo.spark.session import CONNECTOR_ARTIFACT
+    from airflow_provider_eo.stack.maven import spark_kafka_jars
+
+    # The connector given as a Spark user gives it (--jars), and an empty eo home on the
+    # worker: nothing from `eo setup jars`, so the partitioner falls back to the Arrow UDF.
+    connector = ",".join(str(p) for p in spark_kafka_jars())
+    assert CONNECTOR_ARTIFACT in connector
     module = f"acme_enrich_{uuid.uuid4().hex[:6]}"
     (airflow_env.dags / f"{module}.py").write_text(TRANSFORM_MODULE)
     host, port = standalone.master_url.rsplit(":", 1)
@@ -88,6 +96,8 @@ def test_pipeline_dag_on_a_standalone_cluster_ships_the_transform(
             "EO_DEMO_TRANSFORM": f"{module}:enrich",
             "EO_LEDGER_URL": pg_ledger,
             "EO_DEMO_MAX_RECORDS": "1000",
+            "EO_SPARK_JARS": connector,
+            "EO_HOME": str(tmp_path / "empty-eo-home"),
         }
     )
     pipeline = airflow_env.pipeline()
@@ -98,6 +108,8 @@ def test_pipeline_dag_on_a_standalone_cluster_ships_the_transform(
     assert run["state"] == "success", (run, standalone.log_tail(), standalone.executor_logs()[-3000:])
     log = airflow_env.log_text()
     assert f"{module}.py" in log and "shipping to the executors (py_files)" in log
+    assert "eo's JVM partitioner jar is not installed on this worker" in log  # the task says it
+    assert "sink partitions are computed by the Arrow UDF" in log  # and so does the driver
     with Ledger(pipeline.ledger_url) as ledger:
         report = audit_pipeline(pipeline, ledger)
         checkpoints = ledger.list_checkpoints(pipeline.name)
