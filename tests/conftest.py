@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -111,16 +112,30 @@ def pg_server() -> Iterator[str]:
             subprocess.run(["bash", str(PG_SCRIPT), "stop"], capture_output=True, timeout=120)
 
 
-@pytest.fixture(scope="session")
-def pg_database(pg_server: str) -> Iterator[str]:
-    """A fresh database for this test run, dropped at the end."""
-    name = f"eo_test_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(make_url(pg_server).set(database="postgres"), isolation_level="AUTOCOMMIT")
+@contextlib.contextmanager
+def fresh_database(server_url: str, prefix: str) -> Iterator[str]:
+    """A new database ``<prefix>_<random>`` on the server, dropped afterwards; its URL."""
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(make_url(server_url).set(database="postgres"), isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
     try:
-        yield make_url(pg_server).set(database=name).render_as_string(hide_password=False)
+        yield make_url(server_url).set(database=name).render_as_string(hide_password=False)
     finally:
         with admin.connect() as conn:
             conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def pg_database(pg_server: str) -> Iterator[str]:
+    """A fresh database for this test run, dropped at the end."""
+    with fresh_database(pg_server, "eo_test") as url:
+        yield url
+
+
+@pytest.fixture()
+def pg_fresh_url(pg_server: str) -> Iterator[str]:
+    """A database of this test's own (an empty ledger), dropped after it."""
+    with fresh_database(pg_server, "eo_own") as url:
+        yield url

@@ -109,49 +109,40 @@ def test_plan_preflight_fails_the_run_naming_the_missing_sink(airflow_env: Any, 
 
 @pytest.mark.postgres
 def test_postgres_connection_as_ledger_and_its_password_never_shows(
-    airflow_env: Any, kafka_bootstrap: str, pg_server: str
+    airflow_env: Any, kafka_bootstrap: str, pg_fresh_url: str
 ) -> None:
     """An existing ``postgres`` (common-sql) connection is the ledger (``ledger_conn_id``);
     its password is masked in every task log, absent from XComs and from the trigger's
     stored kwargs (the sensor's trigger carries the connection id)."""
-    from sqlalchemy import create_engine
     from sqlalchemy.engine import make_url
 
     secret = f"eo-secret-{uuid.uuid4().hex[:10]}"
-    server = make_url(pg_server)
-    db = f"eo_conn_{uuid.uuid4().hex[:8]}"
-    maintenance = create_engine(server.set(database="postgres"), isolation_level="AUTOCOMMIT")
-    with maintenance.connect() as conn:
-        conn.exec_driver_sql(f'CREATE DATABASE "{db}"')
-    try:
-        # Trust auth on the test server: any password is accepted, so it can be a canary.
-        fields = {
-            "conn_type": "postgres",
-            "host": server.host,
-            "port": server.port,
-            "schema": db,
-            "login": server.username,
-            "password": secret,
-        }
-        airflow_env.env["AIRFLOW_CONN_EO_PG_LEDGER"] = json.dumps(fields)
-        airflow_env.env["EO_LEDGER_CONN_ID"] = "eo_pg_ledger"
-        pipeline = airflow_env.pipeline()
-        produce_sample(kafka_bootstrap, pipeline.source_topics[0])
+    server = make_url(pg_fresh_url)
+    db = server.database
+    # Trust auth on the test server: any password is accepted, so it can be a canary.
+    fields = {
+        "conn_type": "postgres",
+        "host": server.host,
+        "port": server.port,
+        "schema": db,
+        "login": server.username,
+        "password": secret,
+    }
+    airflow_env.env["AIRFLOW_CONN_EO_PG_LEDGER"] = json.dumps(fields)
+    airflow_env.env["EO_LEDGER_CONN_ID"] = "eo_pg_ledger"
+    pipeline = airflow_env.pipeline()
+    produce_sample(kafka_bootstrap, pipeline.source_topics[0])
 
-        (run,) = airflow_env.run_dag_test("eo_pipeline", runs=1)
+    (run,) = airflow_env.run_dag_test("eo_pipeline", runs=1)
 
-        assert run["state"] == "success", run
-        assert run["xcoms"]["eo.commit"]["state"] == "COMMITTED", run
-        url = server.set(database=db, password=secret).render_as_string(hide_password=False)
-        with Ledger(url) as ledger:
-            (cp,) = ledger.list_checkpoints(pipeline.name)
-        assert cp.state is CheckpointState.COMMITTED
-        assert cp.records == run["xcoms"]["eo.commit"]["published"] > 0
-        logs = airflow_env.log_text() + "".join(
-            p.read_text(errors="replace") for p in (airflow_env.home / "logs").rglob("*") if p.is_file()
-        )
-        assert secret not in logs and secret not in json.dumps(run)
-    finally:
-        with maintenance.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
-        maintenance.dispose()
+    assert run["state"] == "success", run
+    assert run["xcoms"]["eo.commit"]["state"] == "COMMITTED", run
+    url = server.set(database=db, password=secret).render_as_string(hide_password=False)
+    with Ledger(url) as ledger:
+        (cp,) = ledger.list_checkpoints(pipeline.name)
+    assert cp.state is CheckpointState.COMMITTED
+    assert cp.records == run["xcoms"]["eo.commit"]["published"] > 0
+    logs = airflow_env.log_text() + "".join(
+        p.read_text(errors="replace") for p in (airflow_env.home / "logs").rglob("*") if p.is_file()
+    )
+    assert secret not in logs and secret not in json.dumps(run)

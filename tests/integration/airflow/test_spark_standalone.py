@@ -20,8 +20,6 @@ from typing import Any
 
 import pytest
 from eo_spark_standalone import StandaloneCluster
-from sqlalchemy import create_engine
-from sqlalchemy.engine import make_url
 
 from airflow_provider_eo.demo.sample import produce_sample
 from airflow_provider_eo.kafka.audit import audit_pipeline, read_sink
@@ -63,22 +61,8 @@ def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneC
         cluster.down()
 
 
-@pytest.fixture()
-def pg_ledger(pg_server: str) -> Iterator[str]:
-    name = f"eo_standalone_{uuid.uuid4().hex[:10]}"
-    maintenance = create_engine(make_url(pg_server).set(database="postgres"), isolation_level="AUTOCOMMIT")
-    with maintenance.connect() as conn:
-        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    try:
-        yield make_url(pg_server).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with maintenance.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        maintenance.dispose()
-
-
 def test_pipeline_dag_on_a_standalone_cluster_ships_the_transform(
-    airflow_env: Any, kafka_bootstrap: str, standalone: StandaloneCluster, pg_ledger: str, tmp_path: Path
+    airflow_env: Any, kafka_bootstrap: str, standalone: StandaloneCluster, pg_fresh_url: str, tmp_path: Path
 ) -> None:
     from airflow_provider_eo.spark.session import CONNECTOR_ARTIFACT
     from airflow_provider_eo.stack.maven import spark_kafka_jars
@@ -94,7 +78,7 @@ def test_pipeline_dag_on_a_standalone_cluster_ships_the_transform(
         {
             "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": host, "port": int(port)}),
             "EO_DEMO_TRANSFORM": f"{module}:enrich",
-            "EO_LEDGER_URL": pg_ledger,
+            "EO_LEDGER_URL": pg_fresh_url,
             "EO_DEMO_MAX_RECORDS": "1000",
             "EO_SPARK_JARS": connector,
             "EO_HOME": str(tmp_path / "empty-eo-home"),

@@ -21,8 +21,6 @@ import pytest
 from eo_faultlib import finish, kill_child, sigcont
 from eo_harness import Harness, wait_for
 from eo_kafka_cluster import LocalCluster, txn_state_partition
-from sqlalchemy import create_engine
-from sqlalchemy.engine import make_url
 
 from airflow_provider_eo import names
 from airflow_provider_eo.kafka import admin
@@ -49,21 +47,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         yield c
     finally:
         c.down()
-
-
-@pytest.fixture()
-def pg_ledger_url(pg_server: str) -> Iterator[str]:
-    """A database of its own for this test's ledger, dropped at the end."""
-    name = f"eo_cluster_{uuid.uuid4().hex[:10]}"
-    maintenance = create_engine(make_url(pg_server).set(database="postgres"), isolation_level="AUTOCOMMIT")
-    with maintenance.connect() as conn:
-        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    try:
-        yield make_url(pg_server).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with maintenance.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        maintenance.dispose()
 
 
 def _kill_during_commit(
@@ -105,7 +88,7 @@ def _kill_during_commit(
 
 
 def test_commit_survives_killing_the_coordinator_then_a_leader(
-    cluster: LocalCluster, pg_ledger_url: str, tmp_path: Path, spark: Any
+    cluster: LocalCluster, pg_fresh_url: str, tmp_path: Path, spark: Any
 ) -> None:
     config = {"bootstrap.servers": cluster.bootstrap}
     source, sink = f"src-{uuid.uuid4().hex[:6]}", f"sink-{uuid.uuid4().hex[:6]}"
@@ -116,7 +99,7 @@ def test_commit_survives_killing_the_coordinator_then_a_leader(
         kafka=config,
         source_topics=[source],
         sink_topic=sink,
-        ledger_url=pg_ledger_url,
+        ledger_url=pg_fresh_url,
         staging_dir=str(tmp_path / "staging"),
     )
     h = Harness(pipeline, config, spark)
