@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import TimeoutError as FutureTimeout
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -139,33 +140,41 @@ def list_offsets(
     partitions: Iterable[tuple[str, int]],
     *,
     spec: str,
-    timeout_s: float = 15.0,
+    timeout_s: float = 60.0,
 ) -> dict[tuple[str, int], int]:
     """Offsets per partition. ``spec`` is ``earliest`` (log start) or ``latest`` (the last
-    stable offset: with read_committed isolation, open transactions are excluded)."""
+    stable offset: with read_committed isolation, open transactions are excluded).
+
+    A partition whose leader is moving (a fresh topic, a dead broker whose partitions a
+    cluster is re-electing) is asked again, each request bounded, until ``timeout_s``.
+    """
     offset_spec = OffsetSpec.earliest() if spec == "earliest" else OffsetSpec.latest()
     pending = {TopicPartition(t, p) for t, p in partitions}
     admin = admin_client(config)
     out: dict[tuple[str, int], int] = {}
     deadline = time.monotonic() + timeout_s
     while pending:
+        request_s = max(1.0, min(10.0, deadline - time.monotonic()))
         futures = admin.list_offsets(
             {tp: offset_spec for tp in pending},
             isolation_level=IsolationLevel.READ_COMMITTED,
-            request_timeout=timeout_s,
+            request_timeout=request_s,
         )
         retry: set[TopicPartition] = set()
         for tp, fut in futures.items():
             try:
-                out[(tp.topic, tp.partition)] = int(fut.result(timeout=timeout_s).offset)
-            except KafkaException as exc:
+                out[(tp.topic, tp.partition)] = int(fut.result(timeout=request_s + 5).offset)
+            except (KafkaException, FutureTimeout) as exc:
                 # A fresh topic or a leader move answers NOT_LEADER / LEADER_NOT_AVAILABLE
-                # for a moment: retriable until the deadline.
-                if _transient(exc.args[0]) and time.monotonic() < deadline:
+                # for a moment, or (a dead leader) not at all: retriable until the deadline.
+                transient = isinstance(exc, FutureTimeout) or _transient(exc.args[0])
+                if transient and time.monotonic() < deadline:
                     retry.add(tp)
                     continue
+                reason = str(exc) if isinstance(exc, KafkaException) else f"no answer in {timeout_s:.0f} s"
                 raise KafkaAdminError(
-                    f"listing {spec} offsets of {tp.topic}[{tp.partition}] failed: {exc}"
+                    f"listing {spec} offsets of {tp.topic}[{tp.partition}] failed: {reason}; "
+                    "check that the partition has a live leader (kafka-topics --describe) and retry"
                 ) from exc
         pending = retry
         if pending:

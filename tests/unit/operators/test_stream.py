@@ -78,7 +78,6 @@ def _fake_submit(monkeypatch: pytest.MonkeyPatch, lines: list[str], error: str |
 
     def configure(task: Any, context: Any, **kwargs: Any) -> bool:
         calls.append(kwargs)
-        task._hook = _Hook(lines, error)
         return False
 
     def execute(task: Any, context: Any) -> None:
@@ -87,6 +86,8 @@ def _fake_submit(monkeypatch: pytest.MonkeyPatch, lines: list[str], error: str |
             raise AirflowException(task._hook.error)
 
     monkeypatch.setattr(mod, "configure_submit", configure)
+    # The operator builds its hook itself (as SparkSubmitOperator.execute would) to tap its output.
+    monkeypatch.setattr(mod.EoStreamOperator, "_get_hook", lambda task: _Hook(lines, error))
     monkeypatch.setattr(mod.SparkSubmitOperator, "execute", execute)
     return calls
 
