@@ -43,6 +43,7 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_provider_eo.operators.commit",
                     "airflow_provider_eo.operators.abort",
                     "airflow_provider_eo.operators.savepoint",
+                    "airflow_provider_eo.operators.control",
                     "airflow_provider_eo.operators.restore",
                     "airflow_provider_eo.operators.backfill",
                     "airflow_provider_eo.operators.stream",
@@ -64,6 +65,10 @@ def get_provider_info() -> dict[str, Any]:
                 ],
             }
         ],
+        # From a plan/commit task to the checkpoint on the "Exactly-once" page.
+        "extra-links": ["airflow_provider_eo.ui.links.EoCheckpointLink"],
+        # The page itself is an Airflow plugin registered by the ``airflow.plugins`` entry
+        # point (plugins listed here load only with lazy provider discovery turned off).
         # EoKafkaHook reads the apache-kafka provider's "kafka" connections; registering
         # that type here too would clash when both providers are installed.
         "connection-types": [

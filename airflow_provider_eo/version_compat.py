@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow.sdk import BaseHook, BaseOperator, BaseSensorOperator, Context, TaskGroup
+from airflow.sdk import BaseHook, BaseOperator, BaseOperatorLink, BaseSensorOperator, Context, TaskGroup
 from airflow.sdk.bases.sensor import PokeReturnValue
 from airflow.sdk.exceptions import (
     AirflowException,
@@ -42,6 +42,7 @@ __all__ = [
     "BaseEventTrigger",
     "BaseHook",
     "BaseOperator",
+    "BaseOperatorLink",
     "BaseSensorOperator",
     "BaseTrigger",
     "Context",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
-from concurrent.futures import TimeoutError as FutureTimeout
 from collections.abc import Iterable, Mapping
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from confluent_kafka import (

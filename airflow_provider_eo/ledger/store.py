@@ -30,6 +30,7 @@ from sqlalchemy import Engine
 
 from airflow_provider_eo.ledger import (
     backfill,
+    dashboard,
     events,
     leases,
     lineage,
@@ -124,6 +125,13 @@ class Ledger:
     list_checkpoints = _delegate(reads.list_checkpoints)
     next_starts = _delegate(reads.next_starts)
     events = _delegate(events.list_events)
+
+    # -- the Airflow UI's page (read-only, index-bounded) ------------------------------------
+
+    pipeline_names = _delegate(dashboard.pipeline_names)
+    pipeline_overview = _delegate(dashboard.pipeline_overview)
+    checkpoint_page = _delegate(dashboard.checkpoint_page)
+    committed_ends = _delegate(dashboard.committed_ends)
 
     # -- transitions -----------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ from airflow_provider_eo.operators.base import (
     actor_for,
     open_ledger,
 )
+from airflow_provider_eo.ui.links import LINK_ATTR, EoCheckpointLink
 from airflow_provider_eo.version_compat import BaseOperator, Context
 
 
@@ -36,6 +37,7 @@ class EoCommitOperator(PipelineTaskMixin, BaseOperator):
 
     template_fields: Sequence[str] = (*PIPELINE_TEMPLATE_FIELDS, "checkpoint_id")
     ui_color = "#e8fde9"
+    operator_extra_links = (EoCheckpointLink(),)
 
     def __init__(
         self,
@@ -59,6 +61,7 @@ class EoCommitOperator(PipelineTaskMixin, BaseOperator):
         pipeline = self.resolve_pipeline()
         actor = actor_for(context)
         with open_ledger(pipeline) as ledger:
+            setattr(self, LINK_ATTR, (pipeline.name, checkpoint_id))  # the extra link's target
             result = commit_checkpoint(pipeline, ledger, checkpoint_id, actor=actor)
         cp = result.checkpoint
         self.log.info(

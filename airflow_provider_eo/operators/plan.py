@@ -19,6 +19,7 @@ from airflow_provider_eo.operators.base import (
 from airflow_provider_eo.operators.restore import restore_request_key
 from airflow_provider_eo.operators.savepoint import parse_bool
 from airflow_provider_eo.pipeline import Pipeline
+from airflow_provider_eo.ui.links import LINK_ATTR, EoCheckpointLink
 from airflow_provider_eo.version_compat import (
     AirflowException,
     AirflowSkipException,
@@ -101,6 +102,7 @@ class EoPlanOperator(PipelineTaskMixin, BaseOperator):
 
     template_fields: Sequence[str] = (*PIPELINE_TEMPLATE_FIELDS, "restore_from", "allow_non_restored")
     ui_color = "#e8f4fd"
+    operator_extra_links = (EoCheckpointLink(),)
 
     def __init__(
         self,
@@ -180,6 +182,7 @@ class EoPlanOperator(PipelineTaskMixin, BaseOperator):
             self.log.info("%s", message)
             return None
         resumed = not (cp.run_id == actor.run_id and cp.try_number == actor.try_number)
+        setattr(self, LINK_ATTR, (pipeline.name, cp.checkpoint_id))  # the extra link's target
         summary = checkpoint_summary(cp, resumed=resumed)
         if restored is not None:
             summary["restored"] = restored
