@@ -36,7 +36,8 @@ def run_checkpoints(
     for i in range(count + (1 if leave_planned else 0)):
         starts = ledger.next_starts(pipeline)
         ranges = [
-            RangeSpec(t, p, starts.get((t, p), 0), starts.get((t, p), 0) + per_partition) for t, p in partitions
+            RangeSpec(t, p, starts.get((t, p), 0), starts.get((t, p), 0) + per_partition)
+            for t, p in partitions
         ]
         cp = ledger.plan(pipeline, ranges, actor=actor)
         ids.append(cp.checkpoint_id)

@@ -30,7 +30,9 @@ def ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Ledger]:
         yield led
 
 
-def _client(readable: set[str | None], triggerable: set[str], ends: dict[Any, int] | None = None) -> TestClient:
+def _client(
+    readable: set[str | None], triggerable: set[str], ends: dict[Any, int] | None = None
+) -> TestClient:
     app = ui_app.create_app()
 
     def is_authorized(*, method: str, access_entity: Any, details: Any, user: Any) -> bool:
@@ -52,7 +54,11 @@ def test_overview_history_pages_and_savepoint_rights(ledger: Ledger) -> None:
     (p,) = listed
     assert p["name"] == "orders" and p["state"] == "failing" and p["dag_id"] == "orders_dag"
     assert p["last_committed"]["checkpoint_id"] == 5 and p["in_flight"] is None
-    assert p["last_error"] == {"checkpoint_id": 6, "at": p["last_error"]["at"], "reason": "spark died: exit code 3"}
+    assert p["last_error"] == {
+        "checkpoint_id": 6,
+        "at": p["last_error"]["at"],
+        "reason": "spark died: exit code 3",
+    }
     assert p["actions"]["can_savepoint"] is True and p["actions"]["can_control"] is False
     assert p["links"] == {"dag": "dags/orders_dag", "runs": "dags/orders_dag/runs"}
 
@@ -119,7 +125,12 @@ def test_pipelines_of_dags_the_user_may_not_read_are_hidden_and_refused(ledger: 
     run_checkpoints(ledger, "b", PARTS, count=1, per_partition=1, actor=Actor(dag_id="dag_b", run_id="r"))
     client = _client({"dag_a"}, set())
     assert [p["name"] for p in client.get("/api/pipelines").json()["pipelines"]] == ["a"]
-    for path in ("/api/pipelines/b", "/api/pipelines/b/checkpoints", "/api/pipelines/b/lag", "/api/pipelines/b/savepoints"):
+    for path in (
+        "/api/pipelines/b",
+        "/api/pipelines/b/checkpoints",
+        "/api/pipelines/b/lag",
+        "/api/pipelines/b/savepoints",
+    ):
         response = client.get(path)
         assert response.status_code == 403 and "dag_b" in response.json()["detail"], path
     assert client.get("/api/pipelines/a/savepoints").json() == {"savepoints": []}
