@@ -12,7 +12,7 @@ import datetime as dt
 import uuid
 from collections.abc import Sequence
 
-from sqlalchemy import insert, update
+from sqlalchemy import insert, select, update
 
 from airflow_provider_eo.ledger import Actor, Ledger, RangeSpec
 from airflow_provider_eo.ledger.models import Checkpoint, CheckpointRange, PartitionHead, Pipeline
@@ -71,11 +71,11 @@ def bulk_history(
     record = ledger.ensure_pipeline(pipeline, f"fp-{pipeline}")
     t0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
     with ledger.engine.begin() as conn:
-        pid = conn.execute(Pipeline.__table__.select().where(Pipeline.name == record.name)).one().id
+        pid = conn.execute(select(Pipeline.id).where(Pipeline.name == record.name)).scalar_one()
         for lo in range(1, count + 1, batch):
             ids = range(lo, min(count, lo + batch - 1) + 1)
             conn.execute(
-                insert(Checkpoint.__table__),
+                insert(Checkpoint),
                 [
                     {
                         "pipeline_id": pid,
@@ -95,7 +95,7 @@ def bulk_history(
                 ],
             )
             conn.execute(
-                insert(CheckpointRange.__table__),
+                insert(CheckpointRange),
                 [
                     {
                         "pipeline_id": pid,
@@ -110,7 +110,7 @@ def bulk_history(
                 ],
             )
         conn.execute(
-            insert(PartitionHead.__table__),
+            insert(PartitionHead),
             [
                 {
                     "pipeline_id": pid,
@@ -123,4 +123,4 @@ def bulk_history(
                 for t, p in partitions
             ],
         )
-        conn.execute(update(Pipeline.__table__).where(Pipeline.id == pid).values(last_checkpoint_id=count))
+        conn.execute(update(Pipeline).where(Pipeline.id == pid).values(last_checkpoint_id=count))

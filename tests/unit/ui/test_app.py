@@ -140,3 +140,15 @@ def test_page_is_served() -> None:
     client = TestClient(ui_app.create_app())
     html = client.get("/").text
     assert 'id="eo-take-savepoint"' in html and "api/v2/dags/" in html
+
+
+def test_lag_after_a_restore_counts_from_the_restore_offset(ledger: Ledger) -> None:
+    run_checkpoints(ledger, "orders", PARTS, count=3, per_partition=5)
+    ledger.restore("orders", {("src", 0): 2, ("src", 1): 4}, reason="restore from savepoint sp1")
+    # The new lineage committed nothing yet: its ends are the restore offsets, not 15.
+    assert ledger.committed_ends("orders") == {("src", 0): 2, ("src", 1): 4}
+    run_checkpoints(ledger, "orders", PARTS, count=1, per_partition=1)
+    assert ledger.committed_ends("orders") == {("src", 0): 3, ("src", 1): 5}
+    page = _client({None}, set()).get("/api/pipelines/orders/checkpoints").json()
+    assert [b["lineage"] for b in page["lineage_breaks"]] == [2]
+    assert "sp1" in page["lineage_breaks"][0]["reason"]
