@@ -34,4 +34,3 @@ def test_control_signals_are_not_user_errors() -> None:
         assert issubclass(cls, ControlSignal)
         assert not issubclass(cls, EoError)
         assert cls.__bases__ != (Exception,)
-

@@ -69,3 +69,15 @@ def test_backfill_dag_is_daily_with_catchup(monkeypatch: pytest.MonkeyPatch) -> 
     from airflow.sdk import CronDataIntervalTimetable
 
     assert isinstance(dag.timetable, CronDataIntervalTimetable)
+
+
+def test_control_dag_params(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.sdk.exceptions import ParamValidationError
+
+    dag = _load("eo_control", monkeypatch)
+    assert set(dag.params.keys()) == {"pipeline", "action", "reason"}
+    _validate(dag.params, {"pipeline": "m:P", "action": "resume"})
+    with pytest.raises(ParamValidationError):
+        _validate(dag.params, {"action": "restart"})
+    task = dag.get_task("control")
+    assert task.action == "{{ params.action }}" and task.pipeline == "{{ params.pipeline }}"

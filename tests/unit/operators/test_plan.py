@@ -12,6 +12,7 @@ from airflow_provider_eo.core.doctor import DoctorReport, Finding
 from airflow_provider_eo.ledger import CheckpointConflict, InvariantViolation, Ledger, RangeSpec
 from airflow_provider_eo.operators import plan as plan_module
 from airflow_provider_eo.operators.plan import EoPlanOperator, PlanRefused, PreflightFailed
+from airflow_provider_eo.ui.links import EoCheckpointLink
 from airflow_provider_eo.version_compat import AirflowSkipException
 
 
@@ -65,7 +66,10 @@ def test_xcom_summary_and_lineage(
         return ledger.plan(pipeline.name, [RangeSpec("in", 0, 0, 7), RangeSpec("in", 1, 3, 5)], actor=actor)
 
     monkeypatch.setattr(plan_module, "plan_checkpoint", fake_plan)
-    out = EoPlanOperator(task_id="plan", pipeline=pipeline_ref, preflight=False).execute(context)
+    op = EoPlanOperator(task_id="plan", pipeline=pipeline_ref, preflight=False)
+    out = op.execute(context)
+    # The Checkpoint extra link (computed by Airflow right after execute) points at it.
+    assert EoCheckpointLink().get_link(op, ti_key=None).endswith("/eo/?pipeline=orders&checkpoint=1")
     expected = {
         "pipeline": "orders",
         "checkpoint_id": 1,

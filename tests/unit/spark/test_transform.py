@@ -80,7 +80,6 @@ def test_bisection_gives_up_when_the_budget_runs_out() -> None:
     assert found is None and len(asked) == 5
 
 
-
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
