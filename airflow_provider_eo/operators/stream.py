@@ -19,7 +19,9 @@ Where the driver runs, and what holds a worker slot (honest about both modes):
   ``ledger_conn_id`` are refused there (they would travel in Spark conf).
 
 A driver that dies fails the task with :class:`StreamDriverFailed`: the exit code, the
-driver's last output lines and the checkpoints it left unfinished. A task retry submits
+driver's error (its exception and traceback, which the application appends to a report
+file the task reads in client mode: no Spark-provider internals) and the checkpoints it
+left unfinished. A task retry submits
 the application again, and it resumes those checkpoints from the ledger first
 (:func:`~airflow_provider_eo.core.stream.run_stream`, case 1): nothing is skipped or
 published twice.
@@ -29,7 +31,10 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator, Sequence
+import tempfile
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
@@ -40,7 +45,12 @@ from airflow_provider_eo.operators.base import (
     PipelineTaskMixin,
     open_ledger,
 )
-from airflow_provider_eo.operators.submit import configure_submit, provider_application, remember_spark_target
+from airflow_provider_eo.operators.submit import (
+    configure_submit,
+    provider_application,
+    remember_spark_target,
+    spark_target,
+)
 from airflow_provider_eo.version_compat import AirflowException, AirflowFailException, Context
 
 STREAM_MODULE = "airflow_provider_eo.spark.stream_app"
@@ -50,7 +60,7 @@ _EXIT_CODE = re.compile(r"Error code is: (-?\d+)")
 
 class StreamDriverFailed(AirflowException):
     """The streaming application's driver exited with an error. ``exit_code`` is
-    spark-submit's (``None`` when unknown), ``tail`` its last output lines and
+    spark-submit's (``None`` when unknown), ``tail`` the driver's error and traceback, and
     ``unfinished`` the checkpoints a retry resumes. Data is not at risk: the retry resumes
     the unfinished checkpoints from the ledger."""
 
@@ -188,27 +198,20 @@ class EoStreamOperator(PipelineTaskMixin, SparkSubmitOperator):
             )
             return []
 
-    def _tail(self) -> list[str]:
-        lines = getattr(self._hook, "_last_submit_log_lines", None) or ()
-        return [str(line).rstrip() for line in lines]
-
-    def _capture_json_lines(self) -> list[str]:
-        """Keep the application's JSON lines (per checkpoint and the exit summary) while the
-        hook logs its output: the hook's own tail holds only the last 20 lines, and Spark's
-        shutdown messages come after the summary."""
-        captured: list[str] = []
-        hook = self._hook
-        assert hook is not None
-        process = hook._process_spark_submit_log
-
-        def keep(itr: Iterator[Any]) -> Iterator[Any]:
-            for line in itr:
-                if str(line).lstrip().startswith("{"):
-                    captured.append(str(line))
-                yield line
-
-        setattr(hook, "_process_spark_submit_log", lambda itr: process(keep(itr)))  # noqa: B010
-        return captured
+    @staticmethod
+    def _read_report(path: Path | None) -> list[dict[str, Any]]:
+        """The application's JSON lines from its ``--report-file`` (client mode)."""
+        if path is None or not path.exists():
+            return []
+        out = []
+        for text in path.read_text(errors="replace").splitlines():
+            try:
+                value = json.loads(text)
+            except ValueError:  # a line cut by a SIGKILL
+                continue
+            if isinstance(value, dict):
+                out.append(value)
+        return out
 
     def execute(self, context: Context) -> dict[str, Any]:  # type: ignore[override]
         pipeline = self.resolve_pipeline()
@@ -220,6 +223,13 @@ class EoStreamOperator(PipelineTaskMixin, SparkSubmitOperator):
             checkpoints=_optional_int(self.checkpoints),
             name=f"pipeline {pipeline.name!r}",
         )
+        # Client mode: the driver runs here and appends its JSON lines (and a failure) to a
+        # report file; cluster mode: the driver is elsewhere, the ledger tells what it did.
+        report: Path | None = None
+        if spark_target(self)[1] != "cluster":
+            safe = re.sub(r"[^A-Za-z0-9._-]", "_", pipeline.name)
+            report = Path(tempfile.gettempdir()) / f"eo-stream-{safe}-{uuid.uuid4().hex[:8]}.jsonl"
+            args += ["--report-file", str(report)]
         cluster = configure_submit(
             self,
             context,
@@ -237,27 +247,36 @@ class EoStreamOperator(PipelineTaskMixin, SparkSubmitOperator):
             self.commit,
             self._unfinished(pipeline) or "none",
         )
-        # Build the hook now (as SparkSubmitOperator.execute would) so its output can be
-        # tapped: the application's JSON lines and the driver's last lines on a failure.
-        self._hook = self._get_hook()
-        json_lines = self._capture_json_lines()
         try:
             SparkSubmitOperator.execute(self, context)
+            lines = self._read_report(report)
         except AirflowException as exc:
             match = _EXIT_CODE.search(str(exc))
             exit_code = int(match.group(1)) if match else None
-            tail = self._tail()[-20:]
+            failures = [line for line in self._read_report(report) if "error" in line]
+            if failures:
+                tail = [*failures[-1].get("traceback", []), failures[-1]["error"]]
+            elif report is not None:
+                tail = [
+                    "(the driver exited without reporting an error: it was killed, e.g. by a signal "
+                    "or the OOM killer, or exited directly; its output is in the task log above)"
+                ]
+            else:
+                tail = ["(cluster mode: the driver's log is with the cluster manager)"]
             unfinished = self._unfinished(pipeline)
             raise StreamDriverFailed(
                 f"pipeline {pipeline.name!r}: the streaming application's driver died (exit code "
                 f"{exit_code if exit_code is not None else 'unknown'}); unfinished checkpoints "
                 f"{unfinished or 'none'} are resumed from the ledger by a retry of this task. "
-                "Last driver output:\n" + "\n".join(tail),
+                "The driver's error:\n" + "\n".join(tail),
                 exit_code=exit_code,
                 tail=tail,
                 unfinished=unfinished,
             ) from exc
-        summary = stream_summary(json_lines) or {}
+        finally:
+            if report is not None:
+                report.unlink(missing_ok=True)
+        summary = stream_summary([json.dumps(line) for line in lines]) or {}
         unfinished = self._unfinished(pipeline)
         self.log.info(
             "pipeline %s: streaming application ended (%s): %s checkpoint(s), %s record(s); "

@@ -6,6 +6,11 @@
 Runs :func:`airflow_provider_eo.core.stream.run_stream` on the session spark-submit gives
 (local, standalone, YARN, Kubernetes); prints one JSON line per checkpoint and the summary
 last. SIGTERM ends it cleanly (exit 0). Never imports Airflow.
+
+``--report-file PATH`` appends the same JSON lines to ``PATH`` and, when the application
+fails, a last ``{"error": ..., "traceback": [...]}`` line: how ``EoStreamOperator`` learns the
+summary and the driver's reason in client mode without reading the Spark provider's hook
+internals.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ import argparse
 import json
 import os
 import sys
+import traceback
+from typing import IO, Any
 
 from airflow_provider_eo import names
 from airflow_provider_eo.core.stream import COMMIT_MODES, StreamCheckpoint, run_stream
@@ -32,28 +39,47 @@ def main(argv: list[str] | None = None) -> int:
     bound.add_argument("--duration", type=float, default=None)
     bound.add_argument("--checkpoints", type=int, default=None)
     parser.add_argument("--actor-json", default=None, help="Airflow lineage for the ledger")
+    parser.add_argument("--report-file", default=None, help="append the JSON lines (and a failure) here too")
     args = parser.parse_args(argv)
-    from airflow_provider_eo.spark.session import get_spark
+    report: IO[str] | None = open(args.report_file, "a") if args.report_file else None  # noqa: SIM115
 
-    pipeline = apply_overrides(load_pipeline(args.pipeline), os.environ.get(names.PIPELINE_OVERRIDES_ENV))
-    actor = Actor(**json.loads(args.actor_json)) if args.actor_json else Actor.here()
-    spark = get_spark(f"eo-stream-{pipeline.name}", pipeline.spark_conf)
+    def emit(value: dict[str, Any]) -> None:
+        text = json.dumps(value)
+        print(text, flush=True)
+        if report is not None:
+            report.write(text + "\n")
+            report.flush()
 
-    def line(cp: StreamCheckpoint) -> None:
-        print(json.dumps(cp.summary()), flush=True)
+    try:
+        from airflow_provider_eo.spark.session import get_spark
 
-    result = run_stream(
-        pipeline,
-        interval_s=args.interval,
-        commit=args.commit,
-        duration_s=args.duration,
-        max_checkpoints=args.checkpoints,
-        spark=spark,
-        actor=actor,
-        on_checkpoint=line,
-    )
-    print(json.dumps(result.summary()), flush=True)
-    return 0
+        pipeline = apply_overrides(load_pipeline(args.pipeline), os.environ.get(names.PIPELINE_OVERRIDES_ENV))
+        actor = Actor(**json.loads(args.actor_json)) if args.actor_json else Actor.here()
+        spark = get_spark(f"eo-stream-{pipeline.name}", pipeline.spark_conf)
+
+        def line(cp: StreamCheckpoint) -> None:
+            emit(cp.summary())
+
+        result = run_stream(
+            pipeline,
+            interval_s=args.interval,
+            commit=args.commit,
+            duration_s=args.duration,
+            max_checkpoints=args.checkpoints,
+            spark=spark,
+            actor=actor,
+            on_checkpoint=line,
+        )
+        emit(result.summary())
+        return 0
+    except Exception as exc:
+        if report is not None:
+            lines = traceback.format_exc().splitlines()[-20:]
+            emit({"error": f"{type(exc).__name__}: {exc}", "traceback": lines})
+        raise
+    finally:
+        if report is not None:
+            report.close()
 
 
 if __name__ == "__main__":

@@ -76,8 +76,7 @@ _ENVIRONMENT = (
     ),
     (
         re.compile(r"Python in worker has different version|PYTHON_VERSION_MISMATCH"),
-        "use the same Python on the driver and the executors (PYSPARK_PYTHON / "
-        "spark.pyspark.python)",
+        "use the same Python on the driver and the executors (PYSPARK_PYTHON / spark.pyspark.python)",
     ),
     (
         re.compile(r"Cannot run program \"[^\"]*python|PYTHON_EXECUTABLE"),

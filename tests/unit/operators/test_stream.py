@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 from typing import Any
 
 import pytest
@@ -60,18 +62,9 @@ def test_stream_summary_is_the_last_summary_line() -> None:
     assert stream_summary(['{"checkpoint": 1, "records": 3}']) is None
 
 
-class _Hook:
-    def __init__(self, lines: list[str], error: str | None) -> None:
-        self._last_submit_log_lines = lines[-20:]
-        self.lines = lines
-        self.error = error
-
-    def _process_spark_submit_log(self, itr: Any) -> None:
-        for _ in itr:
-            pass
-
-
 def _fake_submit(monkeypatch: pytest.MonkeyPatch, lines: list[str], error: str | None) -> list[Any]:
+    """spark-submit faked: the "application" appends ``lines`` to its --report-file (as
+    stream_app.py does), then exits with ``error`` (the provider's AirflowException)."""
     import airflow_provider_eo.operators.stream as mod
 
     calls: list[Any] = []
@@ -81,13 +74,15 @@ def _fake_submit(monkeypatch: pytest.MonkeyPatch, lines: list[str], error: str |
         return False
 
     def execute(task: Any, context: Any) -> None:
-        task._hook._process_spark_submit_log(iter(task._hook.lines))
-        if task._hook.error:
-            raise AirflowException(task._hook.error)
+        args = calls[-1]["application_args"]
+        report = args[args.index("--report-file") + 1]
+        with open(report, "a") as out:
+            out.writelines(line + "\n" for line in lines)
+        if error:
+            raise AirflowException(error)
 
     monkeypatch.setattr(mod, "configure_submit", configure)
-    # The operator builds its hook itself (as SparkSubmitOperator.execute would) to tap its output.
-    monkeypatch.setattr(mod.EoStreamOperator, "_get_hook", lambda task: _Hook(lines, error))
+    monkeypatch.setattr(mod, "spark_target", lambda task: ("local[2]", "client"))
     monkeypatch.setattr(mod.SparkSubmitOperator, "execute", execute)
     return calls
 
@@ -105,7 +100,10 @@ def test_success_returns_the_summary(
     result = op.execute(context)
     assert result["checkpoints"] == 2 and result["records"] == 7 and result["unfinished"] == []
     assert calls[0]["application"].endswith("airflow_provider_eo/spark/stream_app.py")
-    assert calls[0]["application_args"][-2:] == ["--checkpoints", "2"]
+    args = calls[0]["application_args"]
+    assert args[args.index("--checkpoints") + 1] == "2"
+    report = args[args.index("--report-file") + 1]
+    assert not os.path.exists(report), "the report file is removed after reading"
 
 
 def test_driver_death_fails_with_its_reason(
@@ -118,9 +116,13 @@ def test_driver_death_fails_with_its_reason(
     with Ledger(pipeline.ledger_url) as ledger:
         ledger.ensure_pipeline(pipeline.name, pipeline.fingerprint())
         ledger.plan(pipeline.name, [RangeSpec("in", 0, 0, 5)])
+    failure = {
+        "error": "RuntimeError: injected fault at prepare.after_write",
+        "traceback": ["Traceback (most recent call last):", '  File "stream.py", line 1, in run'],
+    }
     _fake_submit(
         monkeypatch,
-        ["Traceback (most recent call last):", "RuntimeError: injected fault at prepare.after_write"],
+        ['{"checkpoint": 1, "records": 7}', json.dumps(failure), "{cut by a kill"],
         "Cannot execute: spark-submit ... Error code is: 3.",
     )
     op = EoStreamOperator(task_id="stream", pipeline=pipeline_ref, checkpoints=1)
@@ -128,3 +130,16 @@ def test_driver_death_fails_with_its_reason(
         op.execute(context)
     assert info.value.exit_code == 3 and info.value.unfinished == [1]
     assert "injected fault at prepare.after_write" in str(info.value)
+    assert info.value.tail[0] == "Traceback (most recent call last):"
+
+
+def test_killed_driver_says_so(
+    pipeline_ref: str, context: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fake_submit(
+        monkeypatch, ['{"checkpoint": 1, "records": 7}'], "Cannot execute: spark-submit. Error code is: -9."
+    )
+    op = EoStreamOperator(task_id="stream", pipeline=pipeline_ref, checkpoints=1)
+    with pytest.raises(StreamDriverFailed, match="exited without reporting an error") as info:
+        op.execute(context)
+    assert info.value.exit_code == -9
