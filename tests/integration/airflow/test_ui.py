@@ -99,8 +99,15 @@ def ui_server(
     env = airflow_base_env(home, dags)
     env.update(
         {
-            "EO_LEDGER_URL": ledger_url,
-            "EO_KAFKA_BOOTSTRAP": kafka_bootstrap,
+            # As a deployment configures the page: Airflow connections named in [eo].
+            "AIRFLOW__EO__LEDGER_CONN_ID": "eo_ui_ledger",
+            "AIRFLOW_CONN_EO_UI_LEDGER": json.dumps(
+                {"conn_type": "eo_ledger", "extra": {"sqlalchemy_url": ledger_url}}
+            ),
+            "AIRFLOW__EO__KAFKA_CONN_ID": "eo_ui_kafka",
+            "AIRFLOW_CONN_EO_UI_KAFKA": json.dumps(
+                {"conn_type": "kafka", "extra": {"bootstrap.servers": kafka_bootstrap}}
+            ),
             "AIRFLOW__API__HOST": "127.0.0.1",
             "AIRFLOW__API__PORT": str(port),
             "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
@@ -109,6 +116,8 @@ def ui_server(
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
         }
     )
+    for fallback in ("EO_LEDGER_URL", "EO_KAFKA_BOOTSTRAP", "EO_LEDGER_CONN_ID", "EO_KAFKA_CONN_ID"):
+        env.pop(fallback, None)
     subprocess.run(
         [str(VENV_BIN / "airflow"), "dags", "reserialize"],
         env=env,
