@@ -132,6 +132,15 @@ def main() -> int:
                 )
             ).all()
             xcoms = {row.task_id: XComModel.deserialize_value(row) for row in rows}
+            # Operator extra links: Airflow stores each one's URL in XCom "_link_<class>".
+            link_rows = session.scalars(
+                select(XComModel).where(
+                    XComModel.dag_id == dag.dag_id,
+                    XComModel.run_id == dr.run_id,
+                    XComModel.key.startswith("_link_"),
+                )
+            ).all()
+            links = {f"{row.task_id}{row.key}": XComModel.deserialize_value(row) for row in link_rows}
         runs.append(
             {
                 "run": n,
@@ -139,6 +148,7 @@ def main() -> int:
                 "state": str(dr.state),
                 "tis": tis,
                 "xcoms": xcoms,
+                "links": links,
                 "seconds": round(time.monotonic() - started, 1),
             }
         )

@@ -41,6 +41,11 @@ def test_three_runs_commit_three_checkpoints(airflow_env: Any, kafka_bootstrap: 
     # Airflow lineage in the ledger: each checkpoint names the run that planned it.
     assert [c.run_id for c in checkpoints] == [r["run_id"] for r in runs]
     assert sum(r["xcoms"]["eo.commit"]["published"] for r in runs) == committed
+    # The plan and commit tasks' "Checkpoint" extra link: the UI page, on their checkpoint.
+    for n, run in enumerate(runs, start=1):
+        for task in ("eo.plan", "eo.commit"):
+            link = run["links"][f"{task}_link_EoCheckpointLink"]
+            assert link.endswith(f"/eo/?pipeline={pipeline.name}&checkpoint={n}"), (task, link)
 
 
 def test_prepare_fails_first_try_retry_prepares_same_checkpoint(
