@@ -271,6 +271,17 @@ def test_browser_logs_in_sees_checkpoints_and_takes_a_savepoint(ui_server: UiSer
         run_id = message.get_attribute("data-run-id")
         browser.switch_to.default_content()
         browser.save_screenshot(str(ARTIFACTS / "savepoint-triggered.png"))
+        # A task's "Checkpoint" extra link opens the page at its checkpoint, highlighted.
+        browser.get(f"{ui_server.url}/eo/?pipeline={ui_server.pipeline}&checkpoint=3")
+        focused = wait.until(
+            ec.presence_of_element_located((By.CSS_SELECTOR, "#eo-history tr.selected[data-checkpoint='3']"))
+        )
+        assert focused.is_displayed()
+        shown = [
+            r.get_attribute("data-checkpoint")
+            for r in browser.find_elements(By.CSS_SELECTOR, "#eo-history tbody tr")
+        ]
+        assert shown == ["3", "2", "1"], shown
     except Exception:
         browser.save_screenshot(str(ARTIFACTS / "failure.png"))
         (ARTIFACTS / "failure.html").write_text(browser.page_source)
