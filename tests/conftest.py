@@ -54,6 +54,11 @@ def kafka_bootstrap() -> Iterator[str]:
     try:
         yield info.bootstrap
     finally:
+        # Close the shared clients while the broker still answers: left to the exit,
+        # each one waits on its dead connections (the session hung for minutes).
+        from airflow_provider_eo.kafka.admin import close_shared_clients
+
+        close_shared_clients()
         kafka.wipe()
 
 

@@ -46,6 +46,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     try:
         yield c
     finally:
+        admin.close_shared_clients()  # while the brokers still answer (see the function)
         c.down()
 
 
