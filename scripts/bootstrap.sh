@@ -12,10 +12,13 @@ missing=()
 # javac too: eo compiles its Spark partitioner class on first use (a JRE alone falls back to Python).
 command -v javac >/dev/null 2>&1 || missing+=(openjdk-17-jdk-headless)
 command -v mvn >/dev/null 2>&1 || missing+=(maven)
-# The UI's browser test (tests only, not the demo): Debian's headless Chromium and its WebDriver.
+# The UI's browser test (scripts/test.sh sets EO_BOOTSTRAP_BROWSER=1; the demo does not
+# need it): Debian's headless Chromium and its WebDriver.
 browser=()
-command -v chromium >/dev/null 2>&1 || browser+=(chromium)
-command -v chromedriver >/dev/null 2>&1 || browser+=(chromium-driver)
+if [ "${EO_BOOTSTRAP_BROWSER:-0}" = 1 ]; then
+  command -v chromium >/dev/null 2>&1 || browser+=(chromium)
+  command -v chromedriver >/dev/null 2>&1 || browser+=(chromium-driver)
+fi
 if [ ${#browser[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     missing+=("${browser[@]}")

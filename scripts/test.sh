@@ -3,7 +3,8 @@
 # local services (Kafka broker, Spark, PostgreSQL, Airflow), which the fixtures start and stop.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/bootstrap.sh
+# The tests also need a headless Chromium for the UI's browser test (the demo does not).
+EO_BOOTSTRAP_BROWSER=1 scripts/bootstrap.sh
 echo "== ruff" >&2
 .venv/bin/ruff check airflow_provider_eo tests dags bench
 echo "== mypy" >&2
