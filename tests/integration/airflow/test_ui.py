@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from typing import Any
 import httpx
 import pytest
 from confluent_kafka import Producer
+from eo_harness import wait_for
 
 from airflow_provider_eo.kafka.admin import ensure_topic
 from airflow_provider_eo.ledger import Actor, Ledger
@@ -135,16 +135,15 @@ def ui_server(
     )
     server = UiServer(url=f"http://127.0.0.1:{port}", home=home, pipeline=pipeline, ledger_url=ledger_url)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"{server.url}/api/v2/monitor/health", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
+
+        def healthy() -> bool:
             assert proc.poll() is None, f"api-server exited:\n{server.log()}"
-            assert time.monotonic() < deadline, f"api-server not up in 120 s:\n{server.log()}"
-            time.sleep(1)
+            try:
+                return httpx.get(f"{server.url}/api/v2/monitor/health", timeout=5).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(healthy, "the api-server to answer /api/v2/monitor/health")
         yield server
     finally:
         _stop([proc])
@@ -200,13 +199,14 @@ def test_shapes_pagination_and_lag(ui_server: UiServer) -> None:
             break
         params = {"limit": 3, "before": page["next_before"]}
     assert ids == list(range(CHECKPOINTS, 0, -1))
-    deadline = time.monotonic() + 60
-    while True:
-        lag = ui_server.get(f"/eo/api/pipelines/{ui_server.pipeline}/lag", "admin").json()
-        if lag["state"] == "ok" or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
-    assert lag["state"] == "ok", lag
+
+    def lag_read() -> bool:
+        return bool(
+            ui_server.get(f"/eo/api/pipelines/{ui_server.pipeline}/lag", "admin").json()["state"] == "ok"
+        )
+
+    wait_for(lag_read, "the page's lag to be read from Kafka", timeout=60)
+    lag = ui_server.get(f"/eo/api/pipelines/{ui_server.pipeline}/lag", "admin").json()
     expected = PRODUCED - CHECKPOINTS * PER_PARTITION
     assert [r["lag"] for r in lag["partitions"]] == [expected, expected] and lag["total"] == 2 * expected
 

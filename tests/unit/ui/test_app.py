@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from eo_harness import wait_for
 from fastapi.testclient import TestClient
 
 from airflow_provider_eo.ledger import Actor, Ledger
@@ -90,11 +91,10 @@ def test_lag_never_waits_and_is_log_end_minus_committed_end(ledger: Ledger) -> N
     client = _client({None}, set(), ends={("src", 0): 20, ("src", 1): 8})
     first = client.get("/api/pipelines/orders/lag").json()
     assert first["state"] in ("pending", "ok")
-    deadline = time.monotonic() + 10
-    lag = first
-    while lag["state"] != "ok" and time.monotonic() < deadline:
-        time.sleep(0.05)
-        lag = client.get("/api/pipelines/orders/lag").json()
+    wait_for(
+        lambda: client.get("/api/pipelines/orders/lag").json()["state"] == "ok", "the lag read", timeout=10
+    )
+    lag = client.get("/api/pipelines/orders/lag").json()
     # Committed ends are 8 (the PLANNED checkpoint 3 does not count): lag 12 + 0.
     assert lag["state"] == "ok" and lag["total"] == 12
     assert [(r["partition"], r["committed_end"], r["log_end"], r["lag"]) for r in lag["partitions"]] == [
