@@ -199,19 +199,23 @@ class EoStreamOperator(PipelineTaskMixin, SparkSubmitOperator):
             return []
 
     @staticmethod
-    def _read_report(path: Path | None) -> list[dict[str, Any]]:
+    def _report_lines(path: Path | None) -> list[str]:
         """The application's JSON lines from its ``--report-file`` (client mode)."""
         if path is None or not path.exists():
             return []
-        out = []
-        for text in path.read_text(errors="replace").splitlines():
+        return path.read_text(errors="replace").splitlines()
+
+    @staticmethod
+    def _report_error(lines: Sequence[str]) -> dict[str, Any] | None:
+        """The application's failure line (``{"error": ..., "traceback": [...]}``), if any."""
+        for line in reversed(lines):
             try:
-                value = json.loads(text)
+                value = json.loads(line)
             except ValueError:  # a line cut by a SIGKILL
                 continue
-            if isinstance(value, dict):
-                out.append(value)
-        return out
+            if isinstance(value, dict) and "error" in value:
+                return value
+        return None
 
     def execute(self, context: Context) -> dict[str, Any]:  # type: ignore[override]
         pipeline = self.resolve_pipeline()
@@ -249,13 +253,13 @@ class EoStreamOperator(PipelineTaskMixin, SparkSubmitOperator):
         )
         try:
             SparkSubmitOperator.execute(self, context)
-            lines = self._read_report(report)
+            lines = self._report_lines(report)
         except AirflowException as exc:
             match = _EXIT_CODE.search(str(exc))
             exit_code = int(match.group(1)) if match else None
-            failures = [line for line in self._read_report(report) if "error" in line]
-            if failures:
-                tail = [*failures[-1].get("traceback", []), failures[-1]["error"]]
+            failure = self._report_error(self._report_lines(report))
+            if failure is not None:
+                tail = [*failure.get("traceback", []), str(failure["error"])]
             elif report is not None:
                 tail = [
                     "(the driver exited without reporting an error: it was killed, e.g. by a signal "
@@ -276,7 +280,7 @@ class EoStreamOperator(PipelineTaskMixin, SparkSubmitOperator):
         finally:
             if report is not None:
                 report.unlink(missing_ok=True)
-        summary = stream_summary([json.dumps(line) for line in lines]) or {}
+        summary = stream_summary(lines) or {}
         unfinished = self._unfinished(pipeline)
         self.log.info(
             "pipeline %s: streaming application ended (%s): %s checkpoint(s), %s record(s); "

@@ -138,6 +138,11 @@ class _State:
         self._url: str | None = None
         self.lag = LagCache(read_log_ends)
 
+    @property
+    def ledger_url(self) -> str:
+        """The URL of the ledger last opened ("" before the first request)."""
+        return self._url or ""
+
     def ledger(self) -> Ledger:
         url = ledger_url_from_settings()
         with self._lock:
@@ -246,7 +251,7 @@ def create_app() -> FastAPI:
                 committed = ledger.committed_ends(name)
                 overview["lag"] = state.lag.lag(name, committed)
                 out.append(decorate(access, overview, ref=False))
-        return {"ledger": redact_url(state._url or ""), "pipelines": out}
+        return {"ledger": redact_url(state.ledger_url), "pipelines": out}
 
     @app.get("/api/pipelines/{name}")
     def pipeline(name: str, access: AccessDep) -> dict[str, Any]:
