@@ -16,10 +16,14 @@ has its own topics.
    throughput (those records / the time from their first produce to their last arrival).
 2. Latency, Spark: ``readStream`` kafka -> the same transform (``upper``) ->
    ``writeStream`` kafka, ``trigger(processingTime=--interval)``, measured the same way.
-3. Max throughput: ``--backlog`` records are written first; then eo (``run_stream``, same
-   interval) and Spark (same query shape, same trigger) each process their backlog from
-   the start: records / seconds until the last record is readable (eo: the last commit
-   returned; Spark: the sink's high watermarks reach the backlog, nothing is transactional).
+3. Max throughput, ``--rounds`` rounds (default 3): per round, ``--backlog`` records are
+   written for each side first; then eo (``run_stream``, same interval) and Spark (same
+   query shape, same trigger) each process their backlog from the start: records / seconds
+   until the last record is readable (eo: the last commit returned; Spark: the sink's high
+   watermarks reach the backlog, nothing is transactional). The side that goes first
+   alternates per round; the medians over the rounds are reported. Before anything is
+   measured, ``--warm-records`` (default: the backlog) go through each side once, so the
+   JVM's JIT is warm for both (a 10k warm-up left the first large job 2-3x slower).
    Spark's query has no ``maxOffsetsPerTrigger``, so by default eo's
    ``max_records_per_checkpoint`` is the backlog too (one batch each); ``--max-records``
    caps eo's checkpoints (a capped plan plans the next at once: core/stream.py catch-up).
@@ -30,6 +34,7 @@ Progress goes to stderr; the last line on stdout is machine-readable.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import signal
 import statistics
@@ -48,6 +53,15 @@ from airflow_provider_eo.pipeline import Pipeline  # noqa: E402
 
 TRANSFORM = "airflow_provider_eo.examples.transforms:upper"
 PAD = "x" * 60
+
+
+def machine_cpu_s() -> float:
+    """CPU seconds the whole machine spent busy so far (``/proc/stat``: every process — the
+    Spark JVM, this driver, the broker — not idle or waiting on I/O)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    busy = sum(fields) - fields[3] - fields[4]  # minus idle and iowait
+    return busy / os.sysconf("SC_CLK_TCK")
 
 
 def log(msg: str) -> None:
@@ -262,16 +276,30 @@ def spark_query(
     )
 
 
-def warm_up(spark: Any, ledger: Any, base: Pipeline, bootstrap: str, work: Path, partitions: int) -> None:
-    """One small checkpoint through eo and one Spark streaming batch (JIT, the Kafka connector,
-    the broker's transaction and offsets topics) before anything is measured."""
+def warm_up(
+    spark: Any, ledger: Any, base: Pipeline, bootstrap: str, work: Path, partitions: int, records: int
+) -> None:
+    """``records`` through eo (one checkpoint) and through one Spark streaming batch (JIT, the
+    Kafka connector, the broker's transaction and offsets topics) before anything is measured.
+
+    The same size as the measured backlog by default: after a 10k-record warm-up, the first
+    500k-record job of a JVM ran 2-3x slower than the next ones (13.4 s, then 3.8-4.0 s for
+    the same staged write; HotSpot still compiling on two cores), and whichever side went
+    first paid for it — eo, in the order of the phases.
+    """
     from airflow_provider_eo.core.runner import run_once
 
-    log("warming up: 10k records through eo (one checkpoint) and through a Spark streaming query")
-    produce_backlog(bootstrap, "warm-eo", 10_000, partitions)
-    produce_backlog(bootstrap, "warm-spark", 10_000, partitions)
+    log(f"warming up: {records:,} records through eo (one checkpoint) and through a Spark streaming query")
+    produce_backlog(bootstrap, "warm-eo", records, partitions)
+    produce_backlog(bootstrap, "warm-spark", records, partitions)
     run_once(
-        replace(base, name="warm", source_topics=["warm-eo"], sink_topic="warm-eo-sink"),
+        replace(
+            base,
+            name="warm",
+            source_topics=["warm-eo"],
+            sink_topic="warm-eo-sink",
+            max_records_per_checkpoint=max(records, base.max_records_per_checkpoint),
+        ),
         ledger=ledger,
         spark=spark,
     )
@@ -279,7 +307,8 @@ def warm_up(spark: Any, ledger: Any, base: Pipeline, bootstrap: str, work: Path,
     try:
         deadline = time.monotonic() + 120
         while (
-            high_watermarks(bootstrap, "warm-spark-sink", partitions) < 10_000 and time.monotonic() < deadline
+            high_watermarks(bootstrap, "warm-spark-sink", partitions) < records
+            and time.monotonic() < deadline
         ):
             time.sleep(0.1)
     finally:
@@ -383,6 +412,83 @@ def latency_phases(
     return eo_lat, spark_lat
 
 
+def throughput_round(
+    spark: Any,
+    ledger: Any,
+    base: Pipeline,
+    bootstrap: str,
+    work: Path,
+    args: argparse.Namespace,
+    running: list[Any],
+    i: int,
+    sides: tuple[str, str],
+) -> dict[str, float]:
+    """Phase 3, round ``i``: a fresh backlog of ``args.backlog`` records for each side (own
+    topics), then each side in the order ``sides`` carries it; records/s per side."""
+    from e2e import settle  # bench/ is the script's folder
+
+    from airflow_provider_eo.kafka import admin
+
+    log(f"max throughput, round {i}: producing a backlog of {args.backlog:,} records twice")
+    conf = {"bootstrap.servers": bootstrap}
+    for side in ("eo", "spark"):
+        for t in (f"bl{i}-{side}", f"bl{i}-{side}-sink"):
+            admin.ensure_topic(conf, t, partitions=args.partitions)
+        produce_backlog(bootstrap, f"bl{i}-{side}", args.backlog, args.partitions)
+    rates: dict[str, float] = {}
+    for side in sides:
+        settle()
+        if side == "eo":
+            log(f"(a) round {i}: eo stream over the backlog")
+            bl = replace(
+                base,
+                name=f"bench-stream-backlog-{i}",
+                source_topics=[f"bl{i}-eo"],
+                sink_topic=f"bl{i}-eo-sink",
+            )
+            eo = EoStream(bl, ledger, spark, args.interval)
+            running.append(eo)
+            t0, cpu0 = time.monotonic(), machine_cpu_s()
+            eo.start()
+            while eo.records < args.backlog and eo.thread.is_alive():
+                time.sleep(0.05)
+            eo_s, cpu = time.monotonic() - t0, machine_cpu_s() - cpu0
+            eo.end()
+            running.remove(eo)
+            log(
+                f"  eo: {eo.records:,} records in {eo_s:.2f}s, machine CPU {cpu:.2f}s "
+                f"({cpu / eo.records * 1e6:.1f} us/record); {eo.phases()}"
+            )
+            rates["eo"] = eo.records / eo_s
+        else:
+            log(f"(b) round {i}: Spark over the backlog")
+            t0, cpu0 = time.monotonic(), machine_cpu_s()
+            q = spark_query(
+                spark,
+                bootstrap,
+                f"bl{i}-spark",
+                f"bl{i}-spark-sink",
+                work / f"spark-bl{i}-ckpt",
+                args.interval,
+            )
+            running.append(q)
+            last_log = t0
+            while (hw := high_watermarks(bootstrap, f"bl{i}-spark-sink", args.partitions)) < args.backlog:
+                if time.monotonic() - last_log > 5:
+                    last_log = time.monotonic()
+                    log(f"  spark: {hw:,} records written")
+                time.sleep(0.05)
+            spark_s, cpu = time.monotonic() - t0, machine_cpu_s() - cpu0
+            q.stop()
+            running.remove(q)
+            log(
+                f"  spark: {args.backlog:,} records in {spark_s:.2f}s, machine CPU {cpu:.2f}s "
+                f"({cpu / args.backlog * 1e6:.1f} us/record)"
+            )
+            rates["spark"] = args.backlog / spark_s
+    return rates
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--interval", type=float, default=5.0, help="trigger interval, seconds (both)")
@@ -398,6 +504,19 @@ def main() -> int:
         default=None,
         help="eo: max_records_per_checkpoint (default: the backlog, so that eo, like Spark's "
         "uncapped query, takes the backlog in one batch)",
+    )
+    ap.add_argument(
+        "--warm-records",
+        type=int,
+        default=None,
+        help="records through each side before anything is measured (default: --backlog)",
+    )
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="max-throughput rounds (each side once per round, the first side alternating); "
+        "the medians are reported",
     )
     ap.add_argument("--skip-latency", action="store_true", help="only the max-throughput phase")
     args = ap.parse_args()
@@ -422,8 +541,6 @@ def main() -> int:
             for t in (
                 f"src-{side}",
                 f"sink-{side}",
-                f"bl-{side}",
-                f"bl-{side}-sink",
                 f"warm-{side}",
                 f"warm-{side}-sink",
             ):
@@ -443,46 +560,28 @@ def main() -> int:
             max_pending=args.max_pending,
         )
 
-        warm_up(spark, ledger, base, bootstrap, work, args.partitions)
+        warm_up(spark, ledger, base, bootstrap, work, args.partitions, args.warm_records or args.backlog)
         eo_lat = spark_lat = None
         if not args.skip_latency:
             eo_lat, spark_lat = latency_phases(spark, ledger, base, bootstrap, work, args, running)
-        log(f"max throughput: producing a backlog of {args.backlog:,} records twice")
-        produce_backlog(bootstrap, "bl-eo", args.backlog, args.partitions)
-        produce_backlog(bootstrap, "bl-spark", args.backlog, args.partitions)
-
-        from e2e import settle  # bench/ is the script's folder
-
-        settle()
-        log("(a) eo stream over the backlog")
-        bl = replace(base, name="bench-stream-backlog", source_topics=["bl-eo"], sink_topic="bl-eo-sink")
-        eo = EoStream(bl, ledger, spark, args.interval)
-        running.append(eo)
-        t0 = time.monotonic()
-        eo.start()
-        while eo.records < args.backlog and eo.thread.is_alive():
-            time.sleep(0.05)
-        eo_s = time.monotonic() - t0
-        eo.end()
-        running.remove(eo)
-        log(f"  eo: {eo.records:,} records in {eo_s:.2f}s; {eo.phases()}")
-
-        settle()
-        log("(b) Spark over the backlog")
-        t0 = time.monotonic()
-        q = spark_query(spark, bootstrap, "bl-spark", "bl-spark-sink", work / "spark-bl-ckpt", args.interval)
-        running.append(q)
-        last_log = t0
-        while (hw := high_watermarks(bootstrap, "bl-spark-sink", args.partitions)) < args.backlog:
-            if time.monotonic() - last_log > 5:
-                last_log = time.monotonic()
-                log(f"  spark: {hw:,} records written")
-            time.sleep(0.05)
-        spark_s = time.monotonic() - t0
-        q.stop()
-        running.remove(q)
-        log(f"  spark: {args.backlog:,} records in {spark_s:.2f}s")
-        eo_rps, spark_rps = eo.records / eo_s, args.backlog / spark_s
+        eo_rounds: list[float] = []
+        spark_rounds: list[float] = []
+        for i in range(1, args.rounds + 1):
+            # Alternate which side goes first, so neither is billed for the other's leftovers.
+            sides = ("eo", "spark") if i % 2 else ("spark", "eo")
+            rates = throughput_round(spark, ledger, base, bootstrap, work, args, running, i, sides)
+            eo_rounds.append(rates["eo"])
+            spark_rounds.append(rates["spark"])
+            log(
+                f"  round {i}/{args.rounds}: eo {rates['eo']:,.0f} records/s, spark "
+                f"{rates['spark']:,.0f} records/s ({rates['eo'] / rates['spark']:.2f}x)"
+            )
+        eo_rps, spark_rps = statistics.median(eo_rounds), statistics.median(spark_rounds)
+        log(
+            f"max throughput over {args.rounds} round(s), median: eo {eo_rps:,.0f}, spark "
+            f"{spark_rps:,.0f} records/s (eo rounds {[round(r) for r in eo_rounds]}, spark rounds "
+            f"{[round(r) for r in spark_rounds]})"
+        )
     finally:
         for r in running:
             try:
