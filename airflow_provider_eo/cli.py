@@ -400,6 +400,14 @@ def stream_cmd(
     checkpoints: Annotated[
         int | None, typer.Option("--checkpoints", help="Stop cleanly after this many checkpoints.")
     ] = None,
+    heartbeat: Annotated[
+        float,
+        typer.Option(
+            "--heartbeat",
+            help="Seconds between the run's heartbeats in the ledger (a run silent for 4 "
+            "heartbeats counts as lost).",
+        ),
+    ] = 5.0,
     as_json: JsonFlag = False,
 ) -> None:
     """Streaming mode: one Spark session plans, prepares and commits a checkpoint every
@@ -417,6 +425,8 @@ def stream_cmd(
         _fail("give --duration or --checkpoints, not both")
     if interval <= 0:
         _fail(f"--interval must be > 0 seconds, got {interval}")
+    if heartbeat <= 0:
+        _fail(f"--heartbeat must be > 0 seconds, got {heartbeat}")
 
     def line(cp: StreamCheckpoint) -> None:
         if as_json:
@@ -435,6 +445,7 @@ def stream_cmd(
             duration_s=duration,
             max_checkpoints=checkpoints,
             on_checkpoint=line,
+            heartbeat_s=heartbeat,
         )
     except _user_errors() as exc:
         _fail(str(exc))
@@ -444,6 +455,30 @@ def stream_cmd(
         print(json.dumps(summary), flush=True)
     else:
         print("stream: " + " ".join(f"{k}={v}" for k, v in summary.items()), flush=True)
+
+
+@app.command("stream-stop")
+def stream_stop_cmd(
+    ref: PipelineRef,
+    run_id: Annotated[
+        str | None, typer.Option("--run-id", help="Only this run (default: every running one).")
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Ask the pipeline's running streaming application to stop cleanly (as SIGTERM does:
+    in-flight checkpoints finish), from any host that reaches the ledger. It stops at its
+    next heartbeat; `eo stream` / the Airflow task then ends with reason `stop requested`."""
+    from airflow_provider_eo.ledger import Actor
+
+    def ask(pipeline: Any, ledger: Any) -> list[str]:
+        return list(
+            ledger.request_stream_stop(pipeline.name, requested_by=Actor.here().label(), run_id=run_id)
+        )
+
+    asked = _with_ledger(ref, ask)
+    if not asked:
+        _fail(f"no running streaming application{f' with run id {run_id}' if run_id else ''} in the ledger")
+    _emit({"stop_requested": asked}, as_json)
 
 
 @app.command("doctor")

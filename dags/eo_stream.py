@@ -1,12 +1,17 @@
 """Example: the demo pipeline in streaming mode (one long-running Spark application).
 
-Three DAGs:
+Four DAGs:
 
 - ``eo_stream``: one task, :class:`EoStreamOperator` with ``commit="inline"``: the
   application plans, prepares and commits a checkpoint every ``interval`` seconds until
   it is stopped (mark the task failed/success, ``eo stop``, a stop-with-savepoint) or a
   bound in the run conf is reached (``checkpoints`` or ``duration``). A task retry
   restarts it, and it resumes the unfinished checkpoints from the ledger first.
+- ``eo_stream_detached``: the same with ``deferrable=True``: the task starts the driver
+  detached on the worker and waits in the triggerer, holding no worker slot while the
+  stream runs; it ends with the stream (bounds, ``eo stream-stop``, ``eo stop``, marking
+  the task failed/success asks the stream to stop). A retry re-attaches to a driver that
+  still runs, else starts a new one, which resumes from the ledger.
 - ``eo_stream_prepare``: the same application with ``commit="airflow"``: it only
   prepares; checkpoints stay PREPARED for the commit DAG.
 - ``eo_stream_commit``: scheduled on an asset whose ``AssetWatcher`` runs
@@ -15,9 +20,9 @@ Three DAGs:
   :class:`EoCommitOperator` (skips when there is none: a repeated event). Checkpoints
   commit strictly in order; ``max_active_runs=1``.
 
-The worker slot: in client deploy mode (``spark_default`` = ``local[2]``) the
-``stream`` task runs the driver and holds its slot for the whole run (see
-``airflow_provider_eo.operators.stream``).
+The worker slot: in client deploy mode (``spark_default`` = ``local[2]``) the ``stream``
+task of ``eo_stream`` runs the driver and holds its slot for the whole run; the one of
+``eo_stream_detached`` does not (see ``airflow_provider_eo.operators.stream``).
 """
 
 from __future__ import annotations
@@ -45,7 +50,10 @@ BOUNDS = {
 }
 
 
-def _stream(commit: str) -> EoStreamOperator:
+HEARTBEAT_S = float(os.environ.get("EO_STREAM_HEARTBEAT_S", "5"))
+
+
+def _stream(commit: str, *, deferrable: bool = False) -> EoStreamOperator:
     return EoStreamOperator(
         task_id="stream",
         pipeline=PIPELINE,
@@ -56,6 +64,9 @@ def _stream(commit: str) -> EoStreamOperator:
         spark_conn_id=SPARK_CONN_ID,
         kafka_conn_id=os.environ.get("EO_KAFKA_CONN_ID") or None,
         ledger_conn_id=os.environ.get("EO_LEDGER_CONN_ID") or None,
+        deferrable=deferrable,
+        heartbeat=HEARTBEAT_S,
+        poll_interval=min(5.0, HEARTBEAT_S),
     )
 
 
@@ -71,6 +82,20 @@ with DAG(
     default_args=DEFAULTS,
 ) as dag:
     _stream("inline")
+
+
+with DAG(
+    dag_id="eo_stream_detached",
+    schedule=None,
+    start_date=datetime(2025, 1, 1),
+    catchup=False,
+    max_active_runs=1,
+    tags=["eo", "example", "stream"],
+    doc_md=__doc__,
+    params=BOUNDS,
+    default_args=DEFAULTS,
+) as detached_dag:
+    _stream("inline", deferrable=True)
 
 
 with DAG(

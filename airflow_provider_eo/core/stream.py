@@ -37,22 +37,37 @@ Start, stop and crash (the numbered cases are what a restart can find):
    the stream ends cleanly (reason ``stopped``).
 5. A failed commit stops planning and re-raises its error once the driver is idle; the
    checkpoint stays PREPARED for the next start (or ``eo commit``).
+
+The run in the ledger (:func:`run_stream`): before planning, the stream registers a RUNNING
+row (``eo_stream_runs``: host, pid, commit mode) and then beats every ``heartbeat_s``
+seconds on the database's clock. A second stream of the same pipeline is refused while the
+first one's heartbeat is fresh (:class:`~airflow_provider_eo.ledger.streams.StreamRunConflict`);
+a run whose process is gone (same host, no such pid) or that missed ``STALE_FACTOR``
+heartbeats is declared LOST, so a restart after SIGKILL is never blocked. A stop request
+on the row (``eo stream-stop``, an Airflow task marked failed while it waits) ends the
+stream as SIGTERM does; a run whose row was declared LOST and replaced stops at once. On
+exit the row is ENDED (with the summary) or FAILED (with the error and traceback): how
+``EoStreamOperator(deferrable=True)`` tracks a detached driver from the triggerer.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import queue
 import signal
+import socket
 import threading
 import time
+import traceback
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from airflow_provider_eo.errors import EoError, PipelineStopped
-from airflow_provider_eo.ledger import Actor, CheckpointRecord, CheckpointState, Ledger
+from airflow_provider_eo.ledger import Actor, CheckpointRecord, CheckpointState, Ledger, StreamRunRecord
 from airflow_provider_eo.pipeline import Pipeline
 
 CommitMode = Literal["inline", "airflow"]
@@ -99,6 +114,7 @@ class StreamResult:
     backpressure_waits: int = 0  # intervals skipped because max_pending were unfinished
     empty_intervals: int = 0  # intervals with nothing new to read
     unfinished: list[int] = field(default_factory=list)  # left PLANNED/PREPARED on exit
+    run_id: str | None = None  # the run's row in the ledger (eo_stream_runs)
 
     @property
     def records(self) -> int:
@@ -117,6 +133,7 @@ class StreamResult:
             "backpressure_waits": self.backpressure_waits,
             "empty_intervals": self.empty_intervals,
             "unfinished": self.unfinished,
+            **({"run_id": self.run_id} if self.run_id else {}),
         }
 
 
@@ -419,6 +436,110 @@ def drive_stream(
     return result
 
 
+DEFAULT_HEARTBEAT_S = 5.0
+
+
+def new_run_id() -> str:
+    """A fresh stream run id: sortable by start time, unique."""
+    return f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:12]}"
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host exists and is not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True  # no /proc: the signal said it exists
+
+
+def register_run(
+    ledger: Ledger,
+    pipeline: str,
+    *,
+    run_id: str,
+    commit: str,
+    heartbeat_s: float,
+    actor: Actor | None = None,
+    log_path: str | None = None,
+) -> StreamRunRecord:
+    """Register this process's run; a RUNNING run of this host whose process is gone is
+    declared LOST on the way (a restart after SIGKILL need not wait for its heartbeat to
+    go stale)."""
+    from airflow_provider_eo.ledger.streams import StreamRunConflict
+
+    host = socket.gethostname()
+    kwargs: dict[str, Any] = {
+        "run_id": run_id,
+        "host": host,
+        "pid": os.getpid(),
+        "commit_mode": commit,
+        "heartbeat_s": heartbeat_s,
+        "dag_id": actor.dag_id if actor else None,
+        "task_id": actor.task_id if actor else None,
+        "log_path": log_path,
+        "actor": actor,
+    }
+    try:
+        return ledger.register_stream_run(pipeline, **kwargs)
+    except StreamRunConflict as exc:
+        other = exc.other
+        if other.host != host or process_alive(other.pid):
+            raise
+        log.warning(
+            "pipeline %s: stream run %s (pid %d on this host) is gone; declaring it LOST",
+            pipeline,
+            other.run_id,
+            other.pid,
+        )
+        return ledger.register_stream_run(pipeline, dead=[other.run_id], **kwargs)
+
+
+class _Heartbeat(threading.Thread):
+    """Beats the run's row every ``interval_s``; a stop request (or a superseded row) sets
+    ``stop``. A ledger that does not answer is logged and tried again next beat: the plan
+    needs the ledger anyway and fails loudly there."""
+
+    def __init__(self, ledger: Ledger, run_id: str, interval_s: float, stop: threading.Event) -> None:
+        super().__init__(name="eo-stream-heartbeat", daemon=True)
+        self.ledger = ledger
+        self.run_id = run_id
+        self.interval_s = interval_s
+        self.stop = stop
+        self.halt = threading.Event()
+        self.stop_requested_by: str | None = None
+        self.superseded: str | None = None
+
+    def run(self) -> None:
+        from airflow_provider_eo.ledger.streams import StreamRunSuperseded
+
+        while not self.halt.wait(self.interval_s):
+            try:
+                run = self.ledger.heartbeat_stream_run(self.run_id)
+            except StreamRunSuperseded as exc:
+                log.error("%s", exc)
+                self.superseded = str(exc)
+                self.stop.set()
+                return
+            except Exception as exc:  # the ledger did not answer: try again next beat
+                log.warning("stream run %s: heartbeat failed: %s", self.run_id, exc)
+                continue
+            if run.stop_requested_at is not None and not self.stop.is_set():
+                log.warning(
+                    "stream run %s: stop requested by %s; stopping after the in-flight checkpoints",
+                    self.run_id,
+                    run.stop_requested_by,
+                )
+                self.stop_requested_by = run.stop_requested_by or "?"
+                self.stop.set()
+
+
 def run_stream(
     pipeline: Pipeline,
     *,
@@ -431,31 +552,71 @@ def run_stream(
     actor: Actor | None = None,
     stop: threading.Event | None = None,
     on_checkpoint: Callable[[StreamCheckpoint], None] | None = None,
+    run_id: str | None = None,
+    heartbeat_s: float = DEFAULT_HEARTBEAT_S,
+    log_path: str | None = None,
 ) -> StreamResult:
     """Run ``pipeline`` in streaming mode on one SparkSession until stopped (see the module
-    docstring): SIGTERM/SIGINT end it cleanly when called from the main thread."""
+    docstring): SIGTERM/SIGINT end it cleanly when called from the main thread.
+
+    The run is registered in the ledger first (``run_id``, a fresh one by default) and
+    beats every ``heartbeat_s`` seconds; it ends ENDED with the summary or FAILED with the
+    error. :class:`~airflow_provider_eo.ledger.streams.StreamRunConflict` when another run of
+    the pipeline is alive.
+    """
+    from airflow_provider_eo.ledger.streams import ENDED, FAILED
     from airflow_provider_eo.spark.session import get_spark
 
+    if heartbeat_s <= 0:
+        raise ValueError(f"heartbeat must be > 0 seconds, got {heartbeat_s}")
     own = ledger is None
     ledger = ledger or Ledger(pipeline.ledger_url)
     actor = actor or Actor.here()
     stop = stop or threading.Event()
     try:
         ledger.ensure_pipeline(pipeline.name, pipeline.fingerprint())
-        # Created before the handlers: PySpark installs its own SIGINT handler.
-        spark = spark or get_spark(f"eo-stream-{pipeline.name}", pipeline.spark_conf)
-        with stop_on_signals(stop):
-            return drive_stream(
-                default_steps(pipeline, ledger, spark, actor),
-                pipeline=pipeline.name,
-                max_pending=pipeline.max_pending,
-                interval_s=interval_s,
-                commit=commit,
-                duration_s=duration_s,
-                max_checkpoints=max_checkpoints,
-                stop=stop,
-                on_checkpoint=on_checkpoint,
-            )
+        run = register_run(
+            ledger,
+            pipeline.name,
+            run_id=run_id or new_run_id(),
+            commit=commit,
+            heartbeat_s=heartbeat_s,
+            actor=actor,
+            log_path=log_path,
+        )
+        heart = _Heartbeat(ledger, run.run_id, heartbeat_s, stop)
+        heart.start()
+        try:
+            # Created before the handlers: PySpark installs its own SIGINT handler.
+            spark = spark or get_spark(f"eo-stream-{pipeline.name}", pipeline.spark_conf)
+            with stop_on_signals(stop):
+                result = drive_stream(
+                    default_steps(pipeline, ledger, spark, actor),
+                    pipeline=pipeline.name,
+                    max_pending=pipeline.max_pending,
+                    interval_s=interval_s,
+                    commit=commit,
+                    duration_s=duration_s,
+                    max_checkpoints=max_checkpoints,
+                    stop=stop,
+                    on_checkpoint=on_checkpoint,
+                )
+        except BaseException as exc:
+            heart.halt.set()
+            error = "".join(traceback.format_exception(exc)[-20:])
+            with contextlib.suppress(Exception):  # the original error matters more
+                ledger.end_stream_run(
+                    run.run_id, state=FAILED, reason=f"{type(exc).__name__}: {exc}", error=error
+                )
+            raise
+        heart.halt.set()
+        result.run_id = run.run_id
+        if heart.superseded:
+            result.reason = "superseded"
+        elif heart.stop_requested_by and result.reason == "signal":
+            result.reason = f"stop requested by {heart.stop_requested_by}"
+        ledger.end_stream_run(run.run_id, state=ENDED, reason=result.reason, summary=result.summary())
+        return result
     finally:
         if own:
             ledger.close()

@@ -23,6 +23,7 @@ from airflow_provider_eo.ledger.records import (
     RangeSpec,
     SavepointRecord,
     ShardRecord,
+    StreamRunRecord,
     TopicPartition,
 )
 from airflow_provider_eo.ledger.states import (
@@ -62,6 +63,7 @@ __all__ = [
     "SavepointRecord",
     "ShardRecord",
     "ShardState",
+    "StreamRunRecord",
     "TopicPartition",
     "can_transition",
     "check_transition",

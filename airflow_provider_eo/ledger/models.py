@@ -17,6 +17,7 @@ from sqlalchemy import (
     CheckConstraint,
     DateTime,
     Enum,
+    Float,
     ForeignKey,
     ForeignKeyConstraint,
     Index,
@@ -301,3 +302,38 @@ class Event(Base):
     try_number: Mapped[int | None] = mapped_column(Integer)
     at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
     details: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class StreamRun(Base):
+    """One run of a pipeline's streaming application (core/stream.py): who runs it, its
+    heartbeat on the database's clock, a stop request, and how it ended.
+
+    At most one run per pipeline is RUNNING with a fresh heartbeat: a second start is refused
+    while it lives (``register_stream_run``). The row is what lets Airflow track a detached
+    driver without holding a worker slot (``EoStreamOperator(deferrable=True)``).
+    """
+
+    __tablename__ = "eo_stream_runs"
+    __table_args__ = (Index("ix_eo_stream_runs_pipeline_state", "pipeline_id", "state"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    pipeline_id: Mapped[int] = mapped_column(ForeignKey("eo_pipelines.id", ondelete="CASCADE"))
+    run_id: Mapped[str] = mapped_column(String(64), unique=True)
+    # RUNNING | ENDED (exited 0) | FAILED (exited with an error) | LOST (no heartbeat: killed)
+    state: Mapped[str] = mapped_column(String(16))
+    host: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    commit_mode: Mapped[str] = mapped_column(String(16))
+    heartbeat_s: Mapped[float] = mapped_column(Float)
+    started_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+    heartbeat_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+    ended_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
+    reason: Mapped[str] = mapped_column(Text, default="")
+    summary: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    error: Mapped[str | None] = mapped_column(Text)
+    stop_requested_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
+    stop_requested_by: Mapped[str | None] = mapped_column(String(500))
+    # Airflow's task that started it (None from the CLI); the log file of a detached driver.
+    dag_id: Mapped[str | None] = mapped_column(String(250))
+    task_id: Mapped[str | None] = mapped_column(String(250))
+    log_path: Mapped[str | None] = mapped_column(Text)

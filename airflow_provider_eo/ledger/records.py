@@ -315,3 +315,51 @@ class EventRecord:
     run_id: str | None = None
     task_id: str | None = None
     try_number: int | None = None
+
+
+@dataclass(frozen=True)
+class StreamRunRecord:
+    """One run of a pipeline's streaming application (``eo_stream_runs``)."""
+
+    pipeline: str
+    run_id: str
+    state: str  # RUNNING | ENDED | FAILED | LOST
+    host: str
+    pid: int
+    commit_mode: str
+    heartbeat_s: float
+    started_at: dt.datetime
+    heartbeat_at: dt.datetime
+    ended_at: dt.datetime | None = None
+    reason: str = ""
+    summary: Mapping[str, Any] | None = None
+    error: str | None = None
+    stop_requested_at: dt.datetime | None = None
+    stop_requested_by: str | None = None
+    dag_id: str | None = None
+    task_id: str | None = None
+    log_path: str | None = None
+    #: Seconds since the last heartbeat on the database's clock when read (None: unknown).
+    heartbeat_age_s: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready (trigger events, XCom)."""
+        return {
+            "pipeline": self.pipeline,
+            "run_id": self.run_id,
+            "state": self.state,
+            "host": self.host,
+            "pid": self.pid,
+            "commit": self.commit_mode,
+            "heartbeat_s": self.heartbeat_s,
+            "started_at": _iso(self.started_at),
+            "heartbeat_at": _iso(self.heartbeat_at),
+            "ended_at": _iso(self.ended_at),
+            "reason": self.reason,
+            "summary": dict(self.summary) if self.summary is not None else None,
+            "error": self.error,
+            "stop_requested_at": _iso(self.stop_requested_at),
+            "stop_requested_by": self.stop_requested_by,
+            "log_path": self.log_path,
+            "heartbeat_age_s": self.heartbeat_age_s,
+        }

@@ -38,6 +38,7 @@ from airflow_provider_eo.ledger import (
     reads,
     savepoints,
     schema,
+    streams,
     transitions,
 )
 from airflow_provider_eo.ledger.engine import Database
@@ -195,6 +196,15 @@ class Ledger:
     backfill_work = _delegate(backfill.backfill_work)
     register_backfill_pipeline = _delegate(backfill.register_backfill_pipeline)
     plan_backfill = _delegate(backfill.plan_backfill_checkpoint)
+
+    # -- stream runs: who runs the streaming application, heartbeat, stop request ------------
+
+    register_stream_run = _delegate(streams.register_stream_run)
+    heartbeat_stream_run = _delegate(streams.heartbeat_stream_run)
+    end_stream_run = _delegate(streams.end_stream_run)
+    request_stream_stop = _delegate(streams.request_stream_stop)
+    get_stream_run = _delegate(streams.get_stream_run)
+    live_stream_run = _delegate(streams.live_stream_run)
 
     # -- lead: recover ------------------------------------------------------------------------
     transactional_ids = _delegate(reads.transactional_ids)

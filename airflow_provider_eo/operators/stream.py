@@ -6,12 +6,20 @@ application that plans, prepares and (``commit="inline"``) commits a checkpoint 
 
 Where the driver runs, and what holds a worker slot (honest about both modes):
 
-- **client deploy mode** (``local[*]``, standalone client, YARN client): the driver is a
-  child of the task, so the task holds its worker slot for the whole run. It cannot defer:
-  deferring ends the worker process, and a driver left behind could neither be watched nor
-  stopped by Airflow. ``duration``/``checkpoints`` bound the run; SIGTERM (task killed,
-  marked failed/success in the UI) reaches spark-submit via the Spark provider's
-  ``on_kill``.
+- **client deploy mode** (``local[*]``, standalone client, YARN client), default: the driver
+  is a child of the task, so the task holds its worker slot for the whole run.
+  ``duration``/``checkpoints`` bound the run; SIGTERM (task killed, marked failed/success in
+  the UI) reaches spark-submit via the Spark provider's ``on_kill``.
+- **client deploy mode, ``deferrable=True``**: the task starts the driver *detached* (a
+  launcher in a new session, :mod:`~airflow_provider_eo.operators.detach`; output in a log
+  file on the worker) and defers: it holds no worker slot while the stream runs. The
+  triggerer watches the run's row in the ledger (:class:`EoStreamRunTrigger`: heartbeat on
+  the database's clock, ENDED with the summary, FAILED with the driver's error, LOST when
+  the heartbeat goes stale); marking the waiting task failed/success asks the run to stop
+  cleanly (ledger stop request, as ``eo stream-stop`` does). A retry finds a run of this
+  task still alive and re-attaches to it instead of starting a second driver. Needs a
+  worker host that outlives the task (Local/Celery executors; not a Kubernetes-executor pod,
+  which is deleted when the task defers).
 - **cluster deploy mode** (standalone cluster, YARN cluster, Kubernetes): the Spark
   provider's durable submission tracks the driver (``SparkSubmitOperator``'s resumable
   path: a task retry re-attaches to a driver that is still running instead of submitting
@@ -32,6 +40,7 @@ from __future__ import annotations
 import json
 import re
 import tempfile
+import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -51,6 +60,7 @@ from airflow_provider_eo.operators.submit import (
     remember_spark_target,
     spark_target,
 )
+from airflow_provider_eo.triggers.stream import EoStreamRunTrigger
 from airflow_provider_eo.version_compat import AirflowException, AirflowFailException, Context
 
 STREAM_MODULE = "airflow_provider_eo.spark.stream_app"
@@ -150,6 +160,15 @@ class EoStreamOperator(PipelineTaskMixin, SparkSubmitOperator):
     :param spark_conn_id: the Spark connection (``spark_default``).
     :param conf: Spark configuration; see :class:`SparkSubmitOperator` for every other
         argument (``jars``, ``env_vars``, ``deploy_mode``, ...).
+    :param deferrable: client mode: start the driver detached and wait in the triggerer,
+        holding no worker slot (see the module docstring).
+    :param heartbeat: seconds between the run's heartbeats in the ledger; a run silent for 4
+        heartbeats counts as lost.
+    :param poll_interval: deferrable: seconds between the triggerer's reads of the run.
+    :param startup_timeout: deferrable: seconds the driver may take to register its run
+        (spark-submit, waiting for resources) before the task fails.
+    :param log_dir: deferrable: where the detached driver's log goes on the worker (default
+        ``<tmp>/eo-stream``); the path is in the task log and the run's row.
     """
 
     template_fields: Sequence[str] = (
@@ -175,6 +194,11 @@ class EoStreamOperator(PipelineTaskMixin, SparkSubmitOperator):
         spark_conn_id: str = "spark_default",
         conf: dict[str, Any] | None = None,
         name: str = STREAM_APP,
+        deferrable: bool = False,
+        heartbeat: float = 5.0,
+        poll_interval: float = 5.0,
+        startup_timeout: float = 600.0,
+        log_dir: str | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("application", "")
@@ -185,6 +209,13 @@ class EoStreamOperator(PipelineTaskMixin, SparkSubmitOperator):
         self.commit = commit
         self.duration = duration
         self.checkpoints = checkpoints
+        self.deferrable = bool(deferrable)
+        if heartbeat <= 0:
+            raise ValueError(f"{self.task_id}: heartbeat must be > 0 seconds, got {heartbeat}")
+        self.heartbeat = float(heartbeat)
+        self.poll_interval = float(poll_interval)
+        self.startup_timeout = float(startup_timeout)
+        self.log_dir = log_dir
 
     def _unfinished(self, pipeline: Any) -> list[int]:
         from airflow_provider_eo.core.stream import unfinished_checkpoints
@@ -227,6 +258,8 @@ class EoStreamOperator(PipelineTaskMixin, SparkSubmitOperator):
             checkpoints=_optional_int(self.checkpoints),
             name=f"pipeline {pipeline.name!r}",
         )
+        if self.deferrable:
+            self._execute_detached(context, pipeline, args)  # defers; never returns
         # Client mode: the driver runs here and appends its JSON lines (and a failure) to a
         # report file; cluster mode: the driver is elsewhere, the ledger tells what it did.
         report: Path | None = None
@@ -292,3 +325,124 @@ class EoStreamOperator(PipelineTaskMixin, SparkSubmitOperator):
             unfinished or "none",
         )
         return {"pipeline": pipeline.name, "commit": self.commit, **summary, "unfinished": unfinished}
+
+    # -- deferrable: a detached driver tracked through the ledger ------------------------------
+
+    def _execute_detached(self, context: Context, pipeline: Any, args: list[str]) -> None:
+        """Start the driver detached (or re-attach to this task's live run) and defer."""
+        from airflow_provider_eo.core.stream import new_run_id
+        from airflow_provider_eo.operators.detach import launch_detached
+        from airflow_provider_eo.version_compat import task_identity
+
+        name = pipeline.name
+        if spark_target(self)[1] == "cluster":
+            raise AirflowFailException(
+                f"pipeline {name!r}: deferrable=True starts the driver detached in client deploy "
+                "mode; in cluster deploy mode the Spark provider's durable submission tracks the "
+                "driver: use deferrable=False there"
+            )
+        ident = task_identity(context)
+        with open_ledger(pipeline) as ledger:
+            ledger.ensure_pipeline(name, pipeline.fingerprint())
+            live = ledger.live_stream_run(name)
+        if live is not None:
+            if (live.dag_id, live.task_id) != (ident["dag_id"], ident["task_id"]):
+                raise AirflowException(
+                    f"pipeline {name!r}: its streaming application already runs (run {live.run_id} "
+                    f"on {live.host}, pid {live.pid}, started by "
+                    f"{f'{live.dag_id}.{live.task_id}' if live.dag_id else 'the command line'}); "
+                    f"stop it first (`eo stream-stop {self.pipeline}`) or retry this task later"
+                )
+            self.log.info(
+                "pipeline %s: stream run %s of this task still runs (%s, pid %d; heartbeat %.1fs ago): "
+                "re-attaching to it instead of starting a second driver; its log: %s",
+                name,
+                live.run_id,
+                live.host,
+                live.pid,
+                live.heartbeat_age_s or 0.0,
+                live.log_path,
+            )
+            self._defer_on(pipeline, live.run_id)
+        run_id = new_run_id()
+        safe = re.sub(r"[^A-Za-z0-9._-]", "_", name)
+        log_dir = Path(self.log_dir) if self.log_dir else Path(tempfile.gettempdir()) / "eo-stream"
+        log_path = log_dir / f"{safe}-{run_id}.log"
+        args = [*args, "--run-id", run_id, "--heartbeat", repr(self.heartbeat), "--log-path", str(log_path)]
+        configure_submit(
+            self,
+            context,
+            application=provider_application(STREAM_MODULE),
+            application_args=args,
+            pipeline_ref=self.pipeline,
+            pipeline_name=name,
+            overrides=self.pipeline_overrides(pipeline),
+        )
+        pid = launch_detached(
+            self._get_hook(),
+            self.application,
+            pipeline=name,
+            run_id=run_id,
+            ledger_url=pipeline.ledger_url,
+            log_path=log_path,
+        )
+        self.log.info(
+            "pipeline %s: streaming application started detached (run %s, launcher pid %d on this "
+            "worker, commit=%s); its log: %s. Waiting in the triggerer (no worker slot held).",
+            name,
+            run_id,
+            pid,
+            self.commit,
+            log_path,
+        )
+        self._defer_on(pipeline, run_id)
+
+    def _defer_on(self, pipeline: Any, run_id: str) -> None:
+        ledger_ref: dict[str, Any] = (
+            {"ledger_conn_id": self.ledger_conn_id}
+            if self.ledger_conn_id
+            else {"ledger_url": pipeline.ledger_url}
+        )
+        try:
+            trigger = EoStreamRunTrigger(
+                pipeline=pipeline.name,
+                run_id=run_id,
+                poll_interval=self.poll_interval,
+                startup_timeout=self.startup_timeout,
+                submitted_at=time.time(),
+                **ledger_ref,
+            )
+        except ValueError as exc:
+            raise AirflowFailException(str(exc)) from exc
+        self.defer(trigger=trigger, method_name="execute_complete")
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        """The detached run ended: its summary (XCom), or :class:`StreamDriverFailed`."""
+        pipeline = self.resolve_pipeline()
+        run = event.get("run") or {}
+        run_id = event.get("run_id")
+        unfinished = self._unfinished(pipeline)
+        if event.get("status") == "success":
+            summary = dict(run.get("summary") or {})
+            self.log.info(
+                "pipeline %s: stream run %s ended (%s): %s checkpoint(s), %s record(s); unfinished now: %s",
+                pipeline.name,
+                run_id,
+                run.get("reason"),
+                summary.get("checkpoints"),
+                summary.get("records"),
+                unfinished or "none",
+            )
+            return {"pipeline": pipeline.name, "commit": self.commit, **summary, "unfinished": unfinished}
+        error = str(run.get("error") or event.get("reason") or "unknown")
+        where = f"run {run_id} on {run.get('host', '?')}, pid {run.get('pid', '?')}"
+        raise StreamDriverFailed(
+            f"pipeline {pipeline.name!r}: the streaming application's detached driver "
+            f"{'was lost' if event.get('status') == 'lost' else 'failed'} ({where}): "
+            f"{event.get('reason')}. Unfinished checkpoints {unfinished or 'none'} are resumed from "
+            f"the ledger by a retry of this task. The driver's error:\n{error}\nIts log on that "
+            f"host: {run.get('log_path') or '(not recorded)'}",
+            exit_code=None,
+            tail=error.splitlines()[-20:],
+            unfinished=unfinished,
+        )

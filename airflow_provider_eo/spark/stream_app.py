@@ -1,7 +1,8 @@
 """The streaming application's ``spark-submit`` entry point (DESIGN.md section 8):
 
     spark-submit .../stream_app.py --pipeline MOD:ATTR [--interval S] [--commit inline|airflow]
-                                   [--duration S | --checkpoints N]
+                                   [--duration S | --checkpoints N] [--run-id ID]
+                                   [--heartbeat S] [--log-path PATH]
 
 Runs :func:`airflow_provider_eo.core.stream.run_stream` on the session spark-submit gives
 (local, standalone, YARN, Kubernetes); prints one JSON line per checkpoint and the summary
@@ -11,6 +12,11 @@ last. SIGTERM ends it cleanly (exit 0). Never imports Airflow.
 fails, a last ``{"error": ..., "traceback": [...]}`` line: how ``EoStreamOperator`` learns the
 summary and the driver's reason in client mode without reading the Spark provider's hook
 internals.
+
+``--run-id`` names the run's row in the ledger (``eo_stream_runs``; a fresh id by default):
+``EoStreamOperator(deferrable=True)`` picks the id, starts the driver detached and tracks the
+row from the triggerer (heartbeat, ENDED with the summary, FAILED with the error).
+``--log-path`` is recorded on the row (where the detached driver's output goes).
 """
 
 from __future__ import annotations
@@ -40,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     bound.add_argument("--checkpoints", type=int, default=None)
     parser.add_argument("--actor-json", default=None, help="Airflow lineage for the ledger")
     parser.add_argument("--report-file", default=None, help="append the JSON lines (and a failure) here too")
+    parser.add_argument("--run-id", default=None, help="the run's id in the ledger (default: a fresh one)")
+    parser.add_argument("--heartbeat", type=float, default=5.0, help="seconds between the run's heartbeats")
+    parser.add_argument("--log-path", default=None, help="where this driver's output goes (recorded)")
     args = parser.parse_args(argv)
     report: IO[str] | None = open(args.report_file, "a") if args.report_file else None  # noqa: SIM115
 
@@ -69,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
             spark=spark,
             actor=actor,
             on_checkpoint=line,
+            run_id=args.run_id,
+            heartbeat_s=args.heartbeat,
+            log_path=args.log_path,
         )
         emit(result.summary())
         return 0

@@ -1,14 +1,20 @@
-"""Event trigger for an Airflow 3 ``AssetWatcher``: a streaming application running with
-``commit="airflow"`` left a checkpoint PREPARED, so the commit DAG should run."""
+"""Triggers of streaming mode.
+
+- :class:`EoPreparedCheckpointTrigger`, an event trigger for an Airflow 3 ``AssetWatcher``: a
+  streaming application running with ``commit="airflow"`` left a checkpoint PREPARED, so the
+  commit DAG should run.
+- :class:`EoStreamRunTrigger`: tracks a detached streaming driver through its run's row in
+  the ledger (``EoStreamOperator(deferrable=True)``)."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 from airflow_provider_eo.triggers.checkpoint import check_ledger_ref, resolve_ledger_url
-from airflow_provider_eo.version_compat import BaseEventTrigger, TriggerEvent
+from airflow_provider_eo.version_compat import BaseEventTrigger, BaseTrigger, TriggerEvent
 
 
 def read_prepared(ledger_url: str, pipeline: str) -> list[int]:
@@ -92,3 +98,145 @@ class EoPreparedCheckpointTrigger(BaseEventTrigger):
             # Forget what is no longer PREPARED (committed or aborted): bounded memory.
             fired.intersection_update(prepared)
             await asyncio.sleep(self.poll_interval)
+
+
+def read_stream_run(ledger_url: str, run_id: str) -> dict[str, Any] | None:
+    """The stream run's row as JSON (``heartbeat_age_s`` on the database's clock), None while
+    it is not registered; blocking, read-only."""
+    from airflow_provider_eo.ledger import Ledger
+    from airflow_provider_eo.ledger.streams import StreamRunNotFound
+
+    with Ledger(ledger_url, create=False) as ledger:
+        try:
+            return ledger.get_stream_run(run_id).to_json()
+        except StreamRunNotFound:
+            return None
+
+
+def stream_run_event(
+    run: dict[str, Any] | None, *, waited_s: float, startup_timeout: float
+) -> dict[str, Any] | None:
+    """The event a run's row calls for, None while it runs (pure: unit-tested).
+
+    - ENDED: ``success`` with the run (its summary inside);
+    - FAILED / LOST: ``failed`` with the run (its error / why inside);
+    - RUNNING but silent for more than ``STALE_FACTOR`` heartbeats: ``lost`` (the driver was
+      killed without ending its row: SIGKILL, OOM, its host went away);
+    - not registered after ``startup_timeout`` seconds: ``failed`` (it never started).
+    """
+    from airflow_provider_eo.ledger.streams import ENDED, RUNNING, STALE_FACTOR
+
+    if run is None:
+        if waited_s > startup_timeout:
+            return {
+                "status": "failed",
+                "reason": f"the streaming application did not register its run within {startup_timeout:.0f}s "
+                "(spark-submit failed or is still waiting for resources; see its log)",
+                "run": None,
+            }
+        return None
+    if run["state"] == ENDED:
+        return {"status": "success", "reason": run["reason"], "run": run}
+    if run["state"] != RUNNING:
+        return {"status": "failed", "reason": run["reason"], "run": run}
+    age = run.get("heartbeat_age_s")
+    if age is not None and age > STALE_FACTOR * float(run["heartbeat_s"]):
+        return {
+            "status": "lost",
+            "reason": f"no heartbeat for {age:.0f}s (the driver was killed without ending its run)",
+            "run": run,
+        }
+    return None
+
+
+class EoStreamRunTrigger(BaseTrigger):
+    """Track one run of a streaming application through its ledger row (read-only), so the
+    task that started a detached driver holds no worker slot while it runs.
+
+    Fires once: ``success`` (the run ENDED: exit 0, its summary), ``failed`` (FAILED with the
+    driver's error, or never registered within ``startup_timeout``) or ``lost`` (its heartbeat
+    went stale). When a user marks the waiting task failed/success or clears it, Airflow calls
+    :meth:`on_kill`, which asks the run to stop cleanly (the ledger's stop request: in-flight
+    checkpoints finish, nothing is left half done).
+
+    :param pipeline: pipeline name.
+    :param run_id: the run's id (``eo_stream_runs``).
+    :param ledger_url: ledger URL without a password, or ``ledger_conn_id`` (exactly one).
+    :param poll_interval: seconds between reads.
+    :param startup_timeout: seconds the run may take to register (spark-submit, resources).
+    :param submitted_at: epoch seconds when the driver was started (startup timeout base).
+    """
+
+    def __init__(
+        self,
+        *,
+        pipeline: str,
+        run_id: str,
+        ledger_url: str | None = None,
+        ledger_conn_id: str | None = None,
+        poll_interval: float = 5.0,
+        startup_timeout: float = 600.0,
+        submitted_at: float | None = None,
+    ) -> None:
+        super().__init__()
+        check_ledger_ref(ledger_url, ledger_conn_id, where=f"pipeline {pipeline!r}")
+        self.pipeline = pipeline
+        self.run_id = run_id
+        self.ledger_url = ledger_url
+        self.ledger_conn_id = ledger_conn_id
+        self.poll_interval = float(poll_interval)
+        self.startup_timeout = float(startup_timeout)
+        self.submitted_at = time.time() if submitted_at is None else float(submitted_at)
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "pipeline": self.pipeline,
+                "run_id": self.run_id,
+                "ledger_url": self.ledger_url,
+                "ledger_conn_id": self.ledger_conn_id,
+                "poll_interval": self.poll_interval,
+                "startup_timeout": self.startup_timeout,
+                "submitted_at": self.submitted_at,
+            },
+        )
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        from airflow_provider_eo.ledger import LedgerError
+
+        url = await asyncio.to_thread(resolve_ledger_url, self.ledger_url, self.ledger_conn_id)
+        while True:
+            try:
+                run = await asyncio.to_thread(read_stream_run, url, self.run_id)
+            except LedgerError as exc:
+                self.log.warning(
+                    "pipeline %r, stream run %s: cannot read the ledger (%s); polling again",
+                    self.pipeline,
+                    self.run_id,
+                    exc,
+                )
+            else:
+                event = stream_run_event(
+                    run, waited_s=time.time() - self.submitted_at, startup_timeout=self.startup_timeout
+                )
+                if event is not None:
+                    yield TriggerEvent({"pipeline": self.pipeline, "run_id": self.run_id, **event})
+                    return
+            await asyncio.sleep(self.poll_interval)
+
+    async def on_kill(self) -> None:
+        """The waiting task was marked failed/success or cleared: ask the run to stop."""
+        asked = await asyncio.to_thread(self._request_stop)
+        self.log.info("pipeline %r: asked stream run(s) %s to stop", self.pipeline, asked)
+
+    def _request_stop(self) -> list[str]:
+        from airflow_provider_eo.ledger import Ledger
+
+        url = resolve_ledger_url(self.ledger_url, self.ledger_conn_id)
+        with Ledger(url, create=False) as ledger:
+            return list(
+                ledger.request_stream_stop(
+                    self.pipeline, requested_by="airflow: the waiting task was stopped", run_id=self.run_id
+                )
+            )

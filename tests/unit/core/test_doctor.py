@@ -176,10 +176,10 @@ def test_connector_from_settings_or_cache() -> None:
 
 
 def test_ledger_revision() -> None:
-    assert judge_ledger("0003", "0003", dialect="postgresql", url="u").severity == "ok"
-    assert judge_ledger(None, "0003", dialect="postgresql", url="u").severity == "warn"
-    assert judge_ledger("0002", "0003", dialect="sqlite", url="u").severity == "warn"
-    old = judge_ledger("0002", "0003", dialect="postgresql", url="u")
+    assert judge_ledger("0004", "0004", dialect="postgresql", url="u").severity == "ok"
+    assert judge_ledger(None, "0004", dialect="postgresql", url="u").severity == "warn"
+    assert judge_ledger("0003", "0004", dialect="sqlite", url="u").severity == "warn"
+    old = judge_ledger("0003", "0004", dialect="postgresql", url="u")
     assert old.severity == "fail" and "eo ledger upgrade" in old.change
 
 

@@ -1,0 +1,135 @@
+"""Start a streaming driver that outlives the Airflow task (``EoStreamOperator(deferrable=True)``).
+
+The task builds the Spark provider's :class:`SparkSubmitHook` as usual (its connection is
+resolved in the task, where Airflow's secrets are reachable) and hands it, pickled into a
+private folder, to a *launcher*: ``python -m airflow_provider_eo.operators.detach``, started
+in a new session (so nothing that stops the task's process group stops it) with its output
+in the run's log file. The launcher calls the hook's public ``submit()`` and waits for
+spark-submit. When spark-submit exits, the launcher settles the run's row in the ledger:
+
+- the application ended its row itself (ENDED/FAILED): nothing to do;
+- the row is still RUNNING: the driver died without ending it (SIGKILL, OOM) — FAILED now,
+  so the triggerer learns it at once instead of after the heartbeat goes stale;
+- no row: spark-submit failed before the application started (bad conf, missing jar,
+  no resources) — a FAILED row with spark-submit's error, so the task fails with it.
+
+The task meanwhile defers to :class:`~airflow_provider_eo.triggers.stream.EoStreamRunTrigger`.
+The ledger URL reaches the launcher in its environment (never on a command line).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+from typing import Any
+
+LEDGER_URL_ENV = "EO_STREAM_LAUNCH_LEDGER_URL"
+LAUNCHER_MODULE = "airflow_provider_eo.operators.detach"
+
+
+def launch_detached(
+    hook: Any,
+    application: str,
+    *,
+    pipeline: str,
+    run_id: str,
+    ledger_url: str,
+    log_path: Path,
+) -> int:
+    """Start the launcher for ``hook.submit(application)`` in a new session, its output
+    appended to ``log_path``; returns the launcher's pid. Does not wait."""
+    spec_dir = Path(tempfile.mkdtemp(prefix="eo-stream-launch-"))  # mode 0700
+    spec = spec_dir / "hook.pickle"
+    with open(spec, "wb") as f:
+        os.chmod(spec, 0o600)  # the hook carries the resolved Spark connection
+        pickle.dump(hook, f)
+    log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    env = {**os.environ, LEDGER_URL_ENV: ledger_url}
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", LAUNCHER_MODULE, str(spec), application, pipeline, run_id, str(log_path)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+            env=env,
+        )
+    return proc.pid
+
+
+def settle_run(ledger_url: str, pipeline: str, run_id: str, *, failure: str | None, log_path: str) -> str:
+    """After spark-submit exited: end the run's row if the application did not (see the module
+    docstring). Returns what was done, for the log."""
+    from airflow_provider_eo.ledger import CheckpointNotFound, Ledger
+    from airflow_provider_eo.ledger.streams import (
+        FAILED,
+        RUNNING,
+        StreamRunConflict,
+        StreamRunNotFound,
+    )
+
+    why = failure or "spark-submit exited 0 but the application did not end its run"
+    with Ledger(ledger_url) as ledger:
+        try:
+            run = ledger.get_stream_run(run_id)
+        except StreamRunNotFound:
+            try:  # the task registered the pipeline before it launched
+                ledger.register_stream_run(
+                    pipeline,
+                    run_id=run_id,
+                    host=socket.gethostname(),
+                    pid=os.getpid(),
+                    commit_mode="?",
+                    heartbeat_s=5.0,
+                    log_path=log_path,
+                )
+            except (StreamRunConflict, CheckpointNotFound) as exc:
+                return f"not recorded: {exc}"
+            ledger.end_stream_run(
+                run_id,
+                state=FAILED,
+                reason=f"the streaming application never started: {why}",
+                error=why,
+            )
+            return "recorded: never started"
+        if run.state != RUNNING:
+            return f"the application ended its run itself ({run.state})"
+        ledger.end_stream_run(
+            run_id,
+            state=FAILED,
+            reason=f"the driver exited without ending its run (killed: a signal or the OOM killer?): {why}",
+            error=why,
+        )
+        return "recorded: died without ending its run"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m airflow_provider_eo.operators.detach SPEC APPLICATION PIPELINE RUN_ID LOG``."""
+    spec, application, pipeline, run_id, log_path = (argv or sys.argv[1:])[:5]
+    with open(spec, "rb") as f:
+        hook = pickle.load(f)  # written by this package's task, mode 0600
+    Path(spec).unlink(missing_ok=True)
+    Path(spec).parent.rmdir()
+    failure: str | None = None
+    try:
+        hook.submit(application)
+    except Exception as exc:  # spark-submit failed: its tail is in the message
+        failure = f"{type(exc).__name__}: {exc}"
+        traceback.print_exc()
+    ledger_url = os.environ.get(LEDGER_URL_ENV, "")
+    if ledger_url:
+        print(
+            f"eo: {settle_run(ledger_url, pipeline, run_id, failure=failure, log_path=log_path)}", flush=True
+        )
+    return 0 if failure is None else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
