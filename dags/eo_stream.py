@@ -67,6 +67,7 @@ def _stream(commit: str, *, deferrable: bool = False) -> EoStreamOperator:
         deferrable=deferrable,
         heartbeat=HEARTBEAT_S,
         poll_interval=min(5.0, HEARTBEAT_S),
+        log_dir=os.environ.get("EO_STREAM_LOG_DIR") or None,  # the detached driver's log
     )
 
 

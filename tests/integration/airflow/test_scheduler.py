@@ -199,6 +199,7 @@ def test_asset_watcher_commits_what_the_stream_prepared(
             with contextlib.suppress(AssertionError):
                 wait_for(committed, f"checkpoint {expected} committed by the commit DAG", timeout=240)
             assert committed(), f"{_dag_runs(home, 'eo_stream_commit')}\n{_component_logs(home)}"
+
     def succeeded() -> list[tuple[str, str, str]]:
         runs = _dag_runs(home, "eo_stream_commit")
         return [r for r in runs if r[1] == "asset_triggered" and r[2] == "success"]

@@ -93,4 +93,3 @@ def test_eo_abort_command(harness: Callable[..., Harness]) -> None:
     proc = _eo(h, "99", "--reason", "typo")
     assert proc.returncode != 0 and "checkpoint 99" in proc.stderr, proc.stderr[-2000:]
     assert h.ledger.get(h.pipeline.name, result.checkpoint.checkpoint_id).state is CheckpointState.COMMITTED
-

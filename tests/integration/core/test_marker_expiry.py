@@ -95,6 +95,7 @@ def test_expired_marker_of_a_published_shard_does_not_republish(expiring: Callab
     assert cp.state is CheckpointState.PREPARED
     assert [(s.shard, s.state) for s in cp.shards] == [(0, ShardState.PENDING)]
     assert marker(h.pipeline, 0) == planned.checkpoint_id
+
     # Wait (poll) until the broker expired every marker of the pipeline.
     def expired() -> bool:
         try:

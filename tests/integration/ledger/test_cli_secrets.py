@@ -22,8 +22,8 @@ def _eo(*args: str) -> subprocess.CompletedProcess[str]:
 def test_eo_output_redacts_the_ledger_password(pg_url: str) -> None:
     # Trust auth on the test server: the password is accepted and ignored (a canary).
     url = make_url(pg_url).set(password=CANARY).render_as_string(hide_password=False)
-    missing = make_url(pg_url).set(password=CANARY, database="no_such_db_eo").render_as_string(
-        hide_password=False
+    missing = (
+        make_url(pg_url).set(password=CANARY, database="no_such_db_eo").render_as_string(hide_password=False)
     )
     runs = [
         _eo("ledger", "upgrade", "--ledger-url", url),
