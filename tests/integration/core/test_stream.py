@@ -166,3 +166,35 @@ def test_airflow_commit_mode_stops_planning_at_max_pending(harness: Callable[...
     for cid in (1, 2):
         h.commit(cid)
     h.assert_exactly_once(expected_records=80)
+
+
+def test_a_second_stream_is_refused_while_one_lives_and_stream_stop_ends_it(
+    harness: Callable[..., Any],
+) -> None:
+    """One live run per pipeline: a second `eo stream` is refused naming the first (its pid);
+    `eo stream-stop` (from another process, through the ledger) ends the first cleanly, after
+    which a new stream starts at once and carries on exactly once."""
+    h = harness(source_partitions=2, sink_partitions=2, max_records_per_checkpoint=50)
+    h.produce(120)
+    first = h.cli("stream", "--interval", "1", "--heartbeat", "1", wait=False)
+    wait_for(lambda: committed_count(h) >= 1, "the first stream's commit", timeout=180, child=first)
+
+    second = h.cli("stream", "--interval", "1", timeout=120)
+    assert second.returncode == 1, second.stdout + second.stderr
+    assert "its streaming application already runs" in second.stderr, second.stderr
+    assert f"pid {first.pid}" in second.stderr, second.stderr
+
+    stop = h.cli("stream-stop")
+    assert stop.returncode == 0, stop.stderr
+    (asked,) = json.loads(stop.stdout.strip().splitlines()[-1])["stop_requested"]
+    code, out, err = finish(first)
+    assert code == 0, err[-3000:]
+    summary = out[-1]
+    assert summary["reason"].startswith("stop requested by") and summary["unfinished"] == [], summary
+    assert summary["run_id"] == asked
+    assert h.ledger.get_stream_run(asked).state == "ENDED"
+
+    again = h.cli("stream", "--interval", "1", "--duration", "8", timeout=240)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert h.ledger.unfinished(h.pipeline.name) is None
+    h.assert_exactly_once(expected_records=120)
