@@ -143,3 +143,38 @@ def test_killed_driver_says_so(
     with pytest.raises(StreamDriverFailed, match="exited without reporting an error") as info:
         op.execute(context)
     assert info.value.exit_code == -9
+
+
+def test_execute_complete_returns_the_summary_or_fails_with_the_drivers_error(pipeline_ref: str) -> None:
+    op = EoStreamOperator(task_id="stream", pipeline=pipeline_ref, deferrable=True)
+    ok = {
+        "status": "success",
+        "run_id": "r1",
+        "run": {
+            "summary": {"checkpoints": 2, "records": 9, "reason": "checkpoints"},
+            "reason": "checkpoints",
+        },
+    }
+    result = op.execute_complete({}, ok)
+    assert result["checkpoints"] == 2 and result["records"] == 9 and result["unfinished"] == []
+    failed = {
+        "status": "failed",
+        "run_id": "r2",
+        "reason": "the driver exited without ending its run",
+        "run": {"host": "w1", "pid": 7, "error": "Traceback ...\nKafkaException: boom", "log_path": "/l.log"},
+    }
+    with pytest.raises(StreamDriverFailed, match=r"detached driver failed \(run r2 on w1, pid 7\)") as err:
+        op.execute_complete({}, failed)
+    assert "KafkaException: boom" in str(err.value) and "/l.log" in str(err.value)
+    assert err.value.tail[-1] == "KafkaException: boom"
+    with pytest.raises(StreamDriverFailed, match="detached driver was lost"):
+        op.execute_complete({}, {**failed, "status": "lost"})
+
+
+def test_deferrable_refuses_cluster_mode(pipeline_ref: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import airflow_provider_eo.operators.stream as stream_mod
+
+    monkeypatch.setattr(stream_mod, "spark_target", lambda task: ("yarn", "cluster"))
+    op = EoStreamOperator(task_id="stream", pipeline=pipeline_ref, deferrable=True)
+    with pytest.raises(AirflowFailException, match="durable submission"):
+        op._execute_detached({}, op.resolve_pipeline(), [])

@@ -54,3 +54,66 @@ def test_fires_once_per_prepared_checkpoint_lowest_first(tmp_path: Path) -> None
     assert all(
         e == {"status": "prepared", "pipeline": PIPELINE, "checkpoint_id": e["checkpoint_id"]} for e in events
     )
+
+
+def test_stream_run_event_for_every_state() -> None:
+    from airflow_provider_eo.triggers.stream import stream_run_event
+
+    run = {"state": "RUNNING", "heartbeat_s": 1.0, "heartbeat_age_s": 0.5, "reason": ""}
+    assert stream_run_event(run, waited_s=999, startup_timeout=10) is None
+    lost = stream_run_event({**run, "heartbeat_age_s": 4.5}, waited_s=0, startup_timeout=10)
+    assert lost is not None and lost["status"] == "lost" and "no heartbeat for 4s" in lost["reason"]
+    ended = stream_run_event(
+        {**run, "state": "ENDED", "reason": "checkpoints"}, waited_s=0, startup_timeout=1
+    )
+    assert ended == {
+        "status": "success",
+        "reason": "checkpoints",
+        "run": {**run, "state": "ENDED", "reason": "checkpoints"},
+    }
+    for state in ("FAILED", "LOST"):
+        event = stream_run_event({**run, "state": state, "reason": "boom"}, waited_s=0, startup_timeout=1)
+        assert event is not None and event["status"] == "failed" and event["reason"] == "boom"
+    assert stream_run_event(None, waited_s=5, startup_timeout=10) is None
+    never = stream_run_event(None, waited_s=11, startup_timeout=10)
+    assert (
+        never is not None
+        and never["status"] == "failed"
+        and "did not register its run within 10s" in never["reason"]
+    )
+
+
+def test_stream_run_trigger_fires_when_the_run_ends_and_on_kill_asks_it_to_stop(tmp_path: Path) -> None:
+    from airflow_provider_eo.triggers.stream import EoStreamRunTrigger
+
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    with Ledger(url) as ledger:
+        ledger.ensure_pipeline(PIPELINE, "fp")
+    trigger = EoStreamRunTrigger(pipeline=PIPELINE, run_id="r1", ledger_url=url, poll_interval=0.02)
+    cls, kwargs = trigger.serialize()
+    assert EoStreamRunTrigger(**kwargs).serialize() == (cls, kwargs)
+
+    async def scenario() -> Any:
+        gen = trigger.run()
+        pending = asyncio.ensure_future(gen.__anext__())
+        done, _ = await asyncio.wait({pending}, timeout=0.3)
+        assert not done  # not registered yet, within the startup timeout: keeps polling
+        with Ledger(url) as ledger:
+            ledger.register_stream_run(
+                PIPELINE, run_id="r1", host="h", pid=1, commit_mode="inline", heartbeat_s=30.0
+            )
+        done, _ = await asyncio.wait({pending}, timeout=0.3)
+        assert not done  # running, beating: keeps polling
+        await trigger.on_kill()  # the waiting task was marked failed: ask the run to stop
+        with Ledger(url) as ledger:
+            assert (
+                ledger.heartbeat_stream_run("r1").stop_requested_by == "airflow: the waiting task was stopped"
+            )
+            ledger.end_stream_run("r1", state="ENDED", reason="stop requested", summary={"checkpoints": 1})
+        event = await asyncio.wait_for(pending, 10)
+        await gen.aclose()
+        return event.payload
+
+    payload = asyncio.run(scenario())
+    assert payload["status"] == "success" and payload["run_id"] == "r1" and payload["pipeline"] == PIPELINE
+    assert payload["run"]["summary"] == {"checkpoints": 1}
