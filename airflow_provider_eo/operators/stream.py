@@ -11,7 +11,7 @@ Where the driver runs, and what holds a worker slot (honest about both modes):
   ``duration``/``checkpoints`` bound the run; SIGTERM (task killed, marked failed/success in
   the UI) reaches spark-submit via the Spark provider's ``on_kill``.
 - **client deploy mode, ``deferrable=True``**: the task starts the driver *detached* (a
-  launcher in a new session, :mod:`~airflow_provider_eo.operators.detach`; output in a log
+  launcher in a new session, :mod:`~airflow_provider_eo.detach`; output in a log
   file on the worker) and defers: it holds no worker slot while the stream runs. The
   triggerer watches the run's row in the ledger (:class:`EoStreamRunTrigger`: heartbeat on
   the database's clock, ENDED with the summary, FAILED with the driver's error, LOST when
@@ -331,7 +331,7 @@ class EoStreamOperator(PipelineTaskMixin, SparkSubmitOperator):
     def _execute_detached(self, context: Context, pipeline: Any, args: list[str]) -> None:
         """Start the driver detached (or re-attach to this task's live run) and defer."""
         from airflow_provider_eo.core.stream import new_run_id
-        from airflow_provider_eo.operators.detach import launch_detached
+        from airflow_provider_eo.detach import launch_detached
         from airflow_provider_eo.version_compat import task_identity
 
         name = pipeline.name

@@ -1,11 +1,11 @@
-"""The detached launcher's settling of a run once spark-submit exited (operators/detach.py)."""
+"""The detached launcher's settling of a run once spark-submit exited (detach.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from airflow_provider_eo.ledger import Ledger
-from airflow_provider_eo.operators.detach import settle_run
+from airflow_provider_eo.detach import settle_run
 
 P = "orders"
 

@@ -2,7 +2,7 @@
 
 The task builds the Spark provider's :class:`SparkSubmitHook` as usual (its connection is
 resolved in the task, where Airflow's secrets are reachable) and hands it, pickled into a
-private folder, to a *launcher*: ``python -m airflow_provider_eo.operators.detach``, started
+private folder, to a *launcher*: ``python -m airflow_provider_eo.detach``, started
 in a new session (so nothing that stops the task's process group stops it) with its output
 in the run's log file. The launcher calls the hook's public ``submit()`` and waits for
 spark-submit. When spark-submit exits, the launcher settles the run's row in the ledger:
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 LEDGER_URL_ENV = "EO_STREAM_LAUNCH_LEDGER_URL"
-LAUNCHER_MODULE = "airflow_provider_eo.operators.detach"
+LAUNCHER_MODULE = "airflow_provider_eo.detach"
 
 
 def launch_detached(
@@ -111,7 +111,7 @@ def settle_run(ledger_url: str, pipeline: str, run_id: str, *, failure: str | No
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m airflow_provider_eo.operators.detach SPEC APPLICATION PIPELINE RUN_ID LOG``."""
+    """``python -m airflow_provider_eo.detach SPEC APPLICATION PIPELINE RUN_ID LOG``."""
     spec, application, pipeline, run_id, log_path = (argv or sys.argv[1:])[:5]
     with open(spec, "rb") as f:
         hook = pickle.load(f)  # written by this package's task, mode 0600
