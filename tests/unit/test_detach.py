@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from airflow_provider_eo.ledger import Ledger
 from airflow_provider_eo.detach import settle_run
+from airflow_provider_eo.ledger import Ledger
 
 P = "orders"
 
