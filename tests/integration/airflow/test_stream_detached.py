@@ -46,6 +46,14 @@ def _runs(pipeline: Any) -> list[Any]:
         return [ledger.get_stream_run(i) for i in ids]
 
 
+def _log_has(airflow_env: Any, text: str) -> bool:
+    """Whether the running dag.test's log shows ``text`` yet (its file may not exist yet)."""
+    try:
+        return text in airflow_env.log_text()
+    except FileNotFoundError:
+        return False
+
+
 def _audit(pipeline: Any) -> None:
     with Ledger(pipeline.ledger_url) as ledger:
         report = audit_pipeline(pipeline, ledger)
@@ -164,7 +172,7 @@ def test_a_retry_reattaches_to_its_live_run_instead_of_starting_a_second_driver(
         thread, out = _in_thread(
             lambda: airflow_env.run_dag_test("eo_stream", dag_attr="detached_dag", conf='{"checkpoints": 1}')
         )
-        wait_for(lambda: "re-attaching" in airflow_env.log_text(), "the task to re-attach", timeout=180)
+        wait_for(lambda: _log_has(airflow_env, "re-attaching"), "the task to re-attach", timeout=180)
         with Ledger(pipeline.ledger_url) as ledger:
             ledger.end_stream_run(
                 live.run_id, state="ENDED", reason="checkpoints", summary={"checkpoints": 7, "records": 70}
