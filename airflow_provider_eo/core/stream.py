@@ -516,6 +516,12 @@ class _Heartbeat(threading.Thread):
         self.stop_requested_by: str | None = None
         self.superseded: str | None = None
 
+    def finish(self) -> None:
+        """Stop beating, and wait for a beat in progress (it must not land after the end)."""
+        self.halt.set()
+        if self.is_alive():
+            self.join(timeout=30)
+
     def run(self) -> None:
         from airflow_provider_eo.ledger.streams import StreamRunSuperseded
 
@@ -602,14 +608,14 @@ def run_stream(
                     on_checkpoint=on_checkpoint,
                 )
         except BaseException as exc:
-            heart.halt.set()
+            heart.finish()
             error = "".join(traceback.format_exception(exc)[-20:])
             with contextlib.suppress(Exception):  # the original error matters more
                 ledger.end_stream_run(
                     run.run_id, state=FAILED, reason=f"{type(exc).__name__}: {exc}", error=error
                 )
             raise
-        heart.halt.set()
+        heart.finish()
         result.run_id = run.run_id
         if heart.superseded:
             result.reason = "superseded"
