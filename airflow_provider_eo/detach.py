@@ -31,6 +31,11 @@ from typing import Any
 
 LEDGER_URL_ENV = "EO_STREAM_LAUNCH_LEDGER_URL"
 LAUNCHER_MODULE = "airflow_provider_eo.detach"
+# Airflow 3's task runner blocks the metadata database for task code by setting these to a
+# URL nothing can parse ("airflow-db-not-allowed:///"); a child that imports Airflow (the
+# launcher unpickling the hook) would fail on import. The launcher never uses the metadata
+# database: it gets an in-memory SQLite URL instead (nothing is connected at import).
+_BLOCKED_DB_VARS = ("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "AIRFLOW__CORE__SQL_ALCHEMY_CONN")
 
 
 def launch_detached(
@@ -51,6 +56,9 @@ def launch_detached(
         pickle.dump(hook, f)
     log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     env = {**os.environ, LEDGER_URL_ENV: ledger_url}
+    for name in _BLOCKED_DB_VARS:
+        if name in env:
+            env[name] = "sqlite://"
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", LAUNCHER_MODULE, str(spec), application, pipeline, run_id, str(log_path)],
@@ -113,14 +121,16 @@ def settle_run(ledger_url: str, pipeline: str, run_id: str, *, failure: str | No
 def main(argv: list[str] | None = None) -> int:
     """``python -m airflow_provider_eo.detach SPEC APPLICATION PIPELINE RUN_ID LOG``."""
     spec, application, pipeline, run_id, log_path = (argv or sys.argv[1:])[:5]
-    with open(spec, "rb") as f:
-        hook = pickle.load(f)  # written by this package's task, mode 0600
-    Path(spec).unlink(missing_ok=True)
-    Path(spec).parent.rmdir()
     failure: str | None = None
     try:
+        try:
+            with open(spec, "rb") as f:
+                hook = pickle.load(f)  # written by this package's task, mode 0600
+        finally:
+            Path(spec).unlink(missing_ok=True)
+            Path(spec).parent.rmdir()
         hook.submit(application)
-    except Exception as exc:  # spark-submit failed: its tail is in the message
+    except Exception as exc:  # spark-submit failed (its tail is in the message), or the hook
         failure = f"{type(exc).__name__}: {exc}"
         traceback.print_exc()
     ledger_url = os.environ.get(LEDGER_URL_ENV, "")

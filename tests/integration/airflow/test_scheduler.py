@@ -72,6 +72,27 @@ def stream_deployment(airflow_env: Any) -> Iterator[Any]:
         yield deployed
 
 
+@pytest.fixture()
+def detached_deployment(airflow_env: Any) -> Iterator[Any]:
+    """dags/eo_stream.py with an admin who may call the REST API (to trigger and to mark a
+    task failed as a user would in the UI)."""
+    airflow_env.add_dag(ROOT / "dags" / "eo_stream.py")
+    (airflow_env.dags / "eo_pipeline.py").unlink()
+    (airflow_env.home / "passwords.json").write_text('{"admin": "admin-pw"}')
+    airflow_env.env.update(
+        {
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(airflow_env.home / "passwords.json"),
+            "EO_STREAM_INTERVAL_S": "1",
+            "EO_STREAM_HEARTBEAT_S": "1",
+            "EO_STREAM_RETRIES": "0",
+            "EO_STREAM_LOG_DIR": str(airflow_env.home / "stream-logs"),
+        }
+    )
+    with _deploy(airflow_env) as deployed:
+        yield deployed
+
+
 @contextlib.contextmanager
 def _deploy(airflow_env: Any) -> Iterator[Any]:
     port = _free_port()
@@ -93,6 +114,7 @@ def _deploy(airflow_env: Any) -> Iterator[Any]:
             "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(_free_port()),
         }
     )
+    airflow_env.api_url = f"http://127.0.0.1:{port}"
     procs: list[subprocess.Popen[bytes]] = []
     try:
         for name in COMPONENTS:
@@ -208,5 +230,102 @@ def test_asset_watcher_commits_what_the_stream_prepared(
         wait_for(lambda: len(succeeded()) >= 2, "two asset-triggered commit runs to succeed", timeout=60)
     assert len(succeeded()) >= 2, _dag_runs(home, "eo_stream_commit")
     with Ledger(pipeline.ledger_url) as ledger:
+        report = audit_pipeline(pipeline, ledger)
+    assert report.ok and report.duplicates == 0 and report.missing == 0, report.as_dict()
+
+
+def _ti_state(home: Path, dag_id: str, task_id: str) -> str | None:
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(home / "airflow.db")) as db:
+        row = db.execute(
+            "SELECT state FROM task_instance WHERE dag_id = ? AND task_id = ?", (dag_id, task_id)
+        ).fetchone()
+    return None if row is None or row[0] is None else str(row[0])
+
+
+def test_detached_stream_frees_the_worker_slot_and_marking_it_failed_stops_it(
+    detached_deployment: Any, kafka_bootstrap: str
+) -> None:
+    """eo_stream_detached under a real scheduler, LocalExecutor and triggerer: the task defers
+    while the detached driver keeps streaming (its heartbeat advances after the task process
+    is gone); marking the deferred task failed, as a user does in the UI, makes the triggerer
+    call on_kill, which asks the run to stop: the driver finishes its in-flight checkpoints
+    and exits, nothing unfinished, exactly once."""
+    import httpx
+
+    from airflow_provider_eo.core.stream import process_alive
+
+    home = detached_deployment.home
+    api = detached_deployment.api_url
+    pipeline = detached_deployment.pipeline()
+    produce_sample(kafka_bootstrap, pipeline.source_topics[0])
+
+    def token() -> str:
+        r = httpx.post(f"{api}/auth/token", json={"username": "admin", "password": "admin-pw"}, timeout=30)
+        r.raise_for_status()
+        return str(r.json()["access_token"])
+
+    run_id: str | None = None
+
+    def triggered() -> bool:
+        nonlocal run_id
+        try:
+            r = httpx.post(
+                f"{api}/api/v2/dags/eo_stream_detached/dagRuns",
+                json={"logical_date": None, "conf": {"duration": 600}},
+                headers={"Authorization": f"Bearer {token()}"},
+                timeout=30,
+            )
+        except httpx.HTTPError:
+            return False  # the api-server is still starting
+        if r.status_code == 200:
+            run_id = r.json()["dag_run_id"]
+        return run_id is not None  # 404 until the dag-processor parsed the DAG
+
+    wait_for(triggered, "the api-server to accept the eo_stream_detached run", timeout=180)
+
+    def streaming() -> bool:
+        if not Path(pipeline.ledger_url.removeprefix("sqlite:///")).exists():
+            return False
+        with Ledger(pipeline.ledger_url) as ledger, contextlib.suppress(CheckpointNotFound):
+            return (
+                ledger.live_stream_run(pipeline.name) is not None
+                and ledger.last_committed(pipeline.name) is not None
+                and _ti_state(home, "eo_stream_detached", "stream") == "deferred"
+            )
+        return False
+
+    with contextlib.suppress(AssertionError):
+        wait_for(streaming, "a committed checkpoint while the task is deferred", timeout=240)
+    assert streaming(), f"{_ti_state(home, 'eo_stream_detached', 'stream')}\n{_component_logs(home)}"
+    with Ledger(pipeline.ledger_url) as ledger:
+        live = ledger.live_stream_run(pipeline.name)
+        assert live is not None and process_alive(live.pid)
+        beat = live.heartbeat_at
+        # The task process is gone (deferred): the driver lives on and keeps beating.
+        wait_for(
+            lambda: ledger.get_stream_run(live.run_id).heartbeat_at > beat, "a later heartbeat", timeout=30
+        )
+
+    r = httpx.patch(
+        f"{api}/api/v2/dags/eo_stream_detached/dagRuns/{run_id}/taskInstances/stream",
+        json={"new_state": "failed"},
+        headers={"Authorization": f"Bearer {token()}"},
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text
+
+    with Ledger(pipeline.ledger_url) as ledger:
+        with contextlib.suppress(AssertionError):
+            wait_for(
+                lambda: ledger.get_stream_run(live.run_id).state != "RUNNING", "the run to end", timeout=120
+            )
+        ended = ledger.get_stream_run(live.run_id)
+        assert ended.state == "ENDED", f"{ended}\n{_component_logs(home)}"
+        assert ended.reason == "stop requested by airflow: the waiting task was stopped", ended.reason
+        assert ended.summary is not None and ended.summary["unfinished"] == []
+        assert ledger.unfinished(pipeline.name) is None
+        wait_for(lambda: not process_alive(live.pid), "the driver process to exit", timeout=60)
         report = audit_pipeline(pipeline, ledger)
     assert report.ok and report.duplicates == 0 and report.missing == 0, report.as_dict()
