@@ -133,9 +133,11 @@ def register_stream_run(
     with db.write() as s:
         p = pipeline_row(s, db, pipeline, lock=True)
         now = database_now(s)
-        running = s.execute(
-            select(StreamRun).where(StreamRun.pipeline_id == p.id, StreamRun.state == RUNNING)
-        ).scalars()
+        running = (
+            s.execute(select(StreamRun).where(StreamRun.pipeline_id == p.id, StreamRun.state == RUNNING))
+            .scalars()
+            .all()  # fetched before any UPDATE below runs on the same connection
+        )
         for other in running:
             if other.run_id == run_id:
                 raise LedgerError(f"stream run {run_id!r} of pipeline {pipeline!r} is registered already")
@@ -249,7 +251,7 @@ def request_stream_stop(
         if run_id is not None:
             stmt = stmt.where(StreamRun.run_id == run_id)
         asked = []
-        for run in s.execute(stmt).scalars():
+        for run in s.execute(stmt).scalars().all():
             if run.stop_requested_at is None:
                 run.stop_requested_at = now
                 run.stop_requested_by = requested_by
