@@ -26,6 +26,7 @@ from airflow_provider_eo.ledger.models import (
     Lineage,
     PartitionHead,
     Pipeline,
+    StreamRun,
 )
 from airflow_provider_eo.ledger.reads import lowest_unfinished, pipeline_row
 from airflow_provider_eo.ledger.states import CheckpointState
@@ -71,7 +72,8 @@ def _brief(row: Checkpoint | None) -> dict[str, Any] | None:
 
 def pipeline_overview(db: Database, name: str) -> dict[str, Any]:
     """One pipeline at a glance: ``state`` (``running`` / ``stopped`` / ``failing``), the
-    last committed checkpoint, the one in flight, the last error, its DAG, its partitions.
+    last committed checkpoint, the one in flight, the last error, its DAG, its partitions,
+    and its newest streaming run (``stream``: host, pid, heartbeat age, how it ended).
 
     ``failing``: the newest finished checkpoint was ABORTED (the last error says why).
     """
@@ -98,6 +100,7 @@ def pipeline_overview(db: Database, name: str) -> dict[str, Any]:
             .order_by(Checkpoint.checkpoint_id.desc())
             .limit(1)
         ).scalar_one_or_none()
+        stream = _stream_run(s, row.id)
         failing = aborted is not None and (
             committed is None or aborted.checkpoint_id > committed.checkpoint_id
         )
@@ -130,7 +133,37 @@ def pipeline_overview(db: Database, name: str) -> dict[str, Any]:
             "last_error": last_error,
             "partitions": [{"topic": t, "partition": p} for t, p in partitions],
             "created_at": _iso(row.created_at),
+            "stream": stream,
         }
+
+
+def _stream_run(s: Session, pid: int) -> dict[str, Any] | None:
+    """The pipeline's newest streaming run (None: never streamed): ``state`` is the row's,
+    or ``STALE`` for a RUNNING run silent past the stale bound (killed, or its host gone)."""
+    from airflow_provider_eo.ledger.leases import database_now
+    from airflow_provider_eo.ledger.streams import RUNNING, STALE_FACTOR
+
+    run = s.execute(
+        select(StreamRun).where(StreamRun.pipeline_id == pid).order_by(StreamRun.id.desc()).limit(1)
+    ).scalar_one_or_none()
+    if run is None:
+        return None
+    age = max(0.0, (database_now(s) - run.heartbeat_at).total_seconds())
+    state = run.state
+    if state == RUNNING and age > STALE_FACTOR * run.heartbeat_s:
+        state = "STALE"
+    return {
+        "run_id": run.run_id,
+        "state": state,
+        "host": run.host,
+        "pid": run.pid,
+        "commit": run.commit_mode,
+        "heartbeat_age_s": round(age, 1),
+        "started_at": _iso(run.started_at),
+        "ended_at": _iso(run.ended_at),
+        "reason": run.reason,
+        "stop_requested": run.stop_requested_at is not None,
+    }
 
 
 def pipeline_names(db: Database) -> list[str]:

@@ -88,3 +88,16 @@ def test_unknown_runs_and_bad_endings(ledger: Ledger) -> None:
         ledger.end_stream_run("r1", state="RUNNING", reason="")
     with pytest.raises(Exception, match="registered already"):
         _register(ledger, "r1")
+
+
+def test_the_ui_overview_shows_the_newest_stream_run(ledger: Ledger) -> None:
+    assert ledger.pipeline_overview(P)["stream"] is None  # never streamed
+    _register(ledger, "r1", heartbeat_s=0.05)
+    live = ledger.pipeline_overview(P)["stream"]
+    assert live["run_id"] == "r1" and live["state"] == "RUNNING"
+    assert (live["host"], live["pid"]) == ("h1", 100)
+    time.sleep(STALE_FACTOR * 0.05 + 0.2)  # silence past the stale bound (the property itself)
+    assert ledger.pipeline_overview(P)["stream"]["state"] == "STALE"
+    ledger.end_stream_run("r1", state="FAILED", reason="KafkaException: boom", error="tb")
+    ended = ledger.pipeline_overview(P)["stream"]
+    assert ended["state"] == "FAILED" and ended["reason"] == "KafkaException: boom" and ended["ended_at"]
