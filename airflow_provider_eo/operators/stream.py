@@ -345,6 +345,17 @@ class EoStreamOperator(PipelineTaskMixin, SparkSubmitOperator):
         with open_ledger(pipeline) as ledger:
             ledger.ensure_pipeline(name, pipeline.fingerprint())
             live = ledger.live_stream_run(name)
+        if live is not None and live.stop_requested_at is not None:
+            # Stopping (the task was cleared or marked while it waited, or `eo stream-stop`):
+            # re-attaching would end this try with the old run; wait for it to finish its
+            # in-flight checkpoints (seconds), then start a new one.
+            self.log.info(
+                "pipeline %s: stream run %s is stopping (stop requested by %s); waiting for it to end",
+                name,
+                live.run_id,
+                live.stop_requested_by,
+            )
+            live = self._wait_for_end(pipeline, live)
         if live is not None:
             if (live.dag_id, live.task_id) != (ident["dag_id"], ident["task_id"]):
                 raise AirflowException(
@@ -396,6 +407,16 @@ class EoStreamOperator(PipelineTaskMixin, SparkSubmitOperator):
             log_path,
         )
         self._defer_on(pipeline, run_id)
+
+    def _wait_for_end(self, pipeline: Any, live: Any) -> Any:
+        """Poll until the stopping run ``live`` ended (None) or ``startup_timeout`` passed
+        (the run, still live: the caller then reports it)."""
+        deadline = time.monotonic() + self.startup_timeout
+        while live is not None and live.stop_requested_at is not None and time.monotonic() < deadline:
+            time.sleep(min(self.poll_interval, 2.0))
+            with open_ledger(pipeline) as ledger:
+                live = ledger.live_stream_run(pipeline.name)
+        return live
 
     def _defer_on(self, pipeline: Any, run_id: str) -> None:
         ledger_ref: dict[str, Any] = (

@@ -178,3 +178,30 @@ def test_deferrable_refuses_cluster_mode(pipeline_ref: str, monkeypatch: pytest.
     op = EoStreamOperator(task_id="stream", pipeline=pipeline_ref, deferrable=True)
     with pytest.raises(AirflowFailException, match="durable submission"):
         op._execute_detached({}, op.resolve_pipeline(), [])
+
+
+def test_a_stopping_run_is_waited_for_not_reattached(pipeline_ref: str) -> None:
+    """A cleared task's new try must start a new stream, not end with the old (stopping) one."""
+    import threading
+
+    from airflow_provider_eo.ledger import Ledger
+
+    op = EoStreamOperator(task_id="stream", pipeline=pipeline_ref, deferrable=True, poll_interval=0.05)
+    pipeline = op.resolve_pipeline()
+    with Ledger(pipeline.ledger_url) as ledger:
+        ledger.ensure_pipeline(pipeline.name, pipeline.fingerprint())
+        ledger.register_stream_run(
+            pipeline.name, run_id="old", host="h", pid=1, commit_mode="inline", heartbeat_s=30
+        )
+        ledger.request_stream_stop(pipeline.name, requested_by="airflow: the waiting task was stopped")
+        live = ledger.live_stream_run(pipeline.name)
+    assert live is not None and live.stop_requested_at is not None
+
+    def end_soon() -> None:
+        with Ledger(pipeline.ledger_url) as ledger:
+            ledger.end_stream_run("old", state="ENDED", reason="stop requested", summary={})
+
+    timer = threading.Timer(0.5, end_soon)
+    timer.start()
+    assert op._wait_for_end(pipeline, live) is None  # it ended: the caller starts a new run
+    timer.join()
