@@ -154,10 +154,11 @@ class EoStreamRunTrigger(BaseTrigger):
     task that started a detached driver holds no worker slot while it runs.
 
     Fires once: ``success`` (the run ENDED: exit 0, its summary), ``failed`` (FAILED with the
-    driver's error, or never registered within ``startup_timeout``) or ``lost`` (its heartbeat
-    went stale). When a user marks the waiting task failed/success or clears it, Airflow calls
-    :meth:`on_kill`, which asks the run to stop cleanly (the ledger's stop request: in-flight
-    checkpoints finish, nothing is left half done).
+    driver's error, never registered within ``startup_timeout``, or the ledger unreadable for
+    longer than that) or ``lost`` (its heartbeat went stale). When a user marks the waiting
+    task failed/success or clears it, Airflow calls :meth:`on_kill`, which asks the run to stop
+    cleanly (the ledger's stop request: in-flight checkpoints finish, nothing is left half
+    done).
 
     :param pipeline: pipeline name.
     :param run_id: the run's id (``eo_stream_runs``).
@@ -206,10 +207,26 @@ class EoStreamRunTrigger(BaseTrigger):
         from airflow_provider_eo.ledger import LedgerError
 
         url = await asyncio.to_thread(resolve_ledger_url, self.ledger_url, self.ledger_conn_id)
+        unreadable_since: float | None = None
         while True:
             try:
                 run = await asyncio.to_thread(read_stream_run, url, self.run_id)
             except LedgerError as exc:
+                # A blip is waited out; a ledger gone for longer than the startup timeout
+                # fails the task (a retry re-attaches to the run if it still beats).
+                unreadable_since = unreadable_since or time.time()
+                down_s = time.time() - unreadable_since
+                if down_s > self.startup_timeout:
+                    yield TriggerEvent(
+                        {
+                            "pipeline": self.pipeline,
+                            "run_id": self.run_id,
+                            "status": "failed",
+                            "reason": f"the ledger could not be read for {down_s:.0f}s ({exc})",
+                            "run": None,
+                        }
+                    )
+                    return
                 self.log.warning(
                     "pipeline %r, stream run %s: cannot read the ledger (%s); polling again",
                     self.pipeline,
@@ -217,6 +234,7 @@ class EoStreamRunTrigger(BaseTrigger):
                     exc,
                 )
             else:
+                unreadable_since = None
                 event = stream_run_event(
                     run, waited_s=time.time() - self.submitted_at, startup_timeout=self.startup_timeout
                 )

@@ -5,14 +5,17 @@ child process (Airflow reads AIRFLOW_HOME once, when it is first imported)."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,6 +87,7 @@ class AirflowEnv:
     dags: Path
     env: dict[str, str]
     logs: list[Path] = field(default_factory=list)
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def pipeline(self) -> Any:
         """The demo Pipeline exactly as the tasks build it from this environment."""
@@ -109,9 +113,16 @@ class AirflowEnv:
         log = self.home / f"dagtest-{len(self.logs) + 1}.log"
         self.logs.append(log)
         with log.open("w") as out:
-            proc = subprocess.run(
-                args, env=self.env, stdout=out, stderr=subprocess.STDOUT, timeout=timeout_s, check=False
+            # Its own process group: the fixture's teardown stops it if the test did not wait
+            # for it (a failed assertion while it runs in a thread).
+            proc = subprocess.Popen(
+                args, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
             )
+            self.procs.append(proc)
+            try:
+                proc.wait(timeout=timeout_s)
+            finally:
+                _kill_group(proc)
         text = log.read_text(errors="replace")
         lines = [ln for ln in text.splitlines() if ln.startswith(RESULT_PREFIX)]
         assert proc.returncode == 0 and lines, f"dag.test driver failed ({proc.returncode}):\n{text[-6000:]}"
@@ -122,15 +133,52 @@ class AirflowEnv:
         return "\n".join(p.read_text(errors="replace") for p in self.logs)
 
 
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL ``proc``'s process group (it leads one) unless it already exited."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
+def _stop_detached_drivers(ledger_url: str) -> None:
+    """SIGKILL the session of every detached streaming driver still RUNNING in ``ledger_url``
+    (launched by a test that failed before its stream ended): tests leave nothing running."""
+    from sqlalchemy import select
+
+    from airflow_provider_eo.core.stream import process_alive
+    from airflow_provider_eo.ledger import Ledger
+    from airflow_provider_eo.ledger.models import StreamRun
+
+    if not Path(ledger_url.removeprefix("sqlite:///")).exists():
+        return
+    with Ledger(ledger_url) as ledger, ledger._db.read() as s:
+        pids = list(
+            s.execute(
+                select(StreamRun.pid).where(
+                    StreamRun.state == "RUNNING", StreamRun.host == socket.gethostname()
+                )
+            ).scalars()
+        )
+    for pid in pids:
+        if pid <= 1 or not process_alive(pid):
+            continue
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            group = os.getpgid(pid)
+            if group > 1 and group != os.getpgrp():  # never this test run's own group
+                os.killpg(group, signal.SIGKILL)  # launcher, spark-submit, driver
+
+
 @pytest.fixture()
 def airflow_env(
     tmp_path: Path,
     airflow_db_template: Path,
     kafka_bootstrap: str,
     make_topic: Callable[..., str],
-) -> AirflowEnv:
+) -> Iterator[AirflowEnv]:
     """A fresh AIRFLOW_HOME with the example DAGs and a fresh demo pipeline
-    (3-partition source and sink topics, SQLite ledger, staging folder)."""
+    (3-partition source and sink topics, SQLite ledger, staging folder). On teardown, any
+    dag.test still running and any detached streaming driver still registered are stopped."""
     home = tmp_path / "airflow"
     dags = home / "dags"
     dags.mkdir(parents=True)
@@ -150,4 +198,10 @@ def airflow_env(
             "EO_RETRY_DELAY_S": "1",
         }
     )
-    return AirflowEnv(home=home, dags=dags, env=env)
+    airflow = AirflowEnv(home=home, dags=dags, env=env)
+    try:
+        yield airflow
+    finally:
+        for proc in airflow.procs:
+            _kill_group(proc)
+        _stop_detached_drivers(env["EO_LEDGER_URL"])

@@ -117,3 +117,23 @@ def test_stream_run_trigger_fires_when_the_run_ends_and_on_kill_asks_it_to_stop(
     payload = asyncio.run(scenario())
     assert payload["status"] == "success" and payload["run_id"] == "r1" and payload["pipeline"] == PIPELINE
     assert payload["run"]["summary"] == {"checkpoints": 1}
+
+
+def test_stream_run_trigger_gives_up_on_a_ledger_gone_for_longer_than_the_startup_timeout(
+    tmp_path: Path,
+) -> None:
+    from airflow_provider_eo.triggers.stream import EoStreamRunTrigger
+
+    missing = f"sqlite:///{tmp_path / 'gone.db'}"  # read-only open of a ledger that is not there
+    trigger = EoStreamRunTrigger(
+        pipeline=PIPELINE, run_id="r1", ledger_url=missing, poll_interval=0.05, startup_timeout=0.3
+    )
+
+    async def first() -> Any:
+        gen = trigger.run()
+        event = await asyncio.wait_for(gen.__anext__(), 10)
+        await gen.aclose()
+        return event.payload
+
+    payload = asyncio.run(first())
+    assert payload["status"] == "failed" and "the ledger could not be read for" in payload["reason"]
