@@ -69,6 +69,7 @@ from typing import Any, Literal
 from airflow_provider_eo.errors import EoError, PipelineStopped
 from airflow_provider_eo.ledger import Actor, CheckpointRecord, CheckpointState, Ledger, StreamRunRecord
 from airflow_provider_eo.pipeline import Pipeline
+from airflow_provider_eo.processes import pid_alive
 
 CommitMode = Literal["inline", "airflow"]
 COMMIT_MODES: tuple[CommitMode, ...] = ("inline", "airflow")
@@ -444,21 +445,6 @@ def new_run_id() -> str:
     return f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:12]}"
 
 
-def process_alive(pid: int) -> bool:
-    """Whether process ``pid`` of this host exists and is not a zombie."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True  # no /proc: the signal said it exists
-
-
 def register_run(
     ledger: Ledger,
     pipeline: str,
@@ -490,7 +476,7 @@ def register_run(
         return ledger.register_stream_run(pipeline, **kwargs)
     except StreamRunConflict as exc:
         other = exc.other
-        if other.host != host or process_alive(other.pid):
+        if other.host != host or pid_alive(other.pid):
             raise
         log.warning(
             "pipeline %s: stream run %s (pid %d on this host) is gone; declaring it LOST",

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from airflow_provider_eo.processes import pid_alive
 from airflow_provider_eo.stack.errors import StackError
 from airflow_provider_eo.stack.maven import kafka_broker_jars
 from airflow_provider_eo.stack.paths import state_dir
@@ -40,24 +41,6 @@ def port_in_use(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.settimeout(0.5)
         return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
-def pid_alive(pid: int) -> bool:
-    """True while process ``pid`` exists and is not a zombie."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child still answers kill(0); look at its state where /proc exists.
-    stat = Path(f"/proc/{pid}/stat")
-    if stat.is_file():
-        try:
-            return stat.read_text().split(") ", 1)[1][0] != "Z"
-        except (OSError, IndexError):
-            return True
-    return True
 
 
 def new_cluster_id(random_bytes: Callable[[], bytes] = lambda: uuid.uuid4().bytes) -> str:

@@ -146,9 +146,9 @@ def _stop_detached_drivers(ledger_url: str) -> None:
     (launched by a test that failed before its stream ended): tests leave nothing running."""
     from sqlalchemy import select
 
-    from airflow_provider_eo.core.stream import process_alive
     from airflow_provider_eo.ledger import Ledger
     from airflow_provider_eo.ledger.models import StreamRun
+    from airflow_provider_eo.processes import pid_alive as process_alive
 
     if not Path(ledger_url.removeprefix("sqlite:///")).exists():
         return

@@ -254,7 +254,7 @@ def test_detached_stream_frees_the_worker_slot_and_marking_it_failed_stops_it(
     and exits, nothing unfinished, exactly once."""
     import httpx
 
-    from airflow_provider_eo.core.stream import process_alive
+    from airflow_provider_eo.processes import pid_alive as process_alive
 
     home = detached_deployment.home
     api = detached_deployment.api_url
