@@ -3,15 +3,14 @@ database's clock, LOST after silence or a dead process, stop requests, idempoten
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from eo_harness import wait_for
 
 from airflow_provider_eo.ledger import Ledger
 from airflow_provider_eo.ledger.streams import (
-    STALE_FACTOR,
     StreamRunConflict,
     StreamRunNotFound,
     StreamRunSuperseded,
@@ -44,8 +43,8 @@ def test_a_second_live_run_is_refused_naming_the_first(ledger: Ledger) -> None:
 
 def test_a_silent_run_is_lost_and_a_new_one_takes_over(ledger: Ledger) -> None:
     _register(ledger, "r1", heartbeat_s=0.05)
-    time.sleep(STALE_FACTOR * 0.05 + 0.2)  # silence past the stale bound (the property itself)
-    assert ledger.live_stream_run(P) is None
+    # Nobody beats: poll until the run counts as stale (4 heartbeats of silence).
+    wait_for(lambda: ledger.live_stream_run(P) is None, "the silent run to go stale", timeout=10)
     second = _register(ledger, "r2")
     old = ledger.get_stream_run("r1")
     assert old.state == "LOST" and "no heartbeat since" in old.reason
@@ -96,8 +95,9 @@ def test_the_ui_overview_shows_the_newest_stream_run(ledger: Ledger) -> None:
     live = ledger.pipeline_overview(P)["stream"]
     assert live["run_id"] == "r1" and live["state"] == "RUNNING"
     assert (live["host"], live["pid"]) == ("h1", 100)
-    time.sleep(STALE_FACTOR * 0.05 + 0.2)  # silence past the stale bound (the property itself)
-    assert ledger.pipeline_overview(P)["stream"]["state"] == "STALE"
+    wait_for(
+        lambda: ledger.pipeline_overview(P)["stream"]["state"] == "STALE", "the run to show STALE", timeout=10
+    )
     ledger.end_stream_run("r1", state="FAILED", reason="KafkaException: boom", error="tb")
     ended = ledger.pipeline_overview(P)["stream"]
     assert ended["state"] == "FAILED" and ended["reason"] == "KafkaException: boom" and ended["ended_at"]
