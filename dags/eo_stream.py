@@ -71,46 +71,26 @@ def _stream(commit: str, *, deferrable: bool = False) -> EoStreamOperator:
     )
 
 
-with DAG(
-    dag_id="eo_stream",
-    schedule=None,
-    start_date=datetime(2025, 1, 1),
-    catchup=False,
-    max_active_runs=1,
-    tags=["eo", "example", "stream"],
-    doc_md=__doc__,
-    params=BOUNDS,
-    default_args=DEFAULTS,
-) as dag:
-    _stream("inline")
+def _stream_dag(dag_id: str, commit: str, *, deferrable: bool = False) -> DAG:
+    """A manually triggered DAG of one stream task (run conf: the bounds)."""
+    with DAG(
+        dag_id=dag_id,
+        schedule=None,
+        start_date=datetime(2025, 1, 1),
+        catchup=False,
+        max_active_runs=1,
+        tags=["eo", "example", "stream"],
+        doc_md=__doc__,
+        params=BOUNDS,
+        default_args=DEFAULTS,
+    ) as stream_dag:
+        _stream(commit, deferrable=deferrable)
+    return stream_dag
 
 
-with DAG(
-    dag_id="eo_stream_detached",
-    schedule=None,
-    start_date=datetime(2025, 1, 1),
-    catchup=False,
-    max_active_runs=1,
-    tags=["eo", "example", "stream"],
-    doc_md=__doc__,
-    params=BOUNDS,
-    default_args=DEFAULTS,
-) as detached_dag:
-    _stream("inline", deferrable=True)
-
-
-with DAG(
-    dag_id="eo_stream_prepare",
-    schedule=None,
-    start_date=datetime(2025, 1, 1),
-    catchup=False,
-    max_active_runs=1,
-    tags=["eo", "example", "stream"],
-    doc_md=__doc__,
-    params=BOUNDS,
-    default_args=DEFAULTS,
-) as prepare_dag:
-    _stream("airflow")
+dag = _stream_dag("eo_stream", "inline")
+detached_dag = _stream_dag("eo_stream_detached", "inline", deferrable=True)
+prepare_dag = _stream_dag("eo_stream_prepare", "airflow")
 
 
 # The watcher needs the pipeline's name and ledger at parse time: building the Pipeline

@@ -148,7 +148,7 @@ def _stop_detached_drivers(ledger_url: str) -> None:
 
     from airflow_provider_eo.ledger import Ledger
     from airflow_provider_eo.ledger.models import StreamRun
-    from airflow_provider_eo.processes import pid_alive as process_alive
+    from airflow_provider_eo.processes import pid_alive
 
     if not Path(ledger_url.removeprefix("sqlite:///")).exists():
         return
@@ -161,7 +161,7 @@ def _stop_detached_drivers(ledger_url: str) -> None:
             ).scalars()
         )
     for pid in pids:
-        if pid <= 1 or not process_alive(pid):
+        if pid <= 1 or not pid_alive(pid):
             continue
         with contextlib.suppress(ProcessLookupError, PermissionError):
             group = os.getpgid(pid)

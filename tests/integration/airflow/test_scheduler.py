@@ -254,7 +254,7 @@ def test_detached_stream_frees_the_worker_slot_and_marking_it_failed_stops_it(
     and exits, nothing unfinished, exactly once."""
     import httpx
 
-    from airflow_provider_eo.processes import pid_alive as process_alive
+    from airflow_provider_eo.processes import pid_alive
 
     home = detached_deployment.home
     api = detached_deployment.api_url
@@ -301,7 +301,7 @@ def test_detached_stream_frees_the_worker_slot_and_marking_it_failed_stops_it(
     assert streaming(), f"{_ti_state(home, 'eo_stream_detached', 'stream')}\n{_component_logs(home)}"
     with Ledger(pipeline.ledger_url) as ledger:
         live = ledger.live_stream_run(pipeline.name)
-        assert live is not None and process_alive(live.pid)
+        assert live is not None and pid_alive(live.pid)
         beat = live.heartbeat_at
         # The task process is gone (deferred): the driver lives on and keeps beating.
         wait_for(
@@ -326,6 +326,6 @@ def test_detached_stream_frees_the_worker_slot_and_marking_it_failed_stops_it(
         assert ended.reason == "stop requested by airflow: the waiting task was stopped", ended.reason
         assert ended.summary is not None and ended.summary["unfinished"] == []
         assert ledger.unfinished(pipeline.name) is None
-        wait_for(lambda: not process_alive(live.pid), "the driver process to exit", timeout=60)
+        wait_for(lambda: not pid_alive(live.pid), "the driver process to exit", timeout=60)
         report = audit_pipeline(pipeline, ledger)
     assert report.ok and report.duplicates == 0 and report.missing == 0, report.as_dict()

@@ -16,7 +16,7 @@ from eo_harness import wait_for
 from airflow_provider_eo.demo.sample import produce_sample
 from airflow_provider_eo.kafka.audit import audit_pipeline
 from airflow_provider_eo.ledger import CheckpointState, Ledger
-from airflow_provider_eo.processes import pid_alive as process_alive
+from airflow_provider_eo.processes import pid_alive
 
 from .conftest import ROOT
 
@@ -119,7 +119,7 @@ def test_killed_detached_driver_fails_the_task_and_the_next_try_resumes(
 
     wait_for(committed_one, "the detached stream's first committed checkpoint", timeout=240)
     (running,) = _runs(pipeline)
-    assert running.state == "RUNNING" and process_alive(running.pid)
+    assert running.state == "RUNNING" and pid_alive(running.pid)
     os.kill(running.pid, signal.SIGKILL)  # the driver, as the OOM killer would
     thread.join(timeout=300)
     assert not thread.is_alive() and "error" not in out, out
