@@ -3,6 +3,7 @@ at-least-once Kafka sink, same trigger interval, same input rate, same machine, 
 
     .venv/bin/python bench/stream.py [--interval 5] [--rate 1000] [--seconds 60] [--warmup 10]
                                      [--backlog 500000] [--partitions 4] [--max-pending 2]
+                                     [--rounds 3] [--warm-passes 5] [--spark-fetch-max-wait-ms MS]
 
 One local broker (127.0.0.1) and one local SparkSession with the connector jars; every phase
 has its own topics.
@@ -16,17 +17,21 @@ has its own topics.
    throughput (those records / the time from their first produce to their last arrival).
 2. Latency, Spark: ``readStream`` kafka -> the same transform (``upper``) ->
    ``writeStream`` kafka, ``trigger(processingTime=--interval)``, measured the same way.
-3. Max throughput, ``--rounds`` rounds (default 3): per round, ``--backlog`` records are
-   written for each side first; then eo (``run_stream``, same interval) and Spark (same
-   query shape, same trigger) each process their backlog from the start: records / seconds
-   until the last record is readable (eo: the last commit returned; Spark: the sink's high
-   watermarks reach the backlog, nothing is transactional). The side that goes first
-   alternates per round; the medians over the rounds are reported. Before anything is
-   measured, ``--warm-records`` (default: the backlog) go through each side once, so the
-   JVM's JIT is warm for both (a 10k warm-up left the first large job 2-3x slower).
+3. Max throughput, ``--rounds`` rounds (default 3): per round, ``--backlog`` more records
+   are written to each side's source first; then eo (``run_stream``, same interval) and
+   Spark (same query shape, same trigger) each restart and carry that backlog: records /
+   seconds until the last record is readable (eo: the last commit returned; Spark: the
+   sink's high watermarks reach it, nothing is transactional). Every round uses the same
+   topics, eo pipeline and Spark checkpoint folder: a restart of one long-running job. The
+   side that goes first alternates per round; the medians over the rounds are reported.
+   Before anything is measured, ``--warm-passes`` (default 5) unmeasured rounds warm the
+   one JVM both sides share (see :func:`throughput_round`; its JIT kept compiling for four
+   500k-record passes), and every measured side reports the JIT seconds it still paid.
    Spark's query has no ``maxOffsetsPerTrigger``, so by default eo's
    ``max_records_per_checkpoint`` is the backlog too (one batch each); ``--max-records``
    caps eo's checkpoints (a capped plan plans the next at once: core/stream.py catch-up).
+   eo's bounded reads set ``kafka.fetch.max.wait.ms`` to 20 ms (spark/source.py);
+   ``--spark-fetch-max-wait-ms 20`` gives Spark's query the same (default: Spark's 500).
 
 Progress goes to stderr; the last line on stdout is machine-readable.
 """
@@ -52,6 +57,8 @@ sys.path.insert(0, str(ROOT))
 from airflow_provider_eo.pipeline import Pipeline  # noqa: E402
 
 TRANSFORM = "airflow_provider_eo.examples.transforms:upper"
+#: Extra ``kafka.*`` options of Spark's own query (``--spark-fetch-max-wait-ms``).
+SPARK_SOURCE_OPTIONS: dict[str, str] = {}
 PAD = "x" * 60
 
 
@@ -262,6 +269,7 @@ def spark_query(
         .option("kafka.bootstrap.servers", bootstrap)
         .option("subscribe", src)
         .option("startingOffsets", "earliest")
+        .options(**SPARK_SOURCE_OPTIONS)
         .load()
     )
     return (
@@ -276,43 +284,10 @@ def spark_query(
     )
 
 
-def warm_up(
-    spark: Any, ledger: Any, base: Pipeline, bootstrap: str, work: Path, partitions: int, records: int
-) -> None:
-    """``records`` through eo (one checkpoint) and through one Spark streaming batch (JIT, the
-    Kafka connector, the broker's transaction and offsets topics) before anything is measured.
-
-    The same size as the measured backlog by default: after a 10k-record warm-up, the first
-    500k-record job of a JVM ran 2-3x slower than the next ones (13.4 s, then 3.8-4.0 s for
-    the same staged write; HotSpot still compiling on two cores), and whichever side went
-    first paid for it — eo, in the order of the phases.
-    """
-    from airflow_provider_eo.core.runner import run_once
-
-    log(f"warming up: {records:,} records through eo (one checkpoint) and through a Spark streaming query")
-    produce_backlog(bootstrap, "warm-eo", records, partitions)
-    produce_backlog(bootstrap, "warm-spark", records, partitions)
-    run_once(
-        replace(
-            base,
-            name="warm",
-            source_topics=["warm-eo"],
-            sink_topic="warm-eo-sink",
-            max_records_per_checkpoint=max(records, base.max_records_per_checkpoint),
-        ),
-        ledger=ledger,
-        spark=spark,
-    )
-    q = spark_query(spark, bootstrap, "warm-spark", "warm-spark-sink", work / "spark-warm-ckpt", 1.0)
-    try:
-        deadline = time.monotonic() + 120
-        while (
-            high_watermarks(bootstrap, "warm-spark-sink", partitions) < records
-            and time.monotonic() < deadline
-        ):
-            time.sleep(0.1)
-    finally:
-        q.stop()
+def jit_compile_s(spark: Any) -> float:
+    """Seconds the Spark JVM's JIT compilers have spent so far (JMX CompilationMXBean)."""
+    bean = spark._jvm.java.lang.management.ManagementFactory.getCompilationMXBean()
+    return float(bean.getTotalCompilationTime()) / 1000.0
 
 
 class EoStream:
@@ -420,73 +395,76 @@ def throughput_round(
     work: Path,
     args: argparse.Namespace,
     running: list[Any],
-    i: int,
+    n: int,
+    label: str,
     sides: tuple[str, str],
 ) -> dict[str, float]:
-    """Phase 3, round ``i``: a fresh backlog of ``args.backlog`` records for each side (own
-    topics), then each side in the order ``sides`` carries it; records/s per side."""
+    """Phase 3, pass ``n`` (warm-up passes first, then the measured rounds): ``args.backlog``
+    more records on each side's source, then each side in the order ``sides`` carries them;
+    records/s per side.
+
+    Every pass uses the same topics, the same eo pipeline (its ledger carries on where the
+    last pass ended) and the same Spark checkpoint folder: each pass is a restart of one
+    long-running job on a new backlog, the steady state streaming mode is for. (With a new
+    pipeline per pass, eo's Spark plan changed with the topic names, and every pass paid a
+    fresh code generation and its JIT compilation, which a running stream never does.)
+
+    The warm-up passes matter because one JVM runs both sides and keeps compiling long
+    after the first job: read off JMX (500k-record checkpoints, local[2]), HotSpot's
+    compilers spent 2.0-2.8 CPU-s inside each of the first four prepares (as much as the
+    task threads) and the prepare took 11.3 s, 3.5, 3.4, 2.6, 2.1, then 2.0-2.4 s from the
+    fifth on; a single warm-up pass billed the measured rounds with that compilation.
+    """
     from e2e import settle  # bench/ is the script's folder
 
-    from airflow_provider_eo.kafka import admin
-
-    log(f"max throughput, round {i}: producing a backlog of {args.backlog:,} records twice")
-    conf = {"bootstrap.servers": bootstrap}
+    log(f"{label}: producing a backlog of {args.backlog:,} records twice")
     for side in ("eo", "spark"):
-        for t in (f"bl{i}-{side}", f"bl{i}-{side}-sink"):
-            admin.ensure_topic(conf, t, partitions=args.partitions)
-        produce_backlog(bootstrap, f"bl{i}-{side}", args.backlog, args.partitions)
+        produce_backlog(bootstrap, f"bl-{side}", args.backlog, args.partitions)
     rates: dict[str, float] = {}
     for side in sides:
         settle()
+        t0, cpu0, jit0 = time.monotonic(), machine_cpu_s(), jit_compile_s(spark)
         if side == "eo":
-            log(f"(a) round {i}: eo stream over the backlog")
-            bl = replace(
-                base,
-                name=f"bench-stream-backlog-{i}",
-                source_topics=[f"bl{i}-eo"],
-                sink_topic=f"bl{i}-eo-sink",
-            )
-            eo = EoStream(bl, ledger, spark, args.interval)
+            log(f"(a) {label}: eo stream over the backlog")
+            eo = EoStream(backlog_pipeline(base), ledger, spark, args.interval)
             running.append(eo)
-            t0, cpu0 = time.monotonic(), machine_cpu_s()
             eo.start()
             while eo.records < args.backlog and eo.thread.is_alive():
                 time.sleep(0.05)
-            eo_s, cpu = time.monotonic() - t0, machine_cpu_s() - cpu0
+            seconds, cpu, jit = time.monotonic() - t0, machine_cpu_s() - cpu0, jit_compile_s(spark) - jit0
             eo.end()
             running.remove(eo)
-            log(
-                f"  eo: {eo.records:,} records in {eo_s:.2f}s, machine CPU {cpu:.2f}s "
-                f"({cpu / eo.records * 1e6:.1f} us/record); {eo.phases()}"
-            )
-            rates["eo"] = eo.records / eo_s
+            detail = f"; {eo.phases()}"
+            records = eo.records
         else:
-            log(f"(b) round {i}: Spark over the backlog")
-            t0, cpu0 = time.monotonic(), machine_cpu_s()
+            log(f"(b) {label}: Spark over the backlog")
             q = spark_query(
-                spark,
-                bootstrap,
-                f"bl{i}-spark",
-                f"bl{i}-spark-sink",
-                work / f"spark-bl{i}-ckpt",
-                args.interval,
+                spark, bootstrap, "bl-spark", "bl-spark-sink", work / "spark-bl-ckpt", args.interval
             )
             running.append(q)
             last_log = t0
-            while (hw := high_watermarks(bootstrap, f"bl{i}-spark-sink", args.partitions)) < args.backlog:
+            target = n * args.backlog  # the sink holds every earlier pass's output too
+            while (hw := high_watermarks(bootstrap, "bl-spark-sink", args.partitions)) < target:
                 if time.monotonic() - last_log > 5:
                     last_log = time.monotonic()
-                    log(f"  spark: {hw:,} records written")
+                    log(f"  spark: {hw - target + args.backlog:,} records written")
                 time.sleep(0.05)
-            spark_s, cpu = time.monotonic() - t0, machine_cpu_s() - cpu0
+            seconds, cpu, jit = time.monotonic() - t0, machine_cpu_s() - cpu0, jit_compile_s(spark) - jit0
             q.stop()
             running.remove(q)
-            log(
-                f"  spark: {args.backlog:,} records in {spark_s:.2f}s, machine CPU {cpu:.2f}s "
-                f"({cpu / args.backlog * 1e6:.1f} us/record)"
-            )
-            rates["spark"] = args.backlog / spark_s
+            detail = ""
+            records = args.backlog
+        log(
+            f"  {side}: {records:,} records in {seconds:.2f}s, machine CPU {cpu:.2f}s "
+            f"({cpu / max(1, records) * 1e6:.1f} us/record), JIT {jit:.1f}s{detail}"
+        )
+        rates[side] = records / seconds
     return rates
+
+
+def backlog_pipeline(base: Pipeline) -> Pipeline:
+    """eo's pipeline of phase 3 (every pass, warm-up or measured)."""
+    return replace(base, name="bench-stream-backlog", source_topics=["bl-eo"], sink_topic="bl-eo-sink")
 
 
 def main() -> int:
@@ -506,10 +484,11 @@ def main() -> int:
         "uncapped query, takes the backlog in one batch)",
     )
     ap.add_argument(
-        "--warm-records",
+        "--warm-passes",
         type=int,
-        default=None,
-        help="records through each side before anything is measured (default: --backlog)",
+        default=5,
+        help="unmeasured passes of --backlog records through each side (the max-throughput "
+        "phase's topics, pipeline and Spark checkpoint) before anything is measured",
     )
     ap.add_argument(
         "--rounds",
@@ -518,9 +497,18 @@ def main() -> int:
         help="max-throughput rounds (each side once per round, the first side alternating); "
         "the medians are reported",
     )
+    ap.add_argument(
+        "--spark-fetch-max-wait-ms",
+        type=int,
+        default=None,
+        help="kafka.fetch.max.wait.ms of Spark's query (default: Spark's, 500); eo's bounded "
+        "reads use 20 (spark/source.py FETCH_MAX_WAIT_MS), this gives Spark the same",
+    )
     ap.add_argument("--skip-latency", action="store_true", help="only the max-throughput phase")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the finally below still runs
+    if args.spark_fetch_max_wait_ms is not None:
+        SPARK_SOURCE_OPTIONS["kafka.fetch.max.wait.ms"] = str(args.spark_fetch_max_wait_ms)
 
     from airflow_provider_eo.kafka import admin
     from airflow_provider_eo.ledger import Ledger
@@ -541,8 +529,8 @@ def main() -> int:
             for t in (
                 f"src-{side}",
                 f"sink-{side}",
-                f"warm-{side}",
-                f"warm-{side}-sink",
+                f"bl-{side}",
+                f"bl-{side}-sink",
             ):
                 admin.ensure_topic(conf, t, partitions=args.partitions)
         log("starting Spark")
@@ -560,7 +548,20 @@ def main() -> int:
             max_pending=args.max_pending,
         )
 
-        warm_up(spark, ledger, base, bootstrap, work, args.partitions, args.warm_records or args.backlog)
+        # Warm-up: phase 3's passes, unmeasured, before anything else is measured.
+        for k in range(1, args.warm_passes + 1):
+            throughput_round(
+                spark,
+                ledger,
+                base,
+                bootstrap,
+                work,
+                args,
+                running,
+                k,
+                f"warm-up pass {k}/{args.warm_passes}",
+                ("eo", "spark"),
+            )
         eo_lat = spark_lat = None
         if not args.skip_latency:
             eo_lat, spark_lat = latency_phases(spark, ledger, base, bootstrap, work, args, running)
@@ -569,7 +570,18 @@ def main() -> int:
         for i in range(1, args.rounds + 1):
             # Alternate which side goes first, so neither is billed for the other's leftovers.
             sides = ("eo", "spark") if i % 2 else ("spark", "eo")
-            rates = throughput_round(spark, ledger, base, bootstrap, work, args, running, i, sides)
+            rates = throughput_round(
+                spark,
+                ledger,
+                base,
+                bootstrap,
+                work,
+                args,
+                running,
+                args.warm_passes + i,
+                f"max throughput, round {i}/{args.rounds}",
+                sides,
+            )
             eo_rounds.append(rates["eo"])
             spark_rounds.append(rates["spark"])
             log(

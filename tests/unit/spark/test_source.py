@@ -5,7 +5,42 @@ from __future__ import annotations
 import json
 
 from airflow_provider_eo.ledger import RangeSpec
+from airflow_provider_eo.pipeline import Pipeline
 from airflow_provider_eo.spark import source
+
+
+def _pipeline(**kafka: str) -> Pipeline:
+    return Pipeline(
+        name="p",
+        kafka={"bootstrap.servers": "127.0.0.1:9092", **kafka},
+        source_topics=["a"],
+        sink_topic="out",
+        transform="airflow_provider_eo.examples.transforms:upper",
+        ledger_url="sqlite://",
+    )
+
+
+def test_the_bounded_read_never_waits_for_data_it_does_not_need() -> None:
+    """A planned range exists in full: the broker must not hold the fetch at the log end
+    for the Java client's default 500 ms (about 1 s per checkpoint on two cores)."""
+    opts = source.reader_options(_pipeline(), [RangeSpec("a", 0, 0, 10)])
+    assert int(opts["kafka.fetch.max.wait.ms"]) == source.FETCH_MAX_WAIT_MS <= 50
+    assert opts["kafka.bootstrap.servers"] == "127.0.0.1:9092"
+    assert opts["kafka.isolation.level"] == "read_committed"
+    assert opts["failOnDataLoss"] == "true"
+    assert json.loads(opts["endingOffsets"]) == {"a": {"0": 10}}
+
+
+def test_the_pipeline_can_set_its_own_fetch_wait() -> None:
+    opts = source.reader_options(_pipeline(**{"java.fetch.max.wait.ms": "250"}), [RangeSpec("a", 0, 0, 10)])
+    assert opts["kafka.fetch.max.wait.ms"] == "250"
+
+
+def test_the_pipeline_cannot_turn_off_read_committed() -> None:
+    opts = source.reader_options(
+        _pipeline(**{"java.isolation.level": "read_uncommitted"}), [RangeSpec("a", 0, 0, 10)]
+    )
+    assert opts["kafka.isolation.level"] == "read_committed"
 
 
 def test_source_options_name_exactly_the_live_ranges() -> None:
