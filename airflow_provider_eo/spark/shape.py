@@ -60,24 +60,30 @@ def fallback_partition(sink_partitions: int) -> Column:
     return F.pmod(chosen, F.lit(sink_partitions)).cast("int")
 
 
-def record_size() -> Column:
-    """A staged record's size on the wire (key, value, headers and framing), in bytes."""
+def record_size(has_headers: bool = True) -> Column:
+    """A staged record's size on the wire (key, value, header keys and values, and
+    :data:`RECORD_OVERHEAD_BYTES`), in bytes.
+
+    Only expressions Spark compiles into the stage's generated code: a higher-order function
+    (``aggregate`` over the headers) is evaluated row by row by the interpreter and took the
+    whole projection (the sink partition too) out of whole-stage code generation. A header
+    array's bytes are the bytes of its keys joined plus its values joined (``array_join``
+    skips null values; binary values are cast to strings byte for byte, and
+    ``octet_length`` counts bytes, not characters). Without a ``headers`` column
+    (``has_headers=False``) nothing is evaluated for them.
+    """
     from pyspark.sql import functions as F
 
-    header_bytes = F.coalesce(
-        F.aggregate(
-            F.col("headers"),
-            F.lit(0).cast("long"),
-            lambda acc, h: acc + F.length(h["key"]) + F.coalesce(F.length(h["value"]), F.lit(0)),
-        ),
-        F.lit(0).cast("long"),
-    )
-    return (
-        F.coalesce(F.length("value"), F.lit(0))
-        + F.coalesce(F.length("key"), F.lit(0))
-        + header_bytes
+    size = (
+        F.coalesce(F.octet_length("value"), F.lit(0))
+        + F.coalesce(F.octet_length("key"), F.lit(0))
         + F.lit(RECORD_OVERHEAD_BYTES)
-    )
+    ).cast("long")
+    if not has_headers:
+        return size
+    keys = F.octet_length(F.array_join(F.col("headers.key"), ""))
+    values = F.octet_length(F.array_join(F.col("headers.value").cast("array<string>"), ""))
+    return size + F.coalesce(keys, F.lit(0)).cast("long") + F.coalesce(values, F.lit(0)).cast("long")
 
 
 def staged_frame(
@@ -167,7 +173,9 @@ def staged_frame(
         .when(F.col("key").isNotNull(), murmur(F.col("key")))
         .otherwise(fallback_partition(sink_partitions))
     )
-    return shaped.withColumn("sink_partition", sink_partition).withColumn("size", record_size())
+    return shaped.withColumn("sink_partition", sink_partition).withColumn(
+        "size", record_size(has_headers="headers" in cols)
+    )
 
 
 def sink_max_message_bytes(pipeline: Pipeline) -> int:

@@ -60,6 +60,11 @@ def write_staged(staged: DataFrame, data_dir: str, sink_partitions: int) -> None
         .drop("explicit_partition")
         .write.mode("errorifexists")
         .option("parquet.block.size", str(PARQUET_ROW_GROUP_BYTES))
+        # Staged keys, values and offsets are nearly all distinct: dictionary encoding builds
+        # a hash table per column chunk only to fall back to plain encoding once it is full.
+        # Without it the staged write of 500k records took 0.15 s less (1.83 -> 1.68 s,
+        # medians of 6 alternating runs in one warm JVM, local[2]).
+        .option("parquet.enable.dictionary", "false")
         .partitionBy("sink_partition")
         .parquet(data_dir)
     )

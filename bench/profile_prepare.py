@@ -1,0 +1,202 @@
+"""Where a large checkpoint's time goes: the prepare's Spark job taken apart, step by step,
+next to Spark's own read -> transform -> Kafka write of the same records, and the commit.
+
+    .venv/bin/python bench/profile_prepare.py [--records 500000] [--partitions 4] [--repeat 3]
+                                              [--warm 4] [--only NAME,...]
+                                              [--fetch-max-wait-ms MS]
+
+One local broker (127.0.0.1), one local SparkSession (local[2], eo's defaults). Every variant
+reads the same ``--records`` records (one range per source partition, read_committed, eo's
+reader options) and runs ``--warm`` unmeasured times, then ``--repeat`` measured times (the
+JVM's JIT keeps compiling for several 500k-record jobs; see bench/stream.py). Variants:
+
+- ``read``: the bounded read alone (``noop`` sink);
+- ``transform``: + the example transform (``upper``);
+- ``shape``: + provenance, the staged columns, the sink partition, record sizes, the range
+  and limit observations (everything prepare computes per record);
+- ``sort``: + the sort into staged order;
+- ``stage``: the staged Parquet write (spark/write.py), the prepare's whole Spark job;
+- ``prepare``: ``prepare_checkpoint`` (the job plus the driver's steps: ledger, manifest);
+- ``commit``: ``commit_checkpoint`` of that prepared checkpoint (re-read the staging,
+  publish in Kafka transactions);
+- ``spark_kafka``: Spark's own batch read -> ``upper`` -> Kafka sink (at-least-once).
+
+``--fetch-max-wait-ms`` sets the pipeline's ``java.fetch.max.wait.ms`` (eo's reads use 20 ms
+unless it is set: spark/source.py ``FETCH_MAX_WAIT_MS``; 500 is the Java client's default).
+
+Progress goes to stderr; the last line on stdout is machine-readable
+(``profile: <variant>_s=<median seconds> ...``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from airflow_provider_eo.pipeline import Pipeline  # noqa: E402
+
+VARIANTS = ("read", "transform", "shape", "sort", "stage", "prepare", "commit", "spark_kafka")
+
+
+def log(msg: str) -> None:
+    print(f"[profile {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--records", type=int, default=500_000)
+    ap.add_argument("--partitions", type=int, default=4)
+    ap.add_argument("--repeat", type=int, default=3, help="measured runs per variant (median)")
+    ap.add_argument("--warm", type=int, default=4, help="unmeasured runs per variant first")
+    ap.add_argument("--only", default=",".join(VARIANTS), help="comma-separated variants")
+    ap.add_argument(
+        "--fetch-max-wait-ms",
+        type=int,
+        default=None,
+        help="the pipeline's java.fetch.max.wait.ms (default: eo's, spark/source.py)",
+    )
+    args = ap.parse_args()
+    only = [v for v in args.only.split(",") if v]
+    unknown = sorted(set(only) - set(VARIANTS))
+    if unknown:
+        ap.error(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}")
+
+    from stream import TRANSFORM, produce_backlog  # bench/ is the script's folder
+
+    from airflow_provider_eo.core.commit import commit_checkpoint
+    from airflow_provider_eo.core.plan import plan_checkpoint
+    from airflow_provider_eo.kafka import admin
+    from airflow_provider_eo.ledger import Ledger, RangeSpec
+    from airflow_provider_eo.spark import shape, source, write
+    from airflow_provider_eo.spark.prepare import prepare_checkpoint
+    from airflow_provider_eo.spark.session import get_spark
+    from airflow_provider_eo.spark.transform import load_transform
+    from airflow_provider_eo.stack.kafka import LocalKafka
+
+    work = ROOT / ".eo" / "bench" / f"profile-{uuid.uuid4().hex[:8]}"
+    work.mkdir(parents=True)
+    kafka = LocalKafka(home=work / "kafka")
+    log("starting a broker")
+    bootstrap = kafka.up().bootstrap
+    conf: dict[str, Any] = {"bootstrap.servers": bootstrap}
+    if args.fetch_max_wait_ms is not None:
+        conf["java.fetch.max.wait.ms"] = str(args.fetch_max_wait_ms)
+    ledger = None
+    spark = None
+    try:
+        admin.ensure_topic(conf, "src", partitions=args.partitions)
+        log(f"producing {args.records:,} records")
+        produce_backlog(bootstrap, "src", args.records, args.partitions)
+        spark = get_spark("eo-bench-profile", {"spark.ui.showConsoleProgress": "false"})
+        ledger = Ledger(f"sqlite:///{work / 'ledger.db'}")
+        n = 0
+
+        def pipeline() -> Pipeline:
+            nonlocal n
+            n += 1
+            admin.ensure_topic(conf, f"sink-{n}", partitions=args.partitions)
+            return Pipeline(
+                name=f"profile-{n}",
+                kafka=conf,
+                source_topics=["src"],
+                sink_topic=f"sink-{n}",
+                transform=TRANSFORM,
+                ledger_url=f"sqlite:///{work / 'ledger.db'}",
+                staging_dir=str(work / "staging"),
+                max_records_per_checkpoint=args.records,
+            )
+
+        base = pipeline()
+        # produce_backlog puts record i on partition i % partitions.
+        per = [len(range(p, args.records, args.partitions)) for p in range(args.partitions)]
+        ranges = [RangeSpec("src", p, 0, per[p]) for p in range(args.partitions)]
+        transform = load_transform(TRANSFORM)
+
+        def shaped() -> Any:
+            frame = source.read_ranges(spark, base, ranges)
+            from pyspark.sql import Observation
+
+            metrics = source.range_metrics(ranges)
+            frame = frame.observe(Observation(uuid.uuid4().hex), *metrics)
+            out = transform(source.with_provenance(frame))
+            staged = shape.staged_frame(out, args.partitions, "profile", frame)
+            return shape.observe_limits(staged, Observation(uuid.uuid4().hex), 1_000_000, args.partitions)
+
+        prepared: list[tuple[Pipeline, int]] = []
+
+        def do_prepare() -> None:
+            p = pipeline()
+            cp = plan_checkpoint(p, ledger)
+            assert cp is not None
+            prepare_checkpoint(spark, p, ledger, cp.checkpoint_id)
+            prepared.append((p, cp.checkpoint_id))
+
+        def do_commit() -> None:
+            p, cid = prepared.pop()
+            commit_checkpoint(p, ledger, cid)
+
+        def spark_kafka() -> None:
+            p = pipeline()
+            (
+                transform(spark.read.format("kafka").options(**source.reader_options(base, ranges)).load())
+                .selectExpr("key", "value")
+                .write.format("kafka")
+                .option("kafka.bootstrap.servers", bootstrap)
+                .option("topic", p.sink_topic)
+                .save()
+            )
+
+        def noop(df: Any) -> None:
+            df.write.format("noop").mode("overwrite").save()
+
+        steps: dict[str, tuple[Callable[[], None], Callable[[], None] | None]] = {
+            "read": (lambda: noop(source.read_ranges(spark, base, ranges)), None),
+            "transform": (lambda: noop(transform(source.read_ranges(spark, base, ranges))), None),
+            "shape": (lambda: noop(shaped()), None),
+            "sort": (lambda: noop(shaped().sortWithinPartitions(*shape.STAGED_ORDER)), None),
+            "stage": (
+                lambda: write.write_staged(shaped(), str(work / "stage" / uuid.uuid4().hex), args.partitions),
+                None,
+            ),
+            "prepare": (do_prepare, None),
+            "commit": (do_commit, do_prepare),
+            "spark_kafka": (spark_kafka, None),
+        }
+        medians: dict[str, float] = {}
+        for name in only:
+            run, setup = steps[name]
+            times = []
+            for i in range(args.warm + args.repeat):
+                if setup is not None:
+                    setup()
+                t0 = time.monotonic()
+                run()
+                took = time.monotonic() - t0
+                measured = i >= args.warm
+                if measured:
+                    times.append(took)
+                log(f"{name} {'run' if measured else 'warm-up'} {i + 1}: {took:.2f}s")
+            medians[name] = statistics.median(times)
+            log(f"{name}: median {medians[name]:.2f}s of {args.repeat} ({args.records:,} records)")
+        print("profile: " + " ".join(f"{k}_s={v:.2f}" for k, v in medians.items()))
+        return 0
+    finally:
+        if spark is not None:
+            spark.stop()
+        if ledger is not None:
+            ledger.close()
+        kafka.down()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""The staged columns computed per record: sizes with and without headers, and that the
+whole shaping projection stays in Spark's generated code (no per-row interpreter)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from airflow_provider_eo.spark import shape, source
+
+pytestmark = [pytest.mark.spark]
+
+HEADER = "array<struct<key:string,value:binary>>"
+
+
+def _frame(spark: Any, rows: list[tuple[Any, ...]], *, headers: bool) -> Any:
+
+    schema = f"key binary, value binary, topic string, partition int, offset long, headers {HEADER}"
+    df = spark.createDataFrame(rows, schema)
+    df = source.with_provenance(df).drop("partition")
+    return df if headers else df.drop("headers")
+
+
+def _expected(key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes | None]] | None) -> int:
+    size = len(key or b"") + len(value or b"") + shape.RECORD_OVERHEAD_BYTES
+    for k, v in headers or []:
+        size += len(k.encode()) + len(v or b"")
+    return size
+
+
+ROWS = [
+    (b"k1", b"value", "t", 0, 0, [("h", b"\x00\xff\xfe"), ("\u00e9t\u00e9", "\u00fc".encode())]),
+    (None, b"v", "t", 0, 1, [("only-key", None)]),
+    (b"key", None, "t", 0, 2, None),
+    (b"", "na\u00efve".encode(), "t", 0, 3, []),
+]
+
+
+def test_record_size_counts_bytes_of_key_value_and_every_header(spark: Any) -> None:
+    staged = shape.staged_frame(_frame(spark, ROWS, headers=True), 3, "test")
+    got = {r["src_offset"]: r["size"] for r in staged.select("src_offset", "size").collect()}
+    assert got == {row[4]: _expected(row[0], row[1], row[5]) for row in ROWS}
+
+
+def test_record_size_without_a_headers_column(spark: Any) -> None:
+    staged = shape.staged_frame(_frame(spark, ROWS, headers=False), 3, "test")
+    got = {r["src_offset"]: r["size"] for r in staged.select("src_offset", "size").collect()}
+    assert got == {row[4]: _expected(row[0], row[1], None) for row in ROWS}
+
+
+@pytest.mark.parametrize("headers", [True, False])
+def test_the_shaping_projection_is_generated_code(spark: Any, headers: bool) -> None:
+    """Every projection of the staged frame runs inside a whole-stage-codegen stage: an
+    interpreted expression (e.g. a higher-order function over the headers) makes Spark
+    evaluate the whole projection row by row, the sink partition too."""
+    staged = shape.staged_frame(_frame(spark, ROWS, headers=headers), 3, "test")
+    plan = staged._jdf.queryExecution().executedPlan().toString()
+    projects = [line for line in plan.splitlines() if "Project [" in line]
+    assert projects, plan
+    assert all(line.lstrip(" +-:").startswith("*(") for line in projects), plan
