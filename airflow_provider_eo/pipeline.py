@@ -65,7 +65,10 @@ class Pipeline:
 
     :param name: unique pipeline name (letters, digits, ``.``, ``_``, ``-``).
     :param kafka: librdkafka-style client config (``bootstrap.servers`` at least); used for
-        the source, the sink and the admin calls.
+        the source, the sink and the admin calls. A ``java.<setting>`` key goes only to
+        Spark's (Java) Kafka source as ``kafka.<setting>``: e.g. ``java.fetch.max.wait.ms``
+        (eo's bounded reads use 20 ms unless it is set; the Java default, 500 ms, is waited
+        once per task whose range ends at the log end).
     :param source_topics: topics to read.
     :param sink_topic: topic the output is published to, exactly once.
     :param transform: ``"module:function"`` taking and returning a Spark DataFrame. It gets
