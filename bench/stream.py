@@ -42,6 +42,7 @@ Progress goes to stderr; the last line on stdout is machine-readable.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shutil
 import signal
@@ -561,20 +562,11 @@ def main() -> int:
             max_pending=args.max_pending,
         )
 
+        # One pass of phase 3: (pass number, label, order of the sides) -> records/s per side.
+        phase3 = functools.partial(throughput_round, spark, ledger, base, bootstrap, work, args, running)
         # Warm-up: phase 3's passes, unmeasured, before anything else is measured.
         for k in range(1, args.warm_passes + 1):
-            throughput_round(
-                spark,
-                ledger,
-                base,
-                bootstrap,
-                work,
-                args,
-                running,
-                k,
-                f"warm-up pass {k}/{args.warm_passes}",
-                ("eo", "spark"),
-            )
+            phase3(k, f"warm-up pass {k}/{args.warm_passes}", ("eo", "spark"))
         eo_lat = spark_lat = None
         if not args.skip_latency:
             eo_lat, spark_lat = latency_phases(spark, ledger, base, bootstrap, work, args, running)
@@ -583,18 +575,7 @@ def main() -> int:
         for i in range(1, args.rounds + 1):
             # Alternate which side goes first, so neither is billed for the other's leftovers.
             sides = ("eo", "spark") if i % 2 else ("spark", "eo")
-            rates = throughput_round(
-                spark,
-                ledger,
-                base,
-                bootstrap,
-                work,
-                args,
-                running,
-                args.warm_passes + i,
-                f"max throughput, round {i}/{args.rounds}",
-                sides,
-            )
+            rates = phase3(args.warm_passes + i, f"max throughput, round {i}/{args.rounds}", sides)
             eo_rounds.append(rates["eo"])
             spark_rounds.append(rates["spark"])
             log(
