@@ -31,6 +31,7 @@ Progress goes to stderr; the last line on stdout is machine-readable
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import sys
 import time
@@ -196,6 +197,7 @@ def main() -> int:
         if ledger is not None:
             ledger.close()
         kafka.down()
+        shutil.rmtree(work, ignore_errors=True)  # staged output of every run: GBs at 500k
 
 
 if __name__ == "__main__":
