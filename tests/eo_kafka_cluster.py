@@ -21,7 +21,7 @@ from typing import Any
 from confluent_kafka.admin import AdminClient
 from eo_harness import wait_for
 
-from airflow_provider_eo.stack.kafka import LocalKafka, free_port, new_cluster_id, pid_alive, port_in_use
+from airflow_provider_eo.stack.kafka import LocalKafka, free_ports, new_cluster_id, pid_alive, port_in_use
 
 # Replication of everything the protocol writes: data, transaction state, group offsets.
 CLUSTER_CONFIG = {
@@ -75,7 +75,8 @@ class LocalCluster:
     """Three :class:`ClusterNode` processes forming one cluster."""
 
     def __init__(self, home: Path, nodes: int = 3) -> None:
-        ports = [(free_port(), free_port()) for _ in range(nodes)]
+        picked = free_ports(2 * nodes)  # distinct: two listeners on one port fail the format
+        ports = list(zip(picked[::2], picked[1::2], strict=True))
         voters = ",".join(f"{i + 1}@127.0.0.1:{c}" for i, (_, c) in enumerate(ports))
         cluster_id = new_cluster_id()
         self.nodes = [

@@ -18,6 +18,8 @@ def test_close_shared_clients_is_quick_and_clients_come_back(
     kafka_config: dict[str, Any], make_topic: Callable[..., str]
 ) -> None:
     topic = make_topic("shared", 2)
+    # Untimed: clients earlier tests left (some to brokers they stopped) are not this test's.
+    admin.close_shared_clients()
     first = admin.admin_client(kafka_config)
     admin.group_consumer(kafka_config, "eo-shared-clients-test")
     assert admin.list_offsets(kafka_config, [], spec="latest") == {}
