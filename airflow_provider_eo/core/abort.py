@@ -25,9 +25,11 @@ Idempotent: aborting an ABORTED checkpoint does nothing; a COMMITTED one is refu
 from __future__ import annotations
 
 from airflow_provider_eo import names
+from airflow_provider_eo.core.markers import decide_marker
+from airflow_provider_eo.core.shard import REAL_KAFKA, KafkaClients, fence_id
 from airflow_provider_eo.errors import AbortRefused, EoError
 from airflow_provider_eo.kafka.client_config import librdkafka_config
-from airflow_provider_eo.kafka.publisher import ProducerLost, connect, kafka_call, new_producer
+from airflow_provider_eo.kafka.publisher import ProducerLost
 from airflow_provider_eo.ledger import (
     Actor,
     CheckpointConflict,
@@ -50,14 +52,12 @@ def abort_owner(actor: Actor | None) -> str:
     return f"abort:{(actor or Actor.here()).label() or 'unknown'}"
 
 
-def shard_ids(pipeline: Pipeline, cp: CheckpointRecord) -> list[str]:
+def shard_ids(pipeline: Pipeline, cp: CheckpointRecord, clients: KafkaClients = REAL_KAFKA) -> list[str]:
     """The transactional id of every commit shard of ``cp``: from its frozen commit plan, or
     (a checkpoint planned before plans were recorded) the plan today's settings make."""
     plan = cp.commit_plan
     if plan is None:
-        from airflow_provider_eo.kafka import admin
-
-        sink_partitions = admin.partition_count(librdkafka_config(pipeline.kafka), pipeline.sink_topic)
+        sink_partitions = clients.partition_count(librdkafka_config(pipeline.kafka), pipeline.sink_topic)
         plan = names.commit_plan(pipeline, sink_partitions)
     return [names.plan_transactional_id(plan, pipeline.name, shard) for shard in range(plan.shards)]
 
@@ -69,6 +69,7 @@ def fence(
     where: str,
     refused: type[EoError] = AbortRefused,
     then: str = "Retry the abort once the broker answers.",
+    clients: KafkaClients = REAL_KAFKA,
 ) -> None:
     """``init_transactions`` with a fresh producer per id: bumps each id's epoch, so the
     broker aborts any open transaction of an earlier producer and fences it.
@@ -76,19 +77,21 @@ def fence(
     :param refused: the error raised when an id cannot be fenced (``then`` ends its message).
     """
     config = librdkafka_config(pipeline.kafka)
-    timeout_s = pipeline.transaction_timeout_ms / 1000
     for txn_id in transactional_ids:
-        producer = new_producer(config, txn_id, pipeline.transaction_timeout_ms)
         try:
-            kafka_call("metadata", connect, producer, pipeline.sink_topic, timeout_s, where=where)
-            kafka_call("init_transactions", producer.init_transactions, timeout_s, where=where)
+            fence_id(
+                txn_id,
+                config=config,
+                sink_topic=pipeline.sink_topic,
+                transaction_timeout_ms=pipeline.transaction_timeout_ms,
+                where=where,
+                clients=clients,
+            )
         except ProducerLost as exc:
             raise refused(
                 f"{where}could not fence transactional id {txn_id!r} ({exc}); nothing was "
                 f"aborted and the checkpoint is unchanged. {then}"
             ) from exc
-        finally:
-            del producer
 
 
 def _pending_note(cp: CheckpointRecord) -> str:
@@ -104,6 +107,7 @@ def abort_checkpoint(
     reason: str,
     actor: Actor | None = None,
     force_live: bool = False,
+    clients: KafkaClients = REAL_KAFKA,
 ) -> CheckpointRecord:
     """Abort an unfinished checkpoint so its range is replanned, never while it can still
     be published (see the module docstring for the steps).
@@ -143,23 +147,32 @@ def abort_checkpoint(
             ) from exc
         except CheckpointConflict:  # committed or aborted meanwhile: decide again
             return abort_checkpoint(
-                pipeline, ledger, checkpoint_id, reason=reason, actor=actor, force_live=force_live
+                pipeline,
+                ledger,
+                checkpoint_id,
+                reason=reason,
+                actor=actor,
+                force_live=force_live,
+                clients=clients,
             )
         except InvariantViolation:
             pass  # an earlier checkpoint is unfinished: no committer can commit this one yet
     # 2. Fence every shard's transactional id.
-    fence(pipeline, shard_ids(pipeline, cp), where=where)
+    ids = shard_ids(pipeline, cp, clients)
+    fence(pipeline, ids, where=where, clients=clients)
     # 3. The markers, read after the fence: nothing can commit this checkpoint any more.
-    from airflow_provider_eo.core.commit import marker_position
-
-    shards = len(shard_ids(pipeline, cp))
-    # A marker of another ledger's pipeline identity is refused here too (never read as ours).
+    #    A marker of another ledger's pipeline identity is refused here too (never read as ours).
     identity = ledger.get_pipeline(pipeline.name).identity
-    published = [
-        s
-        for s in range(shards)
-        if marker_position(pipeline, s, cp.commit_plan, identity=identity) >= checkpoint_id
-    ]
+    plan = cp.commit_plan
+    group = plan.marker_group if plan is not None else names.marker_group(pipeline)
+    sink = plan.sink_topic if plan is not None else pipeline.sink_topic
+    config = librdkafka_config(pipeline.kafka)
+    published = []
+    for shard in range(len(ids)):
+        found = clients.committed_marks(config, group, [(sink, shard)])
+        mark = decide_marker(pipeline.name, group, sink, shard, found.get((sink, shard)), identity=identity)
+        if mark >= checkpoint_id:
+            published.append(shard)
     if published:
         raise AbortRefused(
             f"{where}{reason}, but shards {published} were already published, so the "

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_provider_eo import names
-from airflow_provider_eo.core.commit import check_marker_identity, commit_checkpoint
+from airflow_provider_eo.core.commit import commit_checkpoint
+from airflow_provider_eo.core.markers import check_marker_identity
 from airflow_provider_eo.core.plan import check_commit_plan, lost_ranges
 from airflow_provider_eo.errors import BackfillRefused, DataLossError, KafkaAdminError
 from airflow_provider_eo.kafka import admin

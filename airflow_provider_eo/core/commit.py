@@ -5,7 +5,10 @@ partition count, the shard -> partition map, the transactional-id prefix, the ma
 never the current settings; a process configured with another transactional-id prefix than
 the one pinned for the pipeline is refused before anything is produced.
 
-Per commit shard of the plan, in shard order (``notifyCheckpointComplete`` -> ``commit``):
+Per commit shard of the plan, in shard order (``notifyCheckpointComplete`` -> ``commit``),
+a :class:`~airflow_provider_eo.core.shard.ShardTransaction` on the shard's frozen
+:class:`~airflow_provider_eo.core.shard.ShardCommittable`; this module adds the ledger
+(:class:`LedgerShardHooks`):
 
 1. A fresh producer with the shard's stable transactional id; ``init_transactions``
    fences any zombie and aborts whatever an earlier attempt left open.
@@ -33,31 +36,17 @@ Committing a COMMITTED checkpoint does nothing.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 from airflow_provider_eo import names, staging
-from airflow_provider_eo.core.fault_seam import fault_point, fault_triggered
+from airflow_provider_eo.core.abort import abort_checkpoint
+from airflow_provider_eo.core.fault_seam import fault_point
 from airflow_provider_eo.core.plan import frozen_commit_plan
-from airflow_provider_eo.errors import CommitError, NotPrepared, PipelineIdentityMismatch, StagingError
-from airflow_provider_eo.kafka import admin, audit
+from airflow_provider_eo.core.shard import REAL_KAFKA, KafkaClients, ShardCommittable, commit_shard
+from airflow_provider_eo.errors import NotPrepared, StagingError
 from airflow_provider_eo.kafka.client_config import librdkafka_config
-from airflow_provider_eo.kafka.publisher import (
-    Abortable,
-    DeliveryFailures,
-    ProducerLost,
-    connect,
-    group_metadata,
-    kafka_call,
-    largest_record,
-    new_producer,
-    offsets,
-    produce_staged,
-)
 from airflow_provider_eo.ledger import Actor, CheckpointRecord, CheckpointState, CommitPlan, Ledger
 from airflow_provider_eo.pipeline import Pipeline
-
-MAX_SHARD_ROUNDS = 5
 
 
 @dataclass(frozen=True)
@@ -71,249 +60,77 @@ class CommitResult:
     note: str = ""
 
 
-def read_markers(
-    pipeline: Pipeline, shards: Iterable[int], *, identity: str | None, plan: CommitPlan | None = None
-) -> dict[int, int]:
-    """The last checkpoint id each shard's commit marker shows (-1: no marker), in one read
-    of stable (committed) transactional offsets; with ``plan``, in the plan's marker group
-    and sink topic (else the pipeline's current ones).
-
-    A marker carries the identity of the ledger that wrote it (``eo1:<identity>`` metadata).
-    One naming another identity is refused with :class:`PipelineIdentityMismatch`: trusting
-    it would skip publishing checkpoints this ledger never published. A marker without one
-    (written before markers carried it) is taken as this pipeline's. ``identity=None``
-    skips the check (diagnostics only).
-    """
-    config = librdkafka_config(pipeline.kafka)
-    group = plan.marker_group if plan is not None else names.marker_group(pipeline)
-    sink = plan.sink_topic if plan is not None else pipeline.sink_topic
-    wanted = sorted(set(shards))
-    found = admin.committed_group_marks(config, group, [(sink, s) for s in wanted])
-    out: dict[int, int] = {}
-    for shard in wanted:
-        checkpoint_id, metadata = found.get((sink, shard), (-1, ""))
-        owner = names.marker_identity(metadata)
-        if identity is not None and owner is not None and owner != identity:
-            raise PipelineIdentityMismatch(
-                f"pipeline {pipeline.name!r}: the commit marker of shard {shard} (consumer group "
-                f"{group!r}, {sink}[{shard}]) shows checkpoint {checkpoint_id} "
-                f"published by pipeline identity {owner}, but this ledger's pipeline has identity "
-                f"{identity}: another ledger (a re-created or moved ledger file, a `downgrade "
-                "base`, or a second deployment with the same pipeline name on this Kafka "
-                "cluster) published it. Nothing was planned or published by this call. Point the pipeline "
-                "at its original ledger (ledger_url); to start over on purpose, use a new "
-                "pipeline name, or delete the marker group with `kafka-consumer-groups "
-                f"--bootstrap-server ... --delete --group {group}` (then its checkpoints "
-                "are no longer protected against republishing)."
-            )
-        out[shard] = checkpoint_id
-    return out
-
-
-def marker_position(
-    pipeline: Pipeline, shard: int, plan: CommitPlan | None = None, *, identity: str | None = None
-) -> int:
-    """The last checkpoint id shard ``shard`` committed (-1 when none), refusing a marker of
-    another pipeline identity (see :func:`read_markers`). Reads only stable (committed)
-    transactional offsets."""
-    return read_markers(pipeline, [shard], identity=identity, plan=plan)[shard]
-
-
-def check_marker_identity(pipeline: Pipeline, identity: str) -> None:
-    """Raise :class:`PipelineIdentityMismatch` when any commit marker of the pipeline was
-    written by another ledger. One read (the markers of every sink partition: shard ``s``'s
-    marker lives on partition ``s``); used at plan time so nothing is planned against
-    foreign markers."""
-    config = librdkafka_config(pipeline.kafka)
-    read_markers(pipeline, range(admin.partition_count(config, pipeline.sink_topic)), identity=identity)
-
-
-def _published_by_output(
+def shard_committable(
     pipeline: Pipeline,
-    ledger: Ledger,
-    cp: CheckpointRecord,
-    manifest: staging.Manifest,
-    shard: int,
-    plan: CommitPlan,
     identity: str,
-) -> int:
-    """When a shard's marker is missing: the last checkpoint of this pipeline identity the
-    shard's committed output shows (-1: none), the proof that does not expire.
-
-    Markers are group offsets: they expire (``offsets.retention.minutes``) and vanish with
-    the sink topic. Cases:
-
-    1. No shard row for this checkpoint in the ledger: no transaction of this checkpoint was
-       ever begun for the shard (the PENDING row is written before ``begin_transaction``,
-       and the ledger does not expire), so it cannot be published: -1, publish.
-    2. A row exists (a try got as far as ``begin_transaction``): read back the tail of one
-       of the shard's sink partitions that this checkpoint has records for; every record
-       carries ``<pipeline>:<checkpoint>:<identity8>`` and a shard's transaction is atomic
-       over its partitions, so one partition answers for the shard.
-    3. The checkpoint has no record for any of the shard's partitions: nothing can prove
-       the transaction, and nothing needs to — the retry republishes zero records, the
-       marker, and (last shard) the same group offsets again, which changes no output.
-    """
-    rows = {row.shard for row in ledger.get(pipeline.name, cp.checkpoint_id).shards}
-    if shard not in rows:
-        return -1
-    staged = [p for p in plan.partitions_of(shard) if sum(f.records for f in manifest.files.get(p, [])) > 0]
-    if not staged:
-        return -1
-    config = librdkafka_config(pipeline.kafka)
-    return audit.last_published_checkpoint(config, plan.sink_topic, staged[0], pipeline.name, identity)
-
-
-def _publish_shard(
-    pipeline: Pipeline,
-    ledger: Ledger,
     cp: CheckpointRecord,
     manifest: staging.Manifest,
-    shard: int,
     plan: CommitPlan,
-    owner: str,
-) -> tuple[int, bool]:
-    """Publish one shard of the frozen ``plan`` exactly once. Returns (records produced,
-    skipped by marker)."""
-    config = librdkafka_config(pipeline.kafka)
-    txn_id = names.plan_transactional_id(plan, pipeline.name, shard)
-    sink = plan.sink_topic
-    where = f"pipeline {pipeline.name!r}, checkpoint {cp.checkpoint_id}, shard {shard}: "
-    timeout_s = pipeline.transaction_timeout_ms / 1000
-    partitions = [p for p in plan.partitions_of(shard) if p in manifest.files]
-    expected = sum(f.records for p in partitions for f in manifest.files[p])
+    shard: int,
+    *,
+    topic_max_bytes: int | None,
+) -> ShardCommittable:
+    """The frozen committable of one shard of ``cp``: the plan's transactional id, sink and
+    marker group, the shard's staged files, and (the plan's last shard only) the pipeline
+    group's offsets at the checkpoint's ends."""
+    last = shard == plan.shards - 1  # the plan's last shard also moves the pipeline's group
+    return ShardCommittable(
+        pipeline=pipeline.name,
+        identity=identity,
+        checkpoint_id=cp.checkpoint_id,
+        shard=shard,
+        transactional_id=names.plan_transactional_id(plan, pipeline.name, shard),
+        sink_topic=plan.sink_topic,
+        staging_location=cp.staging_location or "",
+        parts=tuple((p, tuple(manifest.files[p])) for p in plan.partitions_of(shard) if p in manifest.files),
+        marker_group=plan.marker_group,
+        group_id=pipeline.group_id if last else None,
+        group_offsets=tuple((r.topic, r.partition, r.end) for r in cp.ranges) if last else (),
+        kafka=tuple(sorted(librdkafka_config(pipeline.kafka).items())),
+        transaction_timeout_ms=pipeline.transaction_timeout_ms,
+        topic_max_bytes=topic_max_bytes,
+    )
 
-    def record(*, state: str, records: int) -> None:
-        ledger.record_shard(
-            pipeline.name,
-            cp.checkpoint_id,
-            shard,
-            transactional_id=txn_id,
+
+class LedgerShardHooks:
+    """The ledger's part of one shard's transaction in a local commit: the lease and the
+    PENDING row before ``begin_transaction``, the COMMITTED row after."""
+
+    def __init__(self, ledger: Ledger, committable: ShardCommittable, *, owner: str) -> None:
+        self.ledger = ledger
+        self.c = committable
+        self.owner = owner
+
+    def _record(self, *, state: str, records: int) -> None:
+        self.ledger.record_shard(
+            self.c.pipeline,
+            self.c.checkpoint_id,
+            self.c.shard,
+            transactional_id=self.c.transactional_id,
             producer_id=None,
             producer_epoch=None,
             state=state,
             records=records,
         )
 
-    identity = ledger.get_pipeline(pipeline.name).identity
-    last_failure = ""
-    topic_max = admin.topic_max_message_bytes(config, pipeline.sink_topic, pipeline.sink_max_message_bytes)
-    for _round in range(MAX_SHARD_ROUNDS):
-        failures = DeliveryFailures()
-        producer = new_producer(
-            config, txn_id, pipeline.transaction_timeout_ms, on_failure=failures, topic_max_bytes=topic_max
+    def may_have_published(self) -> bool:
+        """A shard row exists: a try got as far as ``begin_transaction``."""
+        rows = self.ledger.get(self.c.pipeline, self.c.checkpoint_id).shards
+        return any(row.shard == self.c.shard for row in rows)
+
+    def before_begin(self) -> None:
+        """Take the commit lease (the database's clock), then record the shard PENDING.
+
+        Every committer uses the pinned prefix, so the fence before this already stopped any
+        other; the lease only keeps live committers from taking turns."""
+        self.ledger.acquire_commit_lease(
+            self.c.pipeline, self.c.checkpoint_id, owner=self.owner, ttl_s=2 * self.c.timeout_s + 30
         )
-        try:
-            kafka_call("metadata", connect, producer, sink, timeout_s, where=where)
-            kafka_call("init_transactions", producer.init_transactions, timeout_s, where=where)
-            # Only this shard's marker: another shard's may sit in a transaction a killed
-            # committer left open (not fenced yet: its init_transactions comes with its
-            # turn), and a stable read of it would wait for that transaction's timeout.
-            # Foreign markers on other shards are refused at plan time and at their turn.
-            done = marker_position(pipeline, shard, plan, identity=identity)
-            if done < 0:  # no marker (never written, expired, or the topic re-created)
-                done = _published_by_output(pipeline, ledger, cp, manifest, shard, plan, identity)
-            if done >= cp.checkpoint_id:
-                record(state="COMMITTED", records=expected)
-                return 0, True
-            # Every committer uses the pinned prefix, so init_transactions above fenced any
-            # other; the lease (database clock) only keeps live committers from taking turns.
-            ledger.acquire_commit_lease(
-                pipeline.name, cp.checkpoint_id, owner=owner, ttl_s=2 * timeout_s + 30
-            )
-            record(state="PENDING", records=expected)
-            kafka_call("begin_transaction", producer.begin_transaction, where=where)
-            produced = 0
-            ckpt_header = names.provenance_checkpoint_field(
-                pipeline.name, cp.checkpoint_id, identity
-            ).encode()
-            for partition in partitions:
-                batches = staging.iter_batches(cp.staging_location or "", manifest.files[partition])
-                produced += produce_staged(producer, sink, partition, batches, ckpt_header, where=where)
-                fault_point("commit.after_begin")
-            # Everything acknowledged by the broker before the commit step (commit would
-            # flush anyway; this makes the crash point below well-defined).
-            producer.flush(timeout_s)
-            if failures:  # a refused record: the transaction can only be aborted now
-                raise Abortable(failures.describe())
-            fault_point("commit.before_commit_txn")
-            marker = {(sink, shard): cp.checkpoint_id}
-            kafka_call(
-                "send_offsets_to_transaction(marker)",
-                producer.send_offsets_to_transaction,
-                offsets(marker, names.marker_metadata(identity)),  # names the writing ledger
-                group_metadata(config, plan.marker_group),
-                timeout_s,
-                where=where,
-            )
-            if shard == plan.shards - 1:  # the plan's last shard also moves the pipeline's group
-                ends = {(r.topic, r.partition): r.end for r in cp.ranges}
-                kafka_call(
-                    "send_offsets_to_transaction(group)",
-                    producer.send_offsets_to_transaction,
-                    offsets(ends),
-                    group_metadata(config, pipeline.group_id),
-                    timeout_s,
-                    where=where,
-                )
-            fault_point("commit.before_end_txn")
-            try:
-                if fault_triggered("commit.ambiguous_before"):
-                    raise ProducerLost("injected: commit_transaction timed out before it was sent")
-                kafka_call(
-                    "commit_transaction",
-                    producer.commit_transaction,
-                    timeout_s,
-                    deadline_s=2 * timeout_s,
-                    where=where,
-                )
-                if fault_triggered("commit.ambiguous_after"):
-                    raise ProducerLost("injected: the answer to commit_transaction was lost")
-            except ProducerLost:
-                # Ambiguous: the commit may or may not have happened. Never abort here;
-                # drop this producer, re-init with a new one and let the marker decide.
-                continue
-            fault_point("commit.after_commit_txn")
-            record(state="COMMITTED", records=produced)
-            return produced, False
-        except Abortable as exc:
-            try:
-                producer.abort_transaction(timeout_s)
-            except Exception:  # the next round's init_transactions aborts it anyway
-                pass
-            producer.poll(0)  # serve the delivery reports still queued (the cause, if any)
-            last_failure = failures.describe() if failures else str(exc)
-            if failures.permanent:
-                for partition in sorted(failures.partitions & set(partitions)):
-                    found = largest_record(
-                        staging.iter_batches(cp.staging_location or "", manifest.files[partition])
-                    )
-                    if found is not None:
-                        index, src, size = found
-                        last_failure += (
-                            f"; the largest record of sink partition {partition} is record "
-                            f"{index} of its staged output (source {src}, {size} bytes of key+value)"
-                        )
-                raise CommitError(
-                    f"{where}{last_failure}. The broker refuses this record every time, so "
-                    "the shard's transaction was aborted (nothing of it is visible) and the "
-                    "checkpoint stays PREPARED. A size refusal means the sink topic "
-                    f"{sink!r} lowered max.message.bytes (or the broker its "
-                    "message.max.bytes) after prepare checked it: raise it above the record's "
-                    "size and retry the commit. An authorization refusal needs WRITE on the "
-                    "sink topic."
-                ) from exc
-            continue
-        except ProducerLost:
-            continue
-        finally:
-            del producer
-    raise CommitError(
-        f"{where}could not publish after {MAX_SHARD_ROUNDS} rounds of retriable/abortable "
-        f"errors (last: {last_failure or 'an ambiguous or retriable failure'}). Nothing from "
-        "an unfinished round is visible (aborted or fenced); retry the commit task later — "
-        "the marker prevents duplicates."
-    )
+        self._record(state="PENDING", records=self.c.records)
+
+    def committed(self, records: int) -> None:
+        """Record the shard COMMITTED."""
+        self._record(state="COMMITTED", records=records)
 
 
 def _abort_if_unpublished(
@@ -326,8 +143,6 @@ def _abort_if_unpublished(
     """Abort ``cp`` after a verified staging mismatch, safely (core/abort.py: refused while a
     live committer holds the lease, every shard id fenced before the markers are read), and
     raise :class:`StagingError` saying so."""
-    from airflow_provider_eo.core.abort import abort_checkpoint
-
     abort_checkpoint(pipeline, ledger, cp.checkpoint_id, reason=reason, actor=actor)
     raise StagingError(
         f"pipeline {pipeline.name!r}, checkpoint {cp.checkpoint_id}: {reason}. Nothing was "
@@ -358,11 +173,14 @@ def commit_checkpoint(
     *,
     actor: Actor | None = None,
     owner: str | None = None,
+    clients: KafkaClients = REAL_KAFKA,
 ) -> CommitResult:
     """Publish a PREPARED checkpoint exactly once and mark it COMMITTED.
 
     Idempotent: committing a COMMITTED checkpoint does nothing; a retry after any crash
     publishes only the shards whose marker does not show the checkpoint yet.
+
+    :param clients: the Kafka side (producers, markers); unit tests pass a fake.
     """
     started = time.monotonic()
     cp = ledger.get(pipeline.name, checkpoint_id)
@@ -406,11 +224,18 @@ def commit_checkpoint(
         _abort_if_unpublished(pipeline, ledger, cp, f"staged output failed verification ({exc})", actor)
         raise  # unreachable: the helper always raises
     owner = owner or names.lease_owner(pipeline)
+    identity = ledger.get_pipeline(pipeline.name).identity
+    topic_max = clients.topic_max_message_bytes(
+        librdkafka_config(pipeline.kafka), pipeline.sink_topic, pipeline.sink_max_message_bytes
+    )
     published = skipped = 0
     for shard in range(shards):
-        n, was_done = _publish_shard(pipeline, ledger, cp, manifest, shard, plan, owner)
-        published += n
-        skipped += int(was_done)
+        committable = shard_committable(
+            pipeline, identity, cp, manifest, plan, shard, topic_max_bytes=topic_max
+        )
+        result = commit_shard(committable, LedgerShardHooks(ledger, committable, owner=owner), clients)
+        published += result.records
+        skipped += int(result.skipped)
     fault_point("commit.before_ledger")
     cp = ledger.mark_committed(pipeline.name, checkpoint_id, actor=actor)
     cleanup_staging(pipeline, cp)

@@ -302,7 +302,7 @@ def judge_prefix(
 def judge_marker_group(group: str, members: Sequence[str], identity_error: str | None) -> list[Finding]:
     """The marker group has no members (it is never joined: anything in it is foreign) and
     its markers carry this pipeline's identity (``identity_error``: the refusal message of
-    :func:`airflow_provider_eo.core.commit.check_marker_identity`, else ``None``)."""
+    :func:`airflow_provider_eo.core.markers.check_marker_identity`, else ``None``)."""
     out: list[Finding] = []
     if members:
         out.append(
@@ -555,28 +555,6 @@ def _marker_members(config: Mapping[str, Any], group: str) -> list[str]:
     return [f"{m.client_id}@{m.host}" for m in desc.members]
 
 
-def sink_offsets(
-    config: Mapping[str, Any], topic: str, partitions: int
-) -> tuple[dict[int, int], dict[int, int]]:
-    """(last stable offset, high watermark) per partition of ``topic``: a partition whose
-    stable offset is below its high watermark has an open transaction."""
-    from confluent_kafka import IsolationLevel, TopicPartition
-    from confluent_kafka.admin import OffsetSpec
-
-    from airflow_provider_eo.kafka import admin
-
-    client = admin.admin_client(config)
-    found: list[dict[int, int]] = []
-    for level in (IsolationLevel.READ_COMMITTED, IsolationLevel.READ_UNCOMMITTED):
-        futures = client.list_offsets(
-            {TopicPartition(topic, p): OffsetSpec.latest() for p in range(partitions)},
-            isolation_level=level,
-            request_timeout=15,
-        )
-        found.append({tp.partition: int(f.result(timeout=15).offset) for tp, f in futures.items()})
-    return found[0], found[1]
-
-
 def _staging_probe(staging_dir: str) -> str | None:
     """Write and remove a probe file under ``staging_dir``; the error text, else None."""
     from airflow_provider_eo import staging
@@ -603,7 +581,7 @@ def _cached_connector_jars(spark_version: str) -> list[str]:
 def _identity_error(pipeline: Pipeline, record: PipelineRecord | None) -> str | None:
     """The refusal :func:`check_marker_identity` gives, else None. An unregistered pipeline
     has no identity yet: any marker naming one is foreign (a re-created ledger)."""
-    from airflow_provider_eo.core.commit import check_marker_identity
+    from airflow_provider_eo.core.markers import check_marker_identity
 
     identity = record.identity if record is not None else "(none: not registered in this ledger)"
     try:
@@ -630,6 +608,7 @@ def run_doctor(pipeline: Pipeline, *, now: dt.datetime | None = None, spark: boo
     """
     import confluent_kafka
 
+    from airflow_provider_eo.kafka import admin
     from airflow_provider_eo.kafka.client_config import librdkafka_config
     from airflow_provider_eo.ledger import Ledger
     from airflow_provider_eo.ledger.errors import CheckpointNotFound
@@ -728,7 +707,7 @@ def run_doctor(pipeline: Pipeline, *, now: dt.datetime | None = None, spark: boo
         txn_sink = plan.sink_topic if plan is not None else pipeline.sink_topic
         txn_parts = live.get(txn_sink)
         if txn_parts is not None:
-            offsets, bad = _guard("open-transactions", sink_offsets, config, txn_sink, len(txn_parts))
+            offsets, bad = _guard("open-transactions", admin.sink_offsets, config, txn_sink, len(txn_parts))
             if bad is not None:
                 findings.append(bad)
             else:

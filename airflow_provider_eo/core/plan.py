@@ -7,6 +7,8 @@ import logging
 from collections.abc import Mapping
 
 from airflow_provider_eo import names
+from airflow_provider_eo.core.abort import abort_checkpoint
+from airflow_provider_eo.core.markers import check_marker_identity
 from airflow_provider_eo.errors import ConfigError, DataLossError, PipelineStopped, SourceError
 from airflow_provider_eo.kafka import admin
 from airflow_provider_eo.kafka.client_config import librdkafka_config
@@ -190,8 +192,6 @@ def resume_or_drop_lost(
         return cp
     if pipeline.on_data_loss != "skip":
         raise data_loss_error(pipeline, cp, lost)
-    from airflow_provider_eo.core.abort import abort_checkpoint
-
     abort_checkpoint(
         pipeline,
         ledger,
@@ -246,8 +246,6 @@ def plan_checkpoint(
         )
     # Markers written by another ledger (re-created, or a second deployment with this name)
     # are refused before anything is planned against them (issue 11, hole 4).
-    from airflow_provider_eo.core.commit import check_marker_identity
-
     check_marker_identity(pipeline, registered.identity)
     config = librdkafka_config(pipeline.kafka)
     topics = admin.partitions_of(config, pipeline.source_topics)

@@ -27,9 +27,8 @@ from typing import Any
 from airflow_provider_eo import names
 from airflow_provider_eo.core.abort import fence
 from airflow_provider_eo.core.commit import commit_checkpoint
-from airflow_provider_eo.core.doctor import sink_offsets
+from airflow_provider_eo.core.shard import REAL_KAFKA, KafkaClients
 from airflow_provider_eo.errors import RecoverError
-from airflow_provider_eo.kafka import admin
 from airflow_provider_eo.kafka.client_config import librdkafka_config
 from airflow_provider_eo.ledger import Actor, CheckpointState, Ledger
 from airflow_provider_eo.pipeline import Pipeline
@@ -66,12 +65,6 @@ class RecoverResult:
         }
 
 
-def _open(config: dict[str, Any], topic: str) -> dict[int, tuple[int, int]]:
-    partitions = admin.partition_count(config, topic)
-    stable, high = sink_offsets(config, topic, partitions)
-    return {p: (stable[p], high[p]) for p in sorted(high) if stable.get(p, high[p]) < high[p]}
-
-
 def recover_pipeline(
     pipeline: Pipeline,
     ledger: Ledger,
@@ -79,6 +72,7 @@ def recover_pipeline(
     actor: Actor | None = None,
     wait_s: float = 15.0,
     progress: Callable[[str], None] | None = None,
+    clients: KafkaClients = REAL_KAFKA,
 ) -> RecoverResult:
     """Fence the pipeline's transactional ids, commit its PREPARED checkpoint by the
     markers, and report what stays open on the sink (see the module docstring).
@@ -91,14 +85,14 @@ def recover_pipeline(
     config = librdkafka_config(pipeline.kafka)
     unfinished = ledger.unfinished(pipeline.name)
     sink = unfinished.commit_plan.sink_topic if unfinished and unfinished.commit_plan else pipeline.sink_topic
-    result = RecoverResult(pipeline.name, sink, _open(config, sink))
+    result = RecoverResult(pipeline.name, sink, clients.open_transactions(config, sink))
     for p, (stable, high) in result.open_before.items():
         say(f"open transaction on {sink}[{p}]: last stable offset {stable} < high watermark {high}")
 
     # 1. The PREPARED checkpoint: the commit fences its shards and publishes by the markers.
     done: set[str] = set()
     if unfinished is not None and unfinished.state is CheckpointState.PREPARED:
-        commit = commit_checkpoint(pipeline, ledger, unfinished.checkpoint_id, actor=actor)
+        commit = commit_checkpoint(pipeline, ledger, unfinished.checkpoint_id, actor=actor, clients=clients)
         result.committed, result.published = unfinished.checkpoint_id, commit.published
         plan = commit.checkpoint.commit_plan
         if plan is not None:
@@ -109,19 +103,21 @@ def recover_pipeline(
         )
 
     # 2. Every other id of ours: a zombie's open transaction is aborted.
-    today = names.commit_plan(pipeline, admin.partition_count(config, pipeline.sink_topic))
+    today = names.commit_plan(pipeline, clients.partition_count(config, pipeline.sink_topic))
     ids = set(ledger.transactional_ids(pipeline.name)) | {
         names.plan_transactional_id(today, pipeline.name, s) for s in range(today.shards)
     }
     for txn_id in sorted(ids - done):
-        fence(pipeline, [txn_id], where=where, refused=RecoverError, then="Retry `eo recover`.")
+        fence(
+            pipeline, [txn_id], where=where, refused=RecoverError, then="Retry `eo recover`.", clients=clients
+        )
         result.fenced.append(txn_id)
         say(f"fenced {txn_id}")
 
     # 3. What is still open is not ours.
     deadline = time.monotonic() + wait_s
     while True:
-        result.open_after = _open(config, sink)
+        result.open_after = clients.open_transactions(config, sink)
         if not result.open_after or time.monotonic() >= deadline:
             break
         time.sleep(0.5)

@@ -303,3 +303,20 @@ def committed_group_marks(
         for tp in found
         if tp.offset is not None and tp.offset >= 0
     }
+
+
+def sink_offsets(
+    config: Mapping[str, Any], topic: str, partitions: int
+) -> tuple[dict[int, int], dict[int, int]]:
+    """(last stable offset, high watermark) per partition of ``topic``: a partition whose
+    stable offset is below its high watermark has an open transaction."""
+    client = admin_client(config)
+    found: list[dict[int, int]] = []
+    for level in (IsolationLevel.READ_COMMITTED, IsolationLevel.READ_UNCOMMITTED):
+        futures = client.list_offsets(
+            {TopicPartition(topic, p): OffsetSpec.latest() for p in range(partitions)},
+            isolation_level=level,
+            request_timeout=15,
+        )
+        found.append({tp.partition: int(f.result(timeout=15).offset) for tp, f in futures.items()})
+    return found[0], found[1]

@@ -18,7 +18,8 @@ from eo_faultlib import kill_child
 from eo_harness import Harness, parse_json_line
 
 from airflow_provider_eo import names
-from airflow_provider_eo.core.doctor import run_doctor, sink_offsets
+from airflow_provider_eo.core.doctor import run_doctor
+from airflow_provider_eo.kafka.admin import sink_offsets
 from airflow_provider_eo.ledger import CheckpointState
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]

@@ -1,0 +1,480 @@
+"""One shard's Kafka transaction: a frozen committable and the object that commits it.
+
+Shaped like Flink's ``KafkaCommittable`` + ``KafkaCommitter`` (docs/design.md §2, §3a):
+
+- :class:`ShardCommittable` is everything one shard's transaction needs and nothing live:
+  frozen, picklable, so it can travel to another process (a Spark task) as one object.
+- :class:`ShardTransaction` runs the steps on a producer made by a :class:`KafkaClients`
+  factory passed in (unit tests pass a fake): :meth:`~ShardTransaction.fence`,
+  :meth:`~ShardTransaction.committed_through`, :meth:`~ShardTransaction.publish`,
+  :meth:`~ShardTransaction.seal`, :meth:`~ShardTransaction.commit`.
+- :func:`commit_shard` drives the rounds and sorts every failure onto a small ladder
+  (:class:`Outcome`): *retriable* calls are repeated in place; *abortable* aborts and redoes
+  the shard; *ambiguous* (the answer to ``commit_transaction`` was lost) drops the producer,
+  re-inits a new one and lets the marker decide, never aborting; *permanent* fails with the
+  reason. It never touches the ledger: what the ledger must record, and when, is the
+  caller's :class:`ShardHooks`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import pyarrow as pa
+
+from airflow_provider_eo import names, staging
+from airflow_provider_eo.core.fault_seam import fault_point, fault_triggered
+from airflow_provider_eo.core.markers import NO_MARKER, decide_marker
+from airflow_provider_eo.errors import CommitError
+from airflow_provider_eo.kafka.publisher import (
+    Abortable,
+    DeliveryFailures,
+    ProducerLost,
+    connect,
+    kafka_call,
+    largest_record,
+    offsets,
+    produce_staged,
+)
+
+#: Rounds of abort-and-redo / re-init before a shard gives up (retry the commit later).
+MAX_SHARD_ROUNDS = 5
+
+
+class Outcome(enum.Enum):
+    """How a failed step of a shard transaction is handled."""
+
+    RETRIABLE = "retriable"  # repeat the same call (inside kafka_call)
+    ABORTABLE = "abortable"  # abort the open transaction, redo the whole shard
+    AMBIGUOUS = "ambiguous"  # outcome unknown: new producer, re-init, the marker decides
+    PERMANENT = "permanent"  # fenced, unauthorized, refused every time: fail with the reason
+
+
+def outcome_of(exc: BaseException) -> Outcome:
+    """Where an exception raised by a shard step sits on the ladder."""
+    if isinstance(exc, Abortable):
+        return Outcome.ABORTABLE
+    if isinstance(exc, ProducerLost):
+        return Outcome.AMBIGUOUS
+    return Outcome.PERMANENT
+
+
+class KafkaClients(Protocol):
+    """The Kafka side of a shard transaction, made fakeable (Flink passes a producer
+    factory to its committer for the same reason)."""
+
+    def producer(
+        self,
+        config: Mapping[str, Any],
+        transactional_id: str,
+        timeout_ms: int,
+        on_failure: DeliveryFailures | None,
+        topic_max_bytes: int | None,
+    ) -> Any:
+        """A fresh transactional producer (confluent_kafka.Producer's interface)."""
+
+    def committed_marks(
+        self, config: Mapping[str, Any], group: str, partitions: list[tuple[str, int]]
+    ) -> dict[tuple[str, int], tuple[int, str]]:
+        """Stable committed offsets of ``group`` with their metadata."""
+
+    def group_metadata(self, config: Mapping[str, Any], group: str) -> Any:
+        """Consumer-group metadata for ``send_offsets_to_transaction``."""
+
+    def last_published_checkpoint(
+        self, config: Mapping[str, Any], topic: str, partition: int, pipeline_name: str, identity: str
+    ) -> int:
+        """The highest checkpoint of this pipeline identity in ``topic[partition]``'s
+        committed output (-1: none)."""
+
+    def partition_count(self, config: Mapping[str, Any], topic: str) -> int:
+        """Partitions of ``topic``."""
+
+    def topic_max_message_bytes(self, config: Mapping[str, Any], topic: str, default: int) -> int:
+        """The topic's ``max.message.bytes``."""
+
+    def open_transactions(self, config: Mapping[str, Any], topic: str) -> dict[int, tuple[int, int]]:
+        """Partitions of ``topic`` whose last stable offset is below the high watermark:
+        partition -> (stable, high)."""
+
+
+class RealKafka:
+    """:class:`KafkaClients` on the real cluster (stateless, so picklable)."""
+
+    def producer(
+        self,
+        config: Mapping[str, Any],
+        transactional_id: str,
+        timeout_ms: int,
+        on_failure: DeliveryFailures | None,
+        topic_max_bytes: int | None,
+    ) -> Any:
+        """:func:`kafka.publisher.new_producer`."""
+        from airflow_provider_eo.kafka.publisher import new_producer
+
+        return new_producer(config, transactional_id, timeout_ms, on_failure, topic_max_bytes=topic_max_bytes)
+
+    def committed_marks(
+        self, config: Mapping[str, Any], group: str, partitions: list[tuple[str, int]]
+    ) -> dict[tuple[str, int], tuple[int, str]]:
+        """:func:`kafka.admin.committed_group_marks`."""
+        from airflow_provider_eo.kafka import admin
+
+        return admin.committed_group_marks(config, group, partitions)
+
+    def group_metadata(self, config: Mapping[str, Any], group: str) -> Any:
+        """:func:`kafka.publisher.group_metadata`."""
+        from airflow_provider_eo.kafka.publisher import group_metadata
+
+        return group_metadata(config, group)
+
+    def last_published_checkpoint(
+        self, config: Mapping[str, Any], topic: str, partition: int, pipeline_name: str, identity: str
+    ) -> int:
+        """:func:`kafka.audit.last_published_checkpoint` (reads the partition's tail)."""
+        from airflow_provider_eo.kafka import audit
+
+        return audit.last_published_checkpoint(dict(config), topic, partition, pipeline_name, identity)
+
+    def partition_count(self, config: Mapping[str, Any], topic: str) -> int:
+        """:func:`kafka.admin.partition_count`."""
+        from airflow_provider_eo.kafka import admin
+
+        return admin.partition_count(config, topic)
+
+    def topic_max_message_bytes(self, config: Mapping[str, Any], topic: str, default: int) -> int:
+        """:func:`kafka.admin.topic_max_message_bytes`."""
+        from airflow_provider_eo.kafka import admin
+
+        return admin.topic_max_message_bytes(config, topic, default)
+
+    def open_transactions(self, config: Mapping[str, Any], topic: str) -> dict[int, tuple[int, int]]:
+        """Last stable offset vs high watermark of every partition, read_committed."""
+        from airflow_provider_eo.kafka import admin
+
+        stable, high = admin.sink_offsets(config, topic, admin.partition_count(config, topic))
+        return {p: (stable[p], high[p]) for p in sorted(high) if stable.get(p, high[p]) < high[p]}
+
+
+REAL_KAFKA = RealKafka()
+
+
+@dataclass(frozen=True)
+class ShardCommittable:
+    """Everything one shard's transaction needs, frozen from the checkpoint's commit plan
+    and manifest: picklable, no ledger, no live client."""
+
+    pipeline: str
+    identity: str  # the ledger's identity of the pipeline (markers and provenance name it)
+    checkpoint_id: int
+    shard: int
+    transactional_id: str
+    sink_topic: str
+    staging_location: str
+    parts: tuple[tuple[int, tuple[staging.StagedFile, ...]], ...]  # sink partition -> files
+    marker_group: str
+    group_id: str | None  # the pipeline's consumer group, moved by this shard's seal (or None)
+    group_offsets: tuple[tuple[str, int, int], ...]  # (topic, partition, end) sent with the seal
+    kafka: tuple[tuple[str, Any], ...]  # librdkafka client config
+    transaction_timeout_ms: int
+    topic_max_bytes: int | None = None
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The librdkafka client config."""
+        return dict(self.kafka)
+
+    @property
+    def where(self) -> str:
+        """The prefix of every error message: pipeline, checkpoint, shard."""
+        return f"pipeline {self.pipeline!r}, checkpoint {self.checkpoint_id}, shard {self.shard}: "
+
+    @property
+    def timeout_s(self) -> float:
+        """The transaction timeout in seconds."""
+        return self.transaction_timeout_ms / 1000
+
+    @property
+    def partitions(self) -> list[int]:
+        """The shard's sink partitions that have staged files."""
+        return [p for p, _files in self.parts]
+
+    @property
+    def records(self) -> int:
+        """Records staged for this shard."""
+        return sum(f.records for _p, files in self.parts for f in files)
+
+    def files_of(self, partition: int) -> list[staging.StagedFile]:
+        """The staged files of one sink partition, in publish order."""
+        return next((list(files) for p, files in self.parts if p == partition), [])
+
+    def batches(self, partition: int) -> Iterator[pa.RecordBatch]:
+        """The staged rows of one sink partition, as Arrow batches (bounded memory)."""
+        return staging.iter_batches(self.staging_location, self.files_of(partition))
+
+
+class ShardHooks(Protocol):
+    """What the caller records around one shard's transaction (the ledger, in local mode).
+    Called at fixed points of :func:`commit_shard`."""
+
+    def may_have_published(self) -> bool:
+        """When the marker is missing: could a try of this checkpoint have begun a
+        transaction for the shard (a shard row exists)? False means certainly not."""
+
+    def before_begin(self) -> None:
+        """Right before ``begin_transaction``: take the commit lease and record the shard
+        PENDING (the missing-marker proof relies on the row existing before any begin)."""
+
+    def committed(self, records: int) -> None:
+        """The shard's transaction is committed (or the marker shows it was)."""
+
+
+@dataclass(frozen=True)
+class ShardResult:
+    """What :func:`commit_shard` did for one shard."""
+
+    shard: int
+    records: int  # records produced by this call
+    skipped: bool  # the marker already showed the checkpoint: nothing was sent
+    rounds: int
+
+
+class ShardTransaction:
+    """One producer's go at one shard's transaction (a new one after any ambiguous or
+    abortable failure: librdkafka lacks KIP-890's epoch bump, so a producer is never reused
+    across an indefinite error)."""
+
+    def __init__(self, committable: ShardCommittable, clients: KafkaClients = REAL_KAFKA) -> None:
+        self.committable = committable
+        self.clients = clients
+        self.failures = DeliveryFailures()
+        self.producer: Any = None
+
+    def fence(self) -> None:
+        """A fresh producer on the shard's transactional id and ``init_transactions``: the
+        broker aborts whatever an earlier producer of the id left open and fences it."""
+        c = self.committable
+        self.producer = self.clients.producer(
+            c.config, c.transactional_id, c.transaction_timeout_ms, self.failures, c.topic_max_bytes
+        )
+        kafka_call("metadata", connect, self.producer, c.sink_topic, c.timeout_s, where=c.where)
+        kafka_call("init_transactions", self.producer.init_transactions, c.timeout_s, where=c.where)
+
+    def marker(self) -> int:
+        """The checkpoint id the shard's marker shows (-1: none); a foreign one is refused."""
+        c = self.committable
+        # Only this shard's marker: another shard's may sit in a transaction a killed
+        # committer left open (not fenced yet), and a stable read of it would wait for that
+        # transaction's timeout.
+        found = self.clients.committed_marks(c.config, c.marker_group, [(c.sink_topic, c.shard)])
+        return decide_marker(
+            c.pipeline,
+            c.marker_group,
+            c.sink_topic,
+            c.shard,
+            found.get((c.sink_topic, c.shard)),
+            identity=c.identity,
+        )
+
+    def committed_through(self, hooks: ShardHooks) -> int:
+        """The last checkpoint this shard committed: its marker, or — when the marker is gone
+        (expired, the topic re-created) and a try may have begun — the committed output.
+
+        Cases without a marker: no shard row means no transaction of this checkpoint was
+        ever begun for the shard (the row is written before ``begin_transaction``): -1. A
+        row exists: read back the tail of one of the shard's partitions this checkpoint has
+        records for (a shard's transaction is atomic over its partitions, so one partition
+        answers for the shard). No record for any of them: nothing can prove it, and nothing
+        needs to: the redo republishes zero records and the same offsets.
+        """
+        c = self.committable
+        done = self.marker()
+        if done != NO_MARKER or not hooks.may_have_published():
+            return done
+        staged = [p for p, files in c.parts if sum(f.records for f in files) > 0]
+        if not staged:
+            return NO_MARKER
+        return self.clients.last_published_checkpoint(
+            c.config, c.sink_topic, staged[0], c.pipeline, c.identity
+        )
+
+    def publish(self, batches: Iterable[tuple[int, Iterable[pa.RecordBatch]]]) -> int:
+        """Begin the transaction and produce the staged records, each with the provenance
+        header; everything acknowledged before returning. Raises :class:`Abortable` when the
+        broker refused a record (a failed delivery report)."""
+        c = self.committable
+        kafka_call("begin_transaction", self.producer.begin_transaction, where=c.where)
+        header = names.provenance_checkpoint_field(c.pipeline, c.checkpoint_id, c.identity).encode()
+        produced = 0
+        for partition, part in batches:
+            produced += produce_staged(self.producer, c.sink_topic, partition, part, header, where=c.where)
+            fault_point("commit.after_begin")
+        # Acknowledged by the broker before the commit step (commit would flush anyway; this
+        # makes the crash point before the commit well-defined).
+        self.producer.flush(c.timeout_s)
+        if self.failures:  # a refused record: the transaction can only be aborted now
+            raise Abortable(self.failures.describe())
+        return produced
+
+    def seal(self) -> None:
+        """Send the marker (naming the writing ledger) and, when this shard moves it, the
+        pipeline's consumer-group offsets, inside the open transaction."""
+        c = self.committable
+        fault_point("commit.before_commit_txn")
+        kafka_call(
+            "send_offsets_to_transaction(marker)",
+            self.producer.send_offsets_to_transaction,
+            offsets({(c.sink_topic, c.shard): c.checkpoint_id}, names.marker_metadata(c.identity)),
+            self.clients.group_metadata(c.config, c.marker_group),
+            c.timeout_s,
+            where=c.where,
+        )
+        if c.group_id is not None:
+            kafka_call(
+                "send_offsets_to_transaction(group)",
+                self.producer.send_offsets_to_transaction,
+                offsets({(t, p): end for t, p, end in c.group_offsets}),
+                self.clients.group_metadata(c.config, c.group_id),
+                c.timeout_s,
+                where=c.where,
+            )
+
+    def commit(self) -> None:
+        """``commit_transaction``. Raises :class:`ProducerLost` when the outcome is unknown
+        (never follow that with an abort: the caller re-inits and the marker decides)."""
+        c = self.committable
+        fault_point("commit.before_end_txn")
+        if fault_triggered("commit.ambiguous_before"):
+            raise ProducerLost("injected: commit_transaction timed out before it was sent")
+        kafka_call(
+            "commit_transaction",
+            self.producer.commit_transaction,
+            c.timeout_s,
+            deadline_s=2 * c.timeout_s,
+            where=c.where,
+        )
+        if fault_triggered("commit.ambiguous_after"):
+            raise ProducerLost("injected: the answer to commit_transaction was lost")
+
+    def abort(self) -> None:
+        """Abort the open transaction (best effort: the next ``init_transactions`` aborts
+        it anyway), then serve the delivery reports still queued (the cause, if any)."""
+        try:
+            self.producer.abort_transaction(self.committable.timeout_s)
+        except Exception:
+            pass
+        self.producer.poll(0)
+
+    def refused_record_error(self, exc: BaseException) -> CommitError:
+        """The error for a record the broker refuses every time, naming the largest staged
+        record of each refused partition."""
+        c = self.committable
+        message = self.failures.describe()
+        for partition in sorted(self.failures.partitions & set(c.partitions)):
+            found = largest_record(c.batches(partition))
+            if found is not None:
+                index, src, size = found
+                message += (
+                    f"; the largest record of sink partition {partition} is record "
+                    f"{index} of its staged output (source {src}, {size} bytes of key+value)"
+                )
+        return CommitError(
+            f"{c.where}{message}. The broker refuses this record every time, so "
+            "the shard's transaction was aborted (nothing of it is visible) and the "
+            "checkpoint stays PREPARED. A size refusal means the sink topic "
+            f"{c.sink_topic!r} lowered max.message.bytes (or the broker its "
+            "message.max.bytes) after prepare checked it: raise it above the record's "
+            "size and retry the commit. An authorization refusal needs WRITE on the "
+            "sink topic."
+        )
+
+
+def commit_shard(
+    committable: ShardCommittable, hooks: ShardHooks, clients: KafkaClients = REAL_KAFKA
+) -> ShardResult:
+    """Publish one shard exactly once: rounds of fence -> marker -> publish -> seal ->
+    commit until the marker or a commit settles it (see the module docstring for the ladder).
+
+    Idempotent: a shard whose marker (or committed output) already shows the checkpoint is
+    skipped, nothing re-sent. Raises :class:`CommitError` after :data:`MAX_SHARD_ROUNDS`
+    rounds or for a record the broker refuses every time, and :class:`CommitFenced` /
+    :class:`TransactionalIdUnauthorized` as they come.
+    """
+    c = committable
+    last_failure = ""
+    for round_ in range(1, MAX_SHARD_ROUNDS + 1):
+        txn = ShardTransaction(c, clients)
+        try:
+            txn.fence()
+            if txn.committed_through(hooks) >= c.checkpoint_id:
+                hooks.committed(c.records)
+                return ShardResult(c.shard, 0, True, round_)
+            hooks.before_begin()
+            produced = txn.publish((p, c.batches(p)) for p in c.partitions)
+            txn.seal()
+            try:
+                txn.commit()
+            except ProducerLost:
+                continue  # ambiguous: a new producer re-inits and the marker decides
+            fault_point("commit.after_commit_txn")
+            hooks.committed(produced)
+            return ShardResult(c.shard, produced, False, round_)
+        except Exception as exc:
+            outcome = outcome_of(exc)
+            if outcome is Outcome.PERMANENT:
+                raise
+            if outcome is Outcome.ABORTABLE:
+                txn.abort()
+                last_failure = txn.failures.describe() if txn.failures else str(exc)
+                if txn.failures.permanent:
+                    raise txn.refused_record_error(exc) from exc
+            # AMBIGUOUS (retries ran out, or the producer was lost): the next round's fresh
+            # producer re-inits and the marker decides.
+        finally:
+            del txn
+    raise CommitError(
+        f"{c.where}could not publish after {MAX_SHARD_ROUNDS} rounds of retriable/abortable "
+        f"errors (last: {last_failure or 'an ambiguous or retriable failure'}). Nothing from "
+        "an unfinished round is visible (aborted or fenced); retry the commit task later — "
+        "the marker prevents duplicates."
+    )
+
+
+def fence_id(
+    transactional_id: str,
+    *,
+    config: Mapping[str, Any],
+    sink_topic: str,
+    transaction_timeout_ms: int,
+    where: str,
+    clients: KafkaClients = REAL_KAFKA,
+) -> None:
+    """``init_transactions`` with a fresh producer on ``transactional_id``: bumps its epoch,
+    so the broker aborts any open transaction of an earlier producer and fences it. Raises
+    :class:`ProducerLost` when the broker did not answer (the caller says what to do)."""
+    timeout_s = transaction_timeout_ms / 1000
+    producer = clients.producer(config, transactional_id, transaction_timeout_ms, None, None)
+    try:
+        kafka_call("metadata", connect, producer, sink_topic, timeout_s, where=where)
+        kafka_call("init_transactions", producer.init_transactions, timeout_s, where=where)
+    finally:
+        del producer
+
+
+__all__ = [
+    "MAX_SHARD_ROUNDS",
+    "REAL_KAFKA",
+    "KafkaClients",
+    "Outcome",
+    "RealKafka",
+    "ShardCommittable",
+    "ShardHooks",
+    "ShardResult",
+    "ShardTransaction",
+    "commit_shard",
+    "fence_id",
+    "outcome_of",
+]
