@@ -356,7 +356,7 @@ def _unfinished_id(ledger: Any, pipeline: str) -> int:
 @app.command("audit")
 def audit_cmd(ref: PipelineRef, as_json: JsonFlag = False) -> None:
     """Read the sink with read_committed and check every committed checkpoint's records."""
-    from airflow_provider_eo.kafka.audit import audit_pipeline
+    from airflow_provider_eo.core.audit import audit_pipeline
     from airflow_provider_eo.ledger import Ledger
     from airflow_provider_eo.pipeline import load_pipeline
 

@@ -14,8 +14,8 @@ from rich.console import Console
 from rich.table import Table
 
 if TYPE_CHECKING:
+    from airflow_provider_eo.core.audit import AuditReport
     from airflow_provider_eo.core.doctor import DoctorReport
-    from airflow_provider_eo.kafka.audit import AuditReport
     from airflow_provider_eo.ledger import CheckpointRecord, PipelineRecord, SavepointRecord
 
 # Wide enough for the tables when the output is a file or a CI log, not a terminal.

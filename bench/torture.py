@@ -623,7 +623,7 @@ class Torture:
         raise RuntimeError(f"torture: the pipeline did not catch up in {max_runs} runs")
 
     def audit(self, result: Result) -> None:
-        from airflow_provider_eo.kafka.audit import audit_pipeline
+        from airflow_provider_eo.core.audit import audit_pipeline
 
         assert self.pipeline is not None and self.ledger is not None
         config = self.config

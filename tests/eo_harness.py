@@ -15,7 +15,8 @@ from typing import Any
 
 from confluent_kafka import Producer
 
-from airflow_provider_eo.kafka.audit import audit_pipeline, read_sink
+from airflow_provider_eo.core.audit import audit_pipeline
+from airflow_provider_eo.kafka.audit import read_sink
 from airflow_provider_eo.ledger import Ledger
 from airflow_provider_eo.pipeline import Pipeline
 

@@ -121,7 +121,7 @@ def run_airflow_demo() -> int:
     """Local Kafka + temporary Airflow home + the example DAG for three checkpoints (one
     injected Spark failure, recovered by the retry); prints the ledger and the audit.
     Stops what it started. Returns 0 when the audit is clean."""
-    from airflow_provider_eo.kafka.audit import audit_pipeline
+    from airflow_provider_eo.core.audit import audit_pipeline
     from airflow_provider_eo.ledger import CheckpointState, Ledger
     from airflow_provider_eo.stack.kafka import LocalKafka
     from airflow_provider_eo.stack.paths import state_dir

@@ -17,8 +17,8 @@ def run_demo(*, keep_broker: bool = False, checkpoints: int = 3) -> int:
     ``checkpoints`` checkpoints (plan -> prepare -> commit, exactly once), then prints the
     ledger's checkpoint table and the audit of the sink. Returns the exit code.
     """
+    from airflow_provider_eo.core.audit import audit_pipeline
     from airflow_provider_eo.core.runner import run_once
-    from airflow_provider_eo.kafka.audit import audit_pipeline
     from airflow_provider_eo.ledger import Ledger
     from airflow_provider_eo.pipeline import Pipeline
     from airflow_provider_eo.spark.session import get_spark

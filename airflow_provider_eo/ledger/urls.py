@@ -3,9 +3,10 @@ password is ever printed or logged).
 
 A relative SQLite path (``sqlite:///ledger.db``, ``sqlite:///eo-ledger.db``) resolves
 against the provider's home folder (``$EO_HOME``, else ``<checkout>/.eo`` when running
-from a source checkout, else ``~/.eo``: see ``stack.paths.eo_home``), never against the
-working directory: a task or CLI started elsewhere must open the same ledger file, not a
-second, empty one (a new ledger would re-publish or, worse, skip by foreign markers).
+from a source checkout, else ``~/.eo``: see :func:`airflow_provider_eo.paths.eo_home`),
+never against the working directory: a task or CLI started elsewhere must open the same
+ledger file, not a second, empty one (a new ledger would re-publish or, worse, skip by
+foreign markers).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from pathlib import Path
 
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
+
+from airflow_provider_eo.paths import eo_home
 
 DEFAULT_LEDGER_URL = "sqlite:///ledger.db"
 """The embedded default: ``<eo home>/ledger.db`` (see :func:`resolve_ledger_url`)."""
@@ -45,8 +48,6 @@ def resolve_ledger_url(url: str) -> str:
         if str(path) == database:
             return url
     else:
-        from airflow_provider_eo.stack.paths import eo_home
-
         path = eo_home() / path
     return parsed.set(database=str(path)).render_as_string(hide_password=False)
 

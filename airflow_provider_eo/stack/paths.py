@@ -1,59 +1,9 @@
-"""Where the provider keeps its local state (the embedded ledger, jars, broker data, pid files).
-
-One fixed home, never the current directory: a task or a CLI started in another folder
-must find the same ledger file, not silently create a second, empty one.
-"""
+"""The local stack's folders: the provider's home (:mod:`airflow_provider_eo.paths`), where
+the stack keeps its jars, broker data and pid files. Re-exported under the stack's name so
+the stack's modules, the demo and the example DAGs read ``stack.paths.state_dir``."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
+from airflow_provider_eo.paths import ENV_HOME, checkout_root, eo_home, project_root, state_dir
 
-from airflow_provider_eo.errors import ConfigError
-
-ENV_HOME = "EO_HOME"
-
-
-def checkout_root() -> Path | None:
-    """The source checkout this package runs from (the folder holding ``pyproject.toml``
-    next to ``airflow_provider_eo/``), or ``None`` for an installed package."""
-    here = Path(__file__).resolve()
-    for parent in here.parents:
-        if (parent / "pyproject.toml").is_file() and (parent / "airflow_provider_eo").is_dir():
-            return parent
-    return None
-
-
-def project_root() -> Path:
-    """The checkout (see :func:`checkout_root`), else the current directory."""
-    return checkout_root() or Path.cwd()
-
-
-def eo_home() -> Path:
-    """The provider's home folder, by the first that applies (not created here):
-
-    1. ``$EO_HOME`` (must be an absolute path, ``~`` allowed);
-    2. ``<checkout>/.eo`` when the package runs from a source checkout;
-    3. ``~/.eo`` for an installed package.
-
-    Relative SQLite ledger URLs (the default ``sqlite:///ledger.db`` included) resolve
-    against it, whatever the working directory.
-    """
-    env = os.environ.get(ENV_HOME)
-    if env:
-        path = Path(env).expanduser()
-        if not path.is_absolute():
-            raise ConfigError(
-                f"{ENV_HOME}={env!r} is a relative path: it would mean another folder in every "
-                "working directory. Set it to an absolute path."
-            )
-        return path
-    root = checkout_root()
-    return root / ".eo" if root is not None else Path.home() / ".eo"
-
-
-def state_dir() -> Path:
-    """The provider's home folder (:func:`eo_home`), created if missing."""
-    path = eo_home()
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+__all__ = ["ENV_HOME", "checkout_root", "eo_home", "project_root", "state_dir"]

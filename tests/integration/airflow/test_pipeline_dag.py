@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_eo.core.audit import audit_pipeline
 from airflow_provider_eo.demo.sample import produce_sample
-from airflow_provider_eo.kafka.audit import audit_pipeline
 from airflow_provider_eo.ledger import CheckpointState, Ledger
 
 pytestmark = [pytest.mark.airflow, pytest.mark.kafka, pytest.mark.spark, pytest.mark.timeout(900)]

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from eo_harness import wait_for
 
+from airflow_provider_eo.core.audit import audit_pipeline
 from airflow_provider_eo.demo.sample import produce_sample
-from airflow_provider_eo.kafka.audit import audit_pipeline
 from airflow_provider_eo.ledger import CheckpointNotFound, CheckpointState, Ledger
 
 from .conftest import HERE, ROOT, VENV_BIN

@@ -21,8 +21,9 @@ from typing import Any
 import pytest
 from eo_spark_standalone import StandaloneCluster
 
+from airflow_provider_eo.core.audit import audit_pipeline
 from airflow_provider_eo.demo.sample import produce_sample
-from airflow_provider_eo.kafka.audit import audit_pipeline, read_sink
+from airflow_provider_eo.kafka.audit import read_sink
 from airflow_provider_eo.ledger import CheckpointState, Ledger
 from airflow_provider_eo.names import PREPARE_APP
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_eo.core.audit import audit_pipeline
 from airflow_provider_eo.demo.sample import produce_sample
-from airflow_provider_eo.kafka.audit import audit_pipeline
 from airflow_provider_eo.ledger import CheckpointState, Ledger
 
 from .conftest import ROOT

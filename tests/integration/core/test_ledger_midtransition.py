@@ -143,6 +143,6 @@ def _run(h: Harness, pg_state: str, step: str, done_shards: int) -> None:
 
 
 def _audit(h: Harness, ledger: Ledger) -> Any:
-    from airflow_provider_eo.kafka.audit import audit_pipeline
+    from airflow_provider_eo.core.audit import audit_pipeline
 
     return audit_pipeline(h.pipeline, ledger)

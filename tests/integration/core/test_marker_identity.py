@@ -16,8 +16,9 @@ import pytest
 from eo_harness import Harness
 
 from airflow_provider_eo import names
+from airflow_provider_eo.core.audit import audit_pipeline
 from airflow_provider_eo.errors import PipelineIdentityMismatch
-from airflow_provider_eo.kafka.audit import audit_pipeline, settled_ends
+from airflow_provider_eo.kafka.audit import settled_ends
 from airflow_provider_eo.ledger import CheckpointState, Ledger
 from airflow_provider_eo.pipeline import Startup
 

@@ -10,7 +10,7 @@ from airflow_provider_eo.errors import ConfigError
 from airflow_provider_eo.ledger import Ledger, default_ledger_url, redact_url
 from airflow_provider_eo.ledger.cli import app
 from airflow_provider_eo.ledger.urls import describe_ledger_url, redact_text, resolve_ledger_url
-from airflow_provider_eo.stack.paths import checkout_root, eo_home
+from airflow_provider_eo.paths import checkout_root, eo_home
 
 
 @pytest.mark.parametrize(
