@@ -1,0 +1,256 @@
+"""A fake Kafka for unit tests of the shard transaction, commit, abort and recover.
+
+It keeps what a ``read_committed`` consumer would see (records and offsets of committed
+transactions only), fences by epoch per transactional id like a broker, and fails chosen
+calls with real ``KafkaError`` objects so the code under test sorts them as it would on a
+real cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from confluent_kafka import KafkaError, KafkaException
+
+from airflow_provider_eo import names, staging
+
+STAGED_SCHEMA = pa.schema(
+    [
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
+        ("src_topic", pa.string()),
+        ("src_partition", pa.int32()),
+        ("src_offset", pa.int64()),
+    ]
+)
+
+
+def kafka_error(code: int, *, retriable: bool = False, abortable: bool = False, fatal: bool = False) -> Any:
+    """A ``KafkaException`` carrying a real ``KafkaError`` with the given flags."""
+    return KafkaException(
+        KafkaError(code, "injected", fatal=fatal, retriable=retriable, txn_requires_abort=abortable)
+    )
+
+
+@dataclass
+class Record:
+    """One produced record."""
+
+    topic: str
+    partition: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes]]
+
+    @property
+    def checkpoint(self) -> tuple[int, str | None] | None:
+        """(checkpoint id, identity prefix) from the provenance header."""
+        for k, v in self.headers:
+            if k == names.HEADER_PROVENANCE:
+                parsed = names.parse_provenance(v)
+                assert parsed is not None
+                return names.parse_checkpoint_field(parsed[0], parsed[0].split(b":")[0].decode())
+        return None
+
+
+@dataclass
+class FakeBroker:
+    """Transactions, markers and fencing of one fake cluster."""
+
+    partitions: dict[str, int] = field(default_factory=dict)
+    committed: list[Record] = field(default_factory=list)
+    marks: dict[tuple[str, str, int], tuple[int, str]] = field(default_factory=dict)  # (group, t, p)
+    epochs: dict[str, int] = field(default_factory=dict)
+    # call name -> exceptions to raise, one per call, in order (None = let the call through)
+    failures: dict[str, list[BaseException | None]] = field(default_factory=dict)
+    # (topic, partition) -> KafkaError code every produce to it is refused with (a delivery report)
+    refuse: dict[tuple[str, int], int] = field(default_factory=dict)
+    # hooks run when a call is made (e.g. to commit behind the code's back)
+    on_call: dict[str, Callable[[FakeProducer], None]] = field(default_factory=dict)
+    calls: list[tuple[str, str]] = field(default_factory=list)  # (transactional id, call)
+    producers: list[FakeProducer] = field(default_factory=list)
+
+    def fail(self, call: str, *exceptions: BaseException | None) -> None:
+        """Make the next calls of ``call`` raise these, in order."""
+        self.failures.setdefault(call, []).extend(exceptions)
+
+    def _maybe_fail(self, producer: FakeProducer, call: str) -> None:
+        self.calls.append((producer.transactional_id, call))
+        if call in self.on_call:
+            self.on_call[call](producer)
+        queue = self.failures.get(call)
+        if queue:
+            exc = queue.pop(0)
+            if exc is not None:
+                raise exc
+
+    def count(self, name: str) -> int:
+        """How many times a call was made (any producer)."""
+        return sum(1 for _tid, call in self.calls if call == name)
+
+    def mark(self, group: str, topic: str, partition: int) -> int:
+        """The committed marker offset (-1: none)."""
+        return self.marks.get((group, topic, partition), (-1, ""))[0]
+
+
+class FakeProducer:
+    """The subset of ``confluent_kafka.Producer`` the shard transaction uses."""
+
+    def __init__(self, broker: FakeBroker, transactional_id: str, on_failure: Any) -> None:
+        self.broker = broker
+        self.transactional_id = transactional_id
+        self.on_failure = on_failure
+        self.epoch: int | None = None
+        self.pending: list[Record] = []
+        self.pending_marks: dict[tuple[str, str, int], tuple[int, str]] = {}
+        self.open = False
+        self.reports: list[tuple[Any, Any]] = []
+        broker.producers.append(self)
+
+    def _check_epoch(self) -> None:
+        if self.epoch != self.broker.epochs.get(self.transactional_id):
+            raise kafka_error(KafkaError._FENCED, fatal=True)
+
+    def list_topics(self, topic: str, timeout: float) -> None:
+        self.broker._maybe_fail(self, "metadata")
+
+    def init_transactions(self, timeout: float) -> None:
+        self.broker._maybe_fail(self, "init_transactions")
+        self.broker.epochs[self.transactional_id] = self.broker.epochs.get(self.transactional_id, 0) + 1
+        self.epoch = self.broker.epochs[self.transactional_id]
+
+    def begin_transaction(self) -> None:
+        self.broker._maybe_fail(self, "begin_transaction")
+        self._check_epoch()
+        self.open = True
+
+    def produce(self, topic: str, value: Any = None, key: Any = None, partition: int = -1, **kw: Any) -> None:
+        self.broker._maybe_fail(self, "produce")
+        if not self.open:
+            raise kafka_error(KafkaError._STATE)
+        code = self.broker.refuse.get((topic, partition))
+        if code is not None:
+            self.reports.append((KafkaError(code, "refused"), _Msg(partition)))
+            return
+        self.pending.append(Record(topic, partition, key, value, list(kw.get("headers") or [])))
+
+    def poll(self, timeout: float = 0) -> int:
+        served, self.reports = self.reports, []
+        for err, msg in served:
+            if self.on_failure is not None:
+                self.on_failure(err, msg)
+        return len(served)
+
+    def flush(self, timeout: float = 0) -> int:
+        self.broker._maybe_fail(self, "flush")
+        self.poll(0)
+        return 0
+
+    def send_offsets_to_transaction(self, offsets: list[Any], group: Any, timeout: float) -> None:
+        self.broker._maybe_fail(self, "send_offsets_to_transaction")
+        self._check_epoch()
+        for tp in offsets:
+            self.pending_marks[(str(group), tp.topic, tp.partition)] = (tp.offset, tp.metadata or "")
+
+    def commit_transaction(self, timeout: float) -> None:
+        self.broker._maybe_fail(self, "commit_transaction")
+        self._check_epoch()
+        self.broker.committed.extend(self.pending)
+        self.broker.marks.update(self.pending_marks)
+        self._reset()
+
+    def abort_transaction(self, timeout: float) -> None:
+        self.broker._maybe_fail(self, "abort_transaction")
+        self._reset()
+
+    def _reset(self) -> None:
+        self.pending, self.pending_marks, self.open = [], {}, False
+
+
+class _Msg:
+    def __init__(self, partition: int) -> None:
+        self._partition = partition
+
+    def partition(self) -> int:
+        return self._partition
+
+
+class FakeClients:
+    """:class:`airflow_provider_eo.core.shard.KafkaClients` on a :class:`FakeBroker`."""
+
+    def __init__(self, broker: FakeBroker) -> None:
+        self.broker = broker
+        self.open: dict[str, dict[int, tuple[int, int]]] = {}
+
+    def producer(
+        self,
+        config: Mapping[str, Any],
+        transactional_id: str,
+        timeout_ms: int,
+        on_failure: Any,
+        topic_max: Any,
+    ) -> FakeProducer:
+        return FakeProducer(self.broker, transactional_id, on_failure)
+
+    def committed_marks(
+        self, config: Mapping[str, Any], group: str, partitions: list[tuple[str, int]]
+    ) -> dict[tuple[str, int], tuple[int, str]]:
+        return {
+            (t, p): self.broker.marks[(group, t, p)]
+            for t, p in partitions
+            if (group, t, p) in self.broker.marks
+        }
+
+    def group_metadata(self, config: Mapping[str, Any], group: str) -> str:
+        return group
+
+    def last_published_checkpoint(
+        self, config: Mapping[str, Any], topic: str, partition: int, pipeline_name: str, identity: str
+    ) -> int:
+        best = -1
+        for rec in self.broker.committed:
+            found = rec.checkpoint if (rec.topic, rec.partition) == (topic, partition) else None
+            if found is not None and (found[1] is None or identity.startswith(found[1])):
+                best = max(best, found[0])
+        return best
+
+    def partition_count(self, config: Mapping[str, Any], topic: str) -> int:
+        return self.broker.partitions[topic]
+
+    def topic_max_message_bytes(self, config: Mapping[str, Any], topic: str, default: int) -> int:
+        return default
+
+    def open_transactions(self, config: Mapping[str, Any], topic: str) -> dict[int, tuple[int, int]]:
+        return dict(self.open.get(topic, {}))
+
+
+def write_staged(
+    root: Path, partition: int, values: list[bytes], *, src_topic: str = "src"
+) -> staging.StagedFile:
+    """One staged Parquet file of ``values`` for ``partition`` under the attempt folder ``root``."""
+    rel = f"data/p={partition}/part-0.parquet"
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    n = len(values)
+    table = pa.table(
+        {
+            "key": pa.array([None] * n, pa.binary()),
+            "value": pa.array(values, pa.binary()),
+            "headers": pa.array([None] * n, STAGED_SCHEMA.field("headers").type),
+            "src_topic": pa.array([src_topic] * n, pa.string()),
+            "src_partition": pa.array([0] * n, pa.int32()),
+            "src_offset": pa.array(list(range(n)), pa.int64()),
+        },
+        schema=STAGED_SCHEMA,
+    )
+    pq.write_table(table, path)
+    fs, base = staging._fs(str(path))
+    return staging.StagedFile(
+        path=rel, records=n, bytes=path.stat().st_size, sha256=staging.sha256_of(fs, base)
+    )

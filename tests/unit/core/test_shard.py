@@ -1,0 +1,251 @@
+"""Every branch of one shard's transaction (core/shard.py) against a fake Kafka.
+
+Exactly-once is counted on what the fake broker's committed transactions hold (what a
+``read_committed`` consumer would see), never on what the code says it did.
+"""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import pytest
+from confluent_kafka import KafkaError
+from eo_fake_kafka import FakeBroker, FakeClients, kafka_error, write_staged
+
+from airflow_provider_eo import names
+from airflow_provider_eo.core.shard import (
+    MAX_SHARD_ROUNDS,
+    Outcome,
+    ShardCommittable,
+    commit_shard,
+    outcome_of,
+)
+from airflow_provider_eo.errors import CommitError, CommitFenced, PipelineIdentityMismatch
+from airflow_provider_eo.kafka.publisher import Abortable, ProducerLost
+
+IDENTITY = "0123456789abcdef"
+SINK = "sink"
+GROUP = "eo-markers"
+
+
+class Hooks:
+    """Records what the shard asks the ledger to record, in order."""
+
+    def __init__(self, *, row: bool = False, broker: FakeBroker | None = None) -> None:
+        self.row = row
+        self.broker = broker
+        self.events: list[tuple[str, int]] = []
+        self.begun_before_pending = False
+
+    def may_have_published(self) -> bool:
+        return self.row
+
+    def before_begin(self) -> None:
+        self.row = True
+        if self.broker is not None and self.broker.count("begin_transaction") > 0:
+            self.begun_before_pending = True
+        self.events.append(("PENDING", 0))
+
+    def committed(self, records: int) -> None:
+        self.events.append(("COMMITTED", records))
+
+
+def committable(
+    tmp_path: Path, *, checkpoint: int = 3, values: int = 5, last: bool = True
+) -> ShardCommittable:
+    root = tmp_path / f"cp{checkpoint}"
+    files = [write_staged(root, 0, [f"v{i}".encode() for i in range(values)])]
+    return ShardCommittable(
+        pipeline="orders",
+        identity=IDENTITY,
+        checkpoint_id=checkpoint,
+        shard=0,
+        transactional_id="eo.orders.0",
+        sink_topic=SINK,
+        staging_location=str(root),
+        parts=((0, tuple(files)),),
+        marker_group=GROUP,
+        group_id="orders-group" if last else None,
+        group_offsets=(("src", 0, 42),) if last else (),
+        kafka=(("bootstrap.servers", "fake:9092"),),
+        transaction_timeout_ms=10_000,
+    )
+
+
+def values(broker: FakeBroker) -> list[bytes | None]:
+    return [r.value for r in broker.committed if r.topic == SINK]
+
+
+@pytest.fixture
+def broker() -> FakeBroker:
+    return FakeBroker(partitions={SINK: 1})
+
+
+def test_publishes_once_with_marker_group_offsets_and_provenance(tmp_path: Path, broker: FakeBroker) -> None:
+    hooks = Hooks(broker=broker)
+    result = commit_shard(committable(tmp_path), hooks, FakeClients(broker))
+    assert not hooks.begun_before_pending
+    assert (result.records, result.skipped, result.rounds) == (5, False, 1)
+    assert values(broker) == [f"v{i}".encode() for i in range(5)]
+    assert broker.mark(GROUP, SINK, 0) == 3
+    assert broker.marks[(GROUP, SINK, 0)][1] == names.marker_metadata(IDENTITY)
+    assert broker.mark("orders-group", "src", 0) == 42
+    assert broker.committed[0].checkpoint == (3, IDENTITY[: names.PROVENANCE_IDENTITY_CHARS])
+    # the PENDING row exists before the transaction begins
+    assert hooks.events == [("PENDING", 0), ("COMMITTED", 5)]
+    assert broker.calls.index(("eo.orders.0", "begin_transaction")) > broker.calls.index(
+        ("eo.orders.0", "init_transactions")
+    )
+
+
+def test_not_last_shard_leaves_the_group_alone(tmp_path: Path, broker: FakeBroker) -> None:
+    commit_shard(committable(tmp_path, last=False), Hooks(), FakeClients(broker))
+    assert broker.mark("orders-group", "src", 0) == -1
+    assert broker.mark(GROUP, SINK, 0) == 3
+
+
+def test_committable_is_picklable(tmp_path: Path) -> None:
+    c = committable(tmp_path)
+    assert pickle.loads(pickle.dumps(c)) == c
+
+
+def test_marker_ahead_skips_without_producing(tmp_path: Path, broker: FakeBroker) -> None:
+    broker.marks[(GROUP, SINK, 0)] = (3, names.marker_metadata(IDENTITY))
+    hooks = Hooks()
+    result = commit_shard(committable(tmp_path), hooks, FakeClients(broker))
+    assert result.skipped and result.records == 0
+    assert values(broker) == []
+    assert broker.count("begin_transaction") == 0
+    assert hooks.events == [("COMMITTED", 5)]
+
+
+def test_marker_behind_publishes(tmp_path: Path, broker: FakeBroker) -> None:
+    broker.marks[(GROUP, SINK, 0)] = (2, names.marker_metadata(IDENTITY))
+    result = commit_shard(committable(tmp_path), Hooks(), FakeClients(broker))
+    assert not result.skipped and len(values(broker)) == 5
+
+
+def test_foreign_marker_is_refused_before_anything_is_produced(tmp_path: Path, broker: FakeBroker) -> None:
+    broker.marks[(GROUP, SINK, 0)] = (1, names.marker_metadata("ffffffffffffffff"))
+    with pytest.raises(PipelineIdentityMismatch, match="another ledger"):
+        commit_shard(committable(tmp_path), Hooks(), FakeClients(broker))
+    assert broker.count("begin_transaction") == 0 and values(broker) == []
+
+
+def test_ambiguous_commit_that_committed_is_decided_by_the_marker(tmp_path: Path, broker: FakeBroker) -> None:
+    """The answer to commit_transaction is lost after the broker committed: the next round's
+    fresh producer re-inits, the marker shows the checkpoint, nothing is sent twice."""
+    real_commit = broker.on_call
+
+    def commit_then_lose(producer: object) -> None:
+        real_commit.pop("commit_transaction")
+        producer.commit_transaction(10)  # type: ignore[attr-defined]
+        raise ProducerLost("the answer was lost")
+
+    broker.on_call["commit_transaction"] = commit_then_lose
+    hooks = Hooks()
+    result = commit_shard(committable(tmp_path), hooks, FakeClients(broker))
+    assert result.skipped and result.rounds == 2
+    assert len(values(broker)) == 5  # exactly once
+    assert broker.count("abort_transaction") == 0  # never an abort after an ambiguous commit
+    assert hooks.events[-1] == ("COMMITTED", 5)
+
+
+def test_ambiguous_commit_that_did_not_commit_is_redone(tmp_path: Path, broker: FakeBroker) -> None:
+    broker.fail("commit_transaction", ProducerLost("timed out before it was sent"))
+    result = commit_shard(committable(tmp_path), Hooks(), FakeClients(broker))
+    assert not result.skipped and result.rounds == 2
+    assert len(values(broker)) == 5
+    assert broker.count("abort_transaction") == 0
+
+
+def test_retriable_error_repeats_the_call(tmp_path: Path, broker: FakeBroker) -> None:
+    broker.fail(
+        "send_offsets_to_transaction", kafka_error(KafkaError.COORDINATOR_LOAD_IN_PROGRESS, retriable=True)
+    )
+    result = commit_shard(committable(tmp_path), Hooks(), FakeClients(broker))
+    assert result.rounds == 1  # repeated in place, not a new round
+    assert len(values(broker)) == 5
+    assert broker.count("send_offsets_to_transaction") == 3  # marker (failed, repeated) + group
+
+
+def test_abortable_error_aborts_and_redoes_the_shard(tmp_path: Path, broker: FakeBroker) -> None:
+    broker.fail("commit_transaction", kafka_error(KafkaError.INVALID_TXN_STATE, abortable=True))
+    result = commit_shard(committable(tmp_path), Hooks(), FakeClients(broker))
+    assert result.rounds == 2
+    assert broker.count("abort_transaction") == 1
+    assert values(broker) == [f"v{i}".encode() for i in range(5)]  # not duplicated
+
+
+def test_transient_delivery_failure_aborts_and_redoes(tmp_path: Path, broker: FakeBroker) -> None:
+    broker.refuse[(SINK, 0)] = KafkaError.NOT_ENOUGH_REPLICAS
+    clients = FakeClients(broker)
+
+    def heal(producer: object) -> None:
+        broker.refuse.clear()  # the broker answers again for the redo
+
+    broker.on_call["abort_transaction"] = heal
+    result = commit_shard(committable(tmp_path), Hooks(), clients)
+    assert result.rounds == 2
+    assert values(broker) == [f"v{i}".encode() for i in range(5)]
+
+
+def test_permanent_refusal_names_the_record_and_does_not_loop(tmp_path: Path, broker: FakeBroker) -> None:
+    broker.refuse[(SINK, 0)] = KafkaError.MSG_SIZE_TOO_LARGE
+    with pytest.raises(
+        CommitError, match=r"refuses this record every time.*|largest record of sink partition 0"
+    ):
+        commit_shard(committable(tmp_path), Hooks(), FakeClients(broker))
+    assert broker.count("begin_transaction") == 1  # one round, no redo loop
+    assert broker.count("abort_transaction") == 1
+    assert values(broker) == []
+
+
+def test_permanent_refusal_message(tmp_path: Path, broker: FakeBroker) -> None:
+    broker.refuse[(SINK, 0)] = KafkaError.MSG_SIZE_TOO_LARGE
+    with pytest.raises(CommitError) as info:
+        commit_shard(committable(tmp_path), Hooks(), FakeClients(broker))
+    text = str(info.value)
+    assert "pipeline 'orders', checkpoint 3, shard 0" in text
+    assert "largest record of sink partition 0" in text and "source src:0:" in text
+
+
+def test_fenced_producer_fails_and_publishes_nothing(tmp_path: Path, broker: FakeBroker) -> None:
+    def zombie_takes_over(producer: object) -> None:
+        broker.epochs["eo.orders.0"] += 1  # another committer's init_transactions
+
+    broker.on_call["send_offsets_to_transaction"] = zombie_takes_over
+    with pytest.raises(CommitFenced, match="Another committer"):
+        commit_shard(committable(tmp_path), Hooks(), FakeClients(broker))
+    assert values(broker) == [] and broker.mark(GROUP, SINK, 0) == -1
+
+
+def test_rounds_run_out(tmp_path: Path, broker: FakeBroker) -> None:
+    broker.fail("commit_transaction", *[ProducerLost("lost")] * MAX_SHARD_ROUNDS)
+    with pytest.raises(CommitError, match=f"after {MAX_SHARD_ROUNDS} rounds"):
+        commit_shard(committable(tmp_path), Hooks(), FakeClients(broker))
+    assert values(broker) == []
+
+
+def test_missing_marker_without_a_row_publishes(tmp_path: Path, broker: FakeBroker) -> None:
+    """No marker and no shard row: no transaction was ever begun, nothing is read back."""
+    result = commit_shard(committable(tmp_path), Hooks(row=False), FakeClients(broker))
+    assert not result.skipped and len(values(broker)) == 5
+
+
+def test_missing_marker_with_a_row_reads_the_output_back(tmp_path: Path, broker: FakeBroker) -> None:
+    """The marker expired after a commit whose ledger update was lost: the committed output
+    proves it, nothing is republished."""
+    commit_shard(committable(tmp_path), Hooks(), FakeClients(broker))
+    broker.marks.clear()  # offsets.retention.minutes passed
+    result = commit_shard(committable(tmp_path), Hooks(row=True), FakeClients(broker))
+    assert result.skipped
+    assert len(values(broker)) == 5
+
+
+def test_outcome_ladder() -> None:
+    assert outcome_of(Abortable("x")) is Outcome.ABORTABLE
+    assert outcome_of(ProducerLost("x")) is Outcome.AMBIGUOUS
+    assert outcome_of(CommitFenced("x")) is Outcome.PERMANENT
+    assert outcome_of(CommitError("x")) is Outcome.PERMANENT
