@@ -139,11 +139,12 @@ def _abort_if_unpublished(
     cp: CheckpointRecord,
     reason: str,
     actor: Actor | None,
+    clients: KafkaClients = REAL_KAFKA,
 ) -> None:
     """Abort ``cp`` after a verified staging mismatch, safely (core/abort.py: refused while a
     live committer holds the lease, every shard id fenced before the markers are read), and
     raise :class:`StagingError` saying so."""
-    abort_checkpoint(pipeline, ledger, cp.checkpoint_id, reason=reason, actor=actor)
+    abort_checkpoint(pipeline, ledger, cp.checkpoint_id, reason=reason, actor=actor, clients=clients)
     raise StagingError(
         f"pipeline {pipeline.name!r}, checkpoint {cp.checkpoint_id}: {reason}. Nothing was "
         "published; the checkpoint is ABORTED and its range will be replanned by the next run."
@@ -221,15 +222,17 @@ def commit_checkpoint(
     # output may be intact, so the commit fails retryably and nothing is aborted. Only a
     # verified mismatch (count, checksum, another checkpoint's manifest) aborts.
     except StagingError as exc:
-        _abort_if_unpublished(pipeline, ledger, cp, f"staged output failed verification ({exc})", actor)
+        _abort_if_unpublished(
+            pipeline, ledger, cp, f"staged output failed verification ({exc})", actor, clients
+        )
         raise  # unreachable: the helper always raises
     owner = owner or names.lease_owner(pipeline)
     identity = ledger.get_pipeline(pipeline.name).identity
-    topic_max = clients.topic_max_message_bytes(
-        librdkafka_config(pipeline.kafka), pipeline.sink_topic, pipeline.sink_max_message_bytes
-    )
     published = skipped = 0
     for shard in range(shards):
+        topic_max = clients.topic_max_message_bytes(
+            librdkafka_config(pipeline.kafka), pipeline.sink_topic, pipeline.sink_max_message_bytes
+        )
         committable = shard_committable(
             pipeline, identity, cp, manifest, plan, shard, topic_max_bytes=topic_max
         )
