@@ -3,6 +3,10 @@
 Each call is a no-op unless ``EO_FAULT`` is set in the environment; only then is
 :mod:`airflow_provider_eo.testing.faults` imported (lazily), so a production process never
 loads the test code. The protocol's crash points are named in ``testing.faults.STEPS``.
+
+The only import of :mod:`airflow_provider_eo.testing` by production code: the import contract
+"production-not-testing-or-demo" (pyproject.toml) allows exactly this edge, and
+tests/unit/core/test_fault_seam.py proves it stays unloaded without ``EO_FAULT``.
 """
 
 from __future__ import annotations
