@@ -5,8 +5,8 @@ import json
 from rich.console import Console
 from typer.testing import CliRunner
 
+from airflow_provider_eo.cli import app
 from airflow_provider_eo.ledger import Ledger, RangeSpec
-from airflow_provider_eo.ledger.cli import app
 from airflow_provider_eo.render import checkpoints_table
 
 
@@ -48,7 +48,7 @@ def test_cli_errors_are_readable(ledger: Ledger) -> None:
 def test_upgrade_cmd_uses_env_url(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     url = f"sqlite:///{tmp_path / 'new.db'}"
     monkeypatch.setenv("EO_LEDGER_URL", url)
-    result = CliRunner().invoke(app, ["upgrade"])
+    result = CliRunner().invoke(app, ["ledger", "upgrade"])
     assert result.exit_code == 0, result.output
     assert Ledger(url, create=False).current_revision() == "0004"
 

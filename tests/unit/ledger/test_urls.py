@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from airflow_provider_eo.cli import app
 from airflow_provider_eo.errors import ConfigError
 from airflow_provider_eo.ledger import Ledger, default_ledger_url, redact_url
-from airflow_provider_eo.ledger.cli import app
 from airflow_provider_eo.ledger.urls import describe_ledger_url, redact_text, resolve_ledger_url
 from airflow_provider_eo.paths import checkout_root, eo_home
 

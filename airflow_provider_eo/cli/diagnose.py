@@ -1,0 +1,91 @@
+"""``eo doctor``, ``eo audit``, ``eo recover``, ``eo abort``: check a pipeline and repair
+what a crash left."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from airflow_provider_eo.cli._common import JsonFlag, PipelineRef, emit, load, opened
+from airflow_provider_eo.cli.errors import EXIT_AUDIT_FAILED, err, fail, reported
+
+
+def audit_cmd(ref: PipelineRef, as_json: JsonFlag = False) -> None:
+    """Read the sink with read_committed and check every committed checkpoint's records."""
+    from airflow_provider_eo.core.audit import audit_pipeline
+
+    with reported(), opened(ref) as (pipeline, ledger):
+        report = audit_pipeline(pipeline, ledger)
+    if as_json:
+        print(json.dumps(report.as_dict()))
+    else:
+        from airflow_provider_eo.render import print_audit
+
+        print_audit(report)
+    raise typer.Exit(0 if report.ok else EXIT_AUDIT_FAILED)
+
+
+def doctor_cmd(ref: PipelineRef, as_json: JsonFlag = False) -> None:
+    """Preflight checks (broker, topics, prefix, markers, open transactions, staging,
+    connector, ledger); each finding says what to change. Exits 0 when safe to run
+    (warnings allowed), 1 when any check failed. Changes nothing."""
+    from airflow_provider_eo.core.doctor import run_doctor
+
+    with reported():
+        report = run_doctor(load(ref))
+    if as_json:
+        print(json.dumps(report.as_dict()))
+    else:
+        from airflow_provider_eo.render import print_doctor
+
+        print_doctor(report)
+    raise typer.Exit(report.exit_code)
+
+
+def recover_cmd(
+    ref: PipelineRef,
+    wait: Annotated[
+        float, typer.Option("--wait", help="Seconds to wait for the sink's stable offsets after fencing.")
+    ] = 15.0,
+    as_json: JsonFlag = False,
+) -> None:
+    """Resolve open transactions of this pipeline safely: commit its PREPARED checkpoint by
+    the markers, fence every transactional id it used (aborting a zombie's open
+    transaction), then check the sink. Exits 0 when no transaction is left open on the
+    sink, 1 when one is (not ours: the message says how to find its owner)."""
+    from airflow_provider_eo.core.recover import recover_pipeline
+    from airflow_provider_eo.ledger import Actor
+
+    with reported(), opened(ref) as (pipeline, ledger):
+        result = recover_pipeline(
+            pipeline, ledger, actor=Actor.here(), wait_s=wait, progress=lambda line: err.print(line)
+        )
+    emit(result.summary(), as_json)
+    if not result.clean:
+        parts = ", ".join(f"[{p}] {s} < {h}" for p, (s, h) in sorted(result.open_after.items()))
+        fail(
+            f"pipeline {result.pipeline!r}: transactions still open on {result.sink_topic} after "
+            f"fencing every transactional id of ours (stable < high: {parts}); they are not this "
+            "pipeline's. Find the owner with `kafka-transactions.sh --bootstrap-server ... "
+            f"find-hanging --topic {result.sink_topic}` and abort it there."
+        )
+
+
+def abort_cmd(
+    ref: PipelineRef,
+    checkpoint: Annotated[int, typer.Argument(help="Id of the unfinished checkpoint to abort.")],
+    reason: Annotated[str, typer.Option("--reason", help="Why (recorded in the ledger).")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Abort an unfinished checkpoint so its range is replanned: fences every commit shard
+    first, refused while a committer is live or when a shard already published it."""
+    from airflow_provider_eo.core.abort import abort_checkpoint
+    from airflow_provider_eo.ledger import Actor
+
+    if not reason.strip():
+        fail("--reason must not be empty: it is recorded with the abort")
+    with reported(), opened(ref) as (pipeline, ledger):
+        cp = abort_checkpoint(pipeline, ledger, checkpoint, reason=reason, actor=Actor.here())
+    emit(cp.summary(), as_json)

@@ -1,0 +1,51 @@
+"""The one place where an ``eo`` command turns an error into a message and an exit code.
+
+Exit codes: 0 done; 1 an error (the message says what happened and what to do next);
+2 a failed audit (``eo audit``); 3 a stopped pipeline (``eo plan`` / ``eo run-once``: not a
+failure, nothing new is planned until ``eo resume``). Usage errors are typer's own (2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import NoReturn
+
+import typer
+from rich.console import Console
+
+from airflow_provider_eo.errors import EoError, PipelineStopped
+
+#: Every diagnostic goes to stderr, so ``--json`` output on stdout stays parseable.
+err = Console(stderr=True)
+
+EXIT_ERROR = 1
+#: ``eo audit`` found a committed checkpoint whose records the sink does not hold exactly once.
+EXIT_AUDIT_FAILED = 2
+#: ``eo plan`` / ``eo run-once`` on a stopped pipeline with nothing unfinished (``eo resume``).
+EXIT_STOPPED = 3
+
+
+def fail(message: str, code: int = EXIT_ERROR) -> NoReturn:
+    """Print ``error: <message>`` on stderr and exit with ``code``."""
+    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+@contextmanager
+def reported(errors: type[EoError] = EoError, *, stopped: int = EXIT_ERROR) -> Iterator[None]:
+    """Run the block; an ``errors`` instance raised in it is printed with :func:`fail` and
+    exits 1, a :class:`PipelineStopped` exits with ``stopped``. Anything else (a bug, a
+    ``typer.Exit``) passes through unchanged.
+
+    Every error a user can hit derives from :class:`EoError` (``errors.py``); the ledger's
+    own commands narrow it to ``LedgerError``.
+    """
+    try:
+        yield
+    except PipelineStopped as exc:
+        if not isinstance(exc, errors):
+            raise
+        fail(str(exc), stopped)
+    except errors as exc:
+        fail(str(exc))

@@ -1,0 +1,66 @@
+"""``eo run-once``, ``eo plan``, ``eo prepare``, ``eo commit``: the checkpoint protocol by hand."""
+
+from __future__ import annotations
+
+from airflow_provider_eo.cli._common import (
+    CheckpointOpt,
+    JsonFlag,
+    PipelineRef,
+    checkpoint_or_unfinished,
+    emit,
+    load,
+    opened,
+)
+from airflow_provider_eo.cli.errors import EXIT_STOPPED, reported
+
+
+def run_once_cmd(ref: PipelineRef, as_json: JsonFlag = False) -> None:
+    """One full cycle: resume anything unfinished, else plan the next checkpoint; prepare; commit.
+
+    Exits 3 when the pipeline is stopped and nothing is unfinished (`eo resume`)."""
+    from airflow_provider_eo.core.runner import run_once
+
+    with reported(stopped=EXIT_STOPPED):
+        result = run_once(load(ref))
+    emit(result.as_dict(), as_json)
+
+
+def plan_cmd(ref: PipelineRef, as_json: JsonFlag = False) -> None:
+    """Plan the next checkpoint (or return the unfinished one); exits 3 when the pipeline is
+    stopped and nothing is unfinished (`eo resume`)."""
+    from airflow_provider_eo.core.plan import plan_checkpoint
+    from airflow_provider_eo.ledger import Actor
+
+    with reported(stopped=EXIT_STOPPED), opened(ref) as (pipeline, ledger):
+        cp = plan_checkpoint(pipeline, ledger, actor=Actor.here())
+    emit(cp.summary() if cp else {"pipeline": pipeline.name, "checkpoint_id": None}, as_json)
+
+
+def prepare_cmd(ref: PipelineRef, checkpoint: CheckpointOpt = None, as_json: JsonFlag = False) -> None:
+    """Prepare a PLANNED checkpoint with Spark (local[*] unless the pipeline names a master)."""
+    from airflow_provider_eo.ledger import Actor
+    from airflow_provider_eo.spark.prepare import prepare_checkpoint
+    from airflow_provider_eo.spark.session import get_spark
+
+    with reported(), opened(ref) as (pipeline, ledger):
+        cid = checkpoint_or_unfinished(ledger, pipeline.name, checkpoint)
+        spark = get_spark(f"eo-prepare-{pipeline.name}", pipeline.spark_conf)
+        result = prepare_checkpoint(spark, pipeline, ledger, cid, actor=Actor.here())
+    emit({**result.checkpoint.summary(), "attempt": result.attempt, "note": result.note}, as_json)
+
+
+def commit_cmd(ref: PipelineRef, checkpoint: CheckpointOpt = None, as_json: JsonFlag = False) -> None:
+    """Publish a PREPARED checkpoint in Kafka transactions and mark it COMMITTED."""
+    from airflow_provider_eo.core.commit import commit_checkpoint
+    from airflow_provider_eo.ledger import Actor
+
+    with reported(), opened(ref) as (pipeline, ledger):
+        cid = checkpoint_or_unfinished(ledger, pipeline.name, checkpoint)
+        result = commit_checkpoint(pipeline, ledger, cid, actor=Actor.here())
+    summary = {
+        **result.checkpoint.summary(),
+        "published": result.published,
+        "seconds": round(result.seconds, 3),
+        "note": result.note,
+    }
+    emit(summary, as_json)
