@@ -1,9 +1,11 @@
 """A fake Kafka for unit tests of the shard transaction, commit, abort and recover.
 
 It keeps what a ``read_committed`` consumer would see (records and offsets of committed
-transactions only), fences by epoch per transactional id like a broker, and fails chosen
+transactions only), fences by epoch per transactional id like a broker (a new
+``init_transactions`` aborts what an earlier producer of the id left open), and fails chosen
 calls with real ``KafkaError`` objects so the code under test sorts them as it would on a
-real cluster.
+real cluster. Also: real staged Parquet with its manifest, and a PREPARED checkpoint in a
+real ledger (:func:`prepared_checkpoint`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import pyarrow.parquet as pq
 from confluent_kafka import KafkaError, KafkaException
 
 from airflow_provider_eo import names, staging
+from airflow_provider_eo.ledger import CheckpointRecord, Ledger, RangeSpec
+from airflow_provider_eo.pipeline import Pipeline
 
 STAGED_SCHEMA = pa.schema(
     [
@@ -71,7 +75,7 @@ class FakeBroker:
     failures: dict[str, list[BaseException | None]] = field(default_factory=dict)
     # (topic, partition) -> KafkaError code every produce to it is refused with (a delivery report)
     refuse: dict[tuple[str, int], int] = field(default_factory=dict)
-    # hooks run when a call is made (e.g. to commit behind the code's back)
+    # hooks run when a call is made, before it takes effect (e.g. to commit behind the code's back)
     on_call: dict[str, Callable[[FakeProducer], None]] = field(default_factory=dict)
     calls: list[tuple[str, str]] = field(default_factory=list)  # (transactional id, call)
     producers: list[FakeProducer] = field(default_factory=list)
@@ -90,9 +94,17 @@ class FakeBroker:
             if exc is not None:
                 raise exc
 
-    def count(self, name: str) -> int:
-        """How many times a call was made (any producer)."""
-        return sum(1 for _tid, call in self.calls if call == name)
+    def count(self, name: str, transactional_id: str | None = None) -> int:
+        """How many times a call was made (by any producer, or by ``transactional_id``'s)."""
+        return sum(1 for tid, call in self.calls if call == name and transactional_id in (None, tid))
+
+    def visible(self, topic: str, partition: int) -> int:
+        """Committed records of ``topic[partition]``."""
+        return sum(1 for r in self.committed if (r.topic, r.partition) == (topic, partition))
+
+    def values(self, topic: str, partition: int | None = None) -> list[bytes | None]:
+        """Values a ``read_committed`` consumer sees, in order."""
+        return [r.value for r in self.committed if r.topic == topic and partition in (None, r.partition)]
 
     def mark(self, group: str, topic: str, partition: int) -> int:
         """The committed marker offset (-1: none)."""
@@ -102,10 +114,13 @@ class FakeBroker:
 class FakeProducer:
     """The subset of ``confluent_kafka.Producer`` the shard transaction uses."""
 
-    def __init__(self, broker: FakeBroker, transactional_id: str, on_failure: Any) -> None:
+    def __init__(
+        self, broker: FakeBroker, transactional_id: str, on_failure: Any, topic_max: int | None = None
+    ) -> None:
         self.broker = broker
         self.transactional_id = transactional_id
         self.on_failure = on_failure
+        self.topic_max = topic_max
         self.epoch: int | None = None
         self.pending: list[Record] = []
         self.pending_marks: dict[tuple[str, str, int], tuple[int, str]] = {}
@@ -124,6 +139,9 @@ class FakeProducer:
         self.broker._maybe_fail(self, "init_transactions")
         self.broker.epochs[self.transactional_id] = self.broker.epochs.get(self.transactional_id, 0) + 1
         self.epoch = self.broker.epochs[self.transactional_id]
+        for other in self.broker.producers:  # the broker aborts what an earlier epoch left open
+            if other is not self and other.transactional_id == self.transactional_id:
+                other._reset()
 
     def begin_transaction(self) -> None:
         self.broker._maybe_fail(self, "begin_transaction")
@@ -186,6 +204,7 @@ class FakeClients:
 
     def __init__(self, broker: FakeBroker) -> None:
         self.broker = broker
+        # open transactions of producers that are not ours: topic -> partition -> (stable, high)
         self.open: dict[str, dict[int, tuple[int, int]]] = {}
 
     def producer(
@@ -196,11 +215,13 @@ class FakeClients:
         on_failure: Any,
         topic_max: Any,
     ) -> FakeProducer:
-        return FakeProducer(self.broker, transactional_id, on_failure)
+        self.broker.calls.append((transactional_id, "new_producer"))
+        return FakeProducer(self.broker, transactional_id, on_failure, topic_max)
 
     def committed_marks(
         self, config: Mapping[str, Any], group: str, partitions: list[tuple[str, int]]
     ) -> dict[tuple[str, int], tuple[int, str]]:
+        self.broker.calls.append(("", "committed_marks"))
         return {
             (t, p): self.broker.marks[(group, t, p)]
             for t, p in partitions
@@ -213,6 +234,7 @@ class FakeClients:
     def last_published_checkpoint(
         self, config: Mapping[str, Any], topic: str, partition: int, pipeline_name: str, identity: str
     ) -> int:
+        self.broker.calls.append(("", "read_back"))
         best = -1
         for rec in self.broker.committed:
             found = rec.checkpoint if (rec.topic, rec.partition) == (topic, partition) else None
@@ -227,15 +249,22 @@ class FakeClients:
         return default
 
     def open_transactions(self, config: Mapping[str, Any], topic: str) -> dict[int, tuple[int, int]]:
-        return dict(self.open.get(topic, {}))
+        """Partitions holding records of a still-open transaction: (committed, + open)."""
+        out = dict(self.open.get(topic, {}))
+        for producer in self.broker.producers:
+            for rec in producer.pending:
+                if rec.topic == topic:
+                    stable, high = out.get(rec.partition, (self.broker.visible(topic, rec.partition),) * 2)
+                    out[rec.partition] = (stable, high + 1)
+        return dict(sorted(out.items()))
 
 
 def write_staged(
     root: Path, partition: int, values: list[bytes], *, src_topic: str = "src"
 ) -> staging.StagedFile:
-    """One staged Parquet file of ``values`` for ``partition`` under the attempt folder ``root``."""
-    rel = f"data/p={partition}/part-0.parquet"
-    path = root / rel
+    """One staged Parquet file of ``values`` for ``partition`` in the attempt folder ``root``,
+    laid out as prepare lays it out."""
+    path = root / "data" / f"sink_partition={partition}" / "part-0.parquet"
     path.parent.mkdir(parents=True, exist_ok=True)
     n = len(values)
     table = pa.table(
@@ -250,7 +279,51 @@ def write_staged(
         schema=STAGED_SCHEMA,
     )
     pq.write_table(table, path)
-    fs, base = staging._fs(str(path))
-    return staging.StagedFile(
-        path=rel, records=n, bytes=path.stat().st_size, sha256=staging.sha256_of(fs, base)
+    return staging.describe_attempt(str(root))[partition][0]
+
+
+def prepared_checkpoint(
+    ledger: Ledger,
+    pipeline: Pipeline,
+    output: dict[int, list[bytes]],
+    *,
+    sink_partitions: int,
+    start: int = 0,
+    read: int = 10,
+    plan: bool = True,
+) -> CheckpointRecord:
+    """Plan the next checkpoint of ``pipeline`` (reading ``in[0]`` from ``start``), stage
+    ``output`` (sink partition -> record values) as real Parquet with its manifest, and
+    mark it PREPARED. ``plan=False``: no frozen commit plan (a checkpoint from before plans
+    were recorded)."""
+    commit_plan = names.commit_plan(pipeline, sink_partitions) if plan else None
+    cp = ledger.plan(
+        pipeline.name, [RangeSpec("in", 0, start, start + read)], commit_plan=commit_plan, max_pending=5
+    )
+    attempt = "a1"
+    root = names.attempt_dir(pipeline, cp.checkpoint_id, attempt)
+    files = {p: [write_staged(Path(root), p, values)] for p, values in output.items()}
+    manifest = staging.Manifest(
+        pipeline=pipeline.name,
+        checkpoint_id=cp.checkpoint_id,
+        attempt=attempt,
+        sink_topic=pipeline.sink_topic,
+        sink_partitions=sink_partitions,
+        files=files,
+        records_read=read,
+        ranges=[],
+    )
+    staging.write_manifest(root, manifest)
+    shards = (commit_plan or names.commit_plan(pipeline, sink_partitions)).shard_of_partition
+    counts: dict[int, int] = {}
+    for p, values in output.items():
+        counts[shards[p]] = counts.get(shards[p], 0) + len(values)
+    return ledger.mark_prepared(
+        pipeline.name,
+        cp.checkpoint_id,
+        attempt=attempt,
+        staging_location=root,
+        records=manifest.records,
+        bytes_=manifest.bytes,
+        shard_counts=counts,
     )

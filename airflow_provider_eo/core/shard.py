@@ -292,8 +292,10 @@ class ShardTransaction:
         """
         c = self.committable
         done = self.marker()
-        if done != NO_MARKER or not hooks.may_have_published():
+        if done >= 0:
             return done
+        if not hooks.may_have_published():
+            return NO_MARKER
         staged = [p for p, files in c.parts if sum(f.records for f in files) > 0]
         if not staged:
             return NO_MARKER

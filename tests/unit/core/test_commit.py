@@ -1,0 +1,311 @@
+"""commit_checkpoint (core/commit.py) on a real SQLite ledger, real staged Parquet and a fake
+Kafka: the ledger's part of each shard (lease, PENDING before begin, COMMITTED after), retries
+after a crash, the missing-marker proof, and the staging checks.
+
+Exactly-once is counted on the fake broker's committed output (what a ``read_committed``
+consumer sees).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from eo_fake_kafka import FakeBroker, FakeClients, FakeProducer, prepared_checkpoint
+
+from airflow_provider_eo import names
+from airflow_provider_eo.core import commit as commit_module
+from airflow_provider_eo.core import shard as shard_module
+from airflow_provider_eo.core.commit import commit_checkpoint
+from airflow_provider_eo.errors import NotPrepared, StagingError
+from airflow_provider_eo.kafka import admin
+from airflow_provider_eo.ledger import CheckpointState, CommitLeaseHeld, Ledger, RangeSpec, ShardState
+from airflow_provider_eo.pipeline import Pipeline
+
+OUT = "out"
+OUTPUT = {0: [b"a0", b"a1"], 1: [b"b0"], 2: [b"c0", b"c1", b"c2"]}  # shard 0: {0, 2}, shard 1: {1}
+
+
+class Crash(BaseException):
+    """The committer process dies here (nothing of it runs any more)."""
+
+
+@pytest.fixture
+def pipeline(tmp_path: Path) -> Pipeline:
+    return Pipeline(
+        name="orders",
+        kafka={"bootstrap.servers": "fake:9092"},
+        source_topics=["in"],
+        sink_topic=OUT,
+        staging_dir=str(tmp_path / "staging"),
+        commit_shards=2,
+        transaction_timeout_ms=10_000,
+    )
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Iterator[Ledger]:
+    led = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    led.ensure_pipeline("orders", "fp")
+    yield led
+    led.close()
+
+
+@pytest.fixture
+def broker(monkeypatch: pytest.MonkeyPatch) -> FakeBroker:
+    fake = FakeBroker(partitions={OUT: 3})
+    # the frozen plan's check reads the sink's partition count
+    monkeypatch.setattr(admin, "partition_count", lambda config, topic: fake.partitions[topic])
+    return fake
+
+
+def crash_at(monkeypatch: pytest.MonkeyPatch, step: str, hit: int = 1) -> None:
+    """The committer dies at the ``hit``-th time ``step`` is reached (like EO_FAULT=kill)."""
+    seen = {"n": 0}
+
+    def point(name: str) -> None:
+        if name == step:
+            seen["n"] += 1
+            if seen["n"] == hit:
+                raise Crash(step)
+
+    monkeypatch.setattr(shard_module, "fault_point", point)
+
+
+def everything_once(broker: FakeBroker) -> None:
+    for p, values in OUTPUT.items():
+        assert broker.values(OUT, p) == values
+
+
+def test_commits_every_shard_once_and_records_it(
+    pipeline: Pipeline, ledger: Ledger, broker: FakeBroker
+) -> None:
+    cp = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=3)
+    result = commit_checkpoint(pipeline, ledger, cp.checkpoint_id, clients=FakeClients(broker))
+    assert result.checkpoint.state is CheckpointState.COMMITTED
+    assert (result.published, result.shards_skipped) == (6, 0)
+    everything_once(broker)
+    group = names.marker_group(pipeline)
+    assert broker.mark(group, OUT, 0) == broker.mark(group, OUT, 1) == cp.checkpoint_id
+    assert broker.mark(pipeline.group_id, "in", 0) == 10  # the checkpoint's end
+    # the marker per shard; only the plan's last shard also moves the pipeline's group
+    sent = [tid for tid, call in broker.calls if call == "send_offsets_to_transaction"]
+    assert sent == ["eo.orders.0", "eo.orders.1", "eo.orders.1"]
+    assert all(p.topic_max == pipeline.sink_max_message_bytes for p in broker.producers)
+    rows = {s.shard: (s.state, s.records, s.transactional_id) for s in result.checkpoint.shards}
+    assert rows == {
+        0: (ShardState.COMMITTED, 5, "eo.orders.0"),
+        1: (ShardState.COMMITTED, 1, "eo.orders.1"),
+    }
+
+
+def test_lease_and_pending_row_exist_before_begin_transaction(
+    pipeline: Pipeline, ledger: Ledger, broker: FakeBroker
+) -> None:
+    """The missing-marker proof relies on it: a shard without a row never began a transaction."""
+    cp = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=3)
+    seen: list[tuple[str, Any, str | None]] = []
+
+    def at_begin(producer: FakeProducer) -> None:
+        shard = int(producer.transactional_id.rsplit(".", 1)[1])
+        now = ledger.get("orders", cp.checkpoint_id)
+        row = {s.shard: s.state for s in now.shards}.get(shard)
+        seen.append((producer.transactional_id, row, now.commit_owner))
+
+    broker.on_call["begin_transaction"] = at_begin
+    commit_checkpoint(pipeline, ledger, cp.checkpoint_id, owner="me", clients=FakeClients(broker))
+    assert seen == [("eo.orders.0", ShardState.PENDING, "me"), ("eo.orders.1", ShardState.PENDING, "me")]
+
+
+def test_committing_a_committed_checkpoint_does_nothing(
+    pipeline: Pipeline, ledger: Ledger, broker: FakeBroker
+) -> None:
+    cp = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=3)
+    commit_checkpoint(pipeline, ledger, cp.checkpoint_id, clients=FakeClients(broker))
+    calls = len(broker.calls)
+    again = commit_checkpoint(pipeline, ledger, cp.checkpoint_id, clients=FakeClients(broker))
+    assert again.note == "already COMMITTED" and again.published == 0
+    assert len(broker.calls) == calls
+    everything_once(broker)
+
+
+def test_an_unprepared_checkpoint_is_refused(pipeline: Pipeline, ledger: Ledger, broker: FakeBroker) -> None:
+    cp = ledger.plan("orders", [RangeSpec("in", 0, 0, 10)], commit_plan=names.commit_plan(pipeline, 3))
+    with pytest.raises(NotPrepared, match="is PLANNED, not PREPARED"):
+        commit_checkpoint(pipeline, ledger, cp.checkpoint_id, clients=FakeClients(broker))
+    assert broker.calls == []
+
+
+def test_retry_after_a_crash_between_shards_publishes_only_the_rest(
+    pipeline: Pipeline, ledger: Ledger, broker: FakeBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cp = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=3)
+    crash_at(monkeypatch, "commit.after_commit_txn")  # shard 0 committed in Kafka, not in the ledger
+    with pytest.raises(Crash):
+        commit_checkpoint(pipeline, ledger, cp.checkpoint_id, clients=FakeClients(broker))
+    after_crash = ledger.get("orders", cp.checkpoint_id)
+    assert after_crash.state is CheckpointState.PREPARED
+    assert [(s.shard, s.state) for s in after_crash.shards] == [(0, ShardState.PENDING)]
+    monkeypatch.undo()
+    monkeypatch.setattr(admin, "partition_count", lambda config, topic: broker.partitions[topic])
+
+    result = commit_checkpoint(pipeline, ledger, cp.checkpoint_id, clients=FakeClients(broker))
+    assert (result.published, result.shards_skipped) == (1, 1)
+    everything_once(broker)
+    assert result.checkpoint.state is CheckpointState.COMMITTED
+    assert {s.shard: s.state for s in result.checkpoint.shards} == {
+        0: ShardState.COMMITTED,
+        1: ShardState.COMMITTED,
+    }
+
+
+def test_missing_marker_with_a_shard_row_reads_the_output_back(
+    pipeline: Pipeline, ledger: Ledger, broker: FakeBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Shard 0 committed, the ledger missed it, then its marker expired: the committed
+    output proves it, nothing is republished."""
+    cp = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=3)
+    crash_at(monkeypatch, "commit.after_commit_txn")
+    with pytest.raises(Crash):
+        commit_checkpoint(pipeline, ledger, cp.checkpoint_id, clients=FakeClients(broker))
+    monkeypatch.setattr(shard_module, "fault_point", lambda step: None)
+    broker.marks.clear()  # offsets.retention.minutes passed
+
+    result = commit_checkpoint(pipeline, ledger, cp.checkpoint_id, clients=FakeClients(broker))
+    assert broker.count("read_back") == 1  # shard 0 only: shard 1 has no row
+    assert (result.published, result.shards_skipped) == (1, 1)
+    everything_once(broker)
+
+
+def test_missing_marker_without_a_shard_row_publishes_without_reading_back(
+    pipeline: Pipeline, ledger: Ledger, broker: FakeBroker
+) -> None:
+    cp = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=3)
+    commit_checkpoint(pipeline, ledger, cp.checkpoint_id, clients=FakeClients(broker))
+    assert broker.count("read_back") == 0
+    everything_once(broker)
+
+
+def test_crash_with_an_open_transaction_is_fenced_by_the_retry(
+    pipeline: Pipeline, ledger: Ledger, broker: FakeBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A committer killed mid-produce leaves its transaction open; the retry's
+    init_transactions aborts it, so its records never become visible."""
+    cp = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=3)
+    crash_at(monkeypatch, "commit.after_begin")
+    with pytest.raises(Crash):
+        commit_checkpoint(pipeline, ledger, cp.checkpoint_id, clients=FakeClients(broker))
+    assert FakeClients(broker).open_transactions({}, OUT) == {0: (0, 2)}
+    monkeypatch.setattr(shard_module, "fault_point", lambda step: None)
+    commit_checkpoint(pipeline, ledger, cp.checkpoint_id, clients=FakeClients(broker))
+    everything_once(broker)
+    assert FakeClients(broker).open_transactions({}, OUT) == {}
+
+
+def test_fault_points_sit_where_the_fault_tests_expect_them(
+    pipeline: Pipeline, ledger: Ledger, broker: FakeBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pipeline = dataclasses.replace(pipeline, commit_shards=1)
+    cp = prepared_checkpoint(ledger, pipeline, {0: [b"x"], 2: [b"y"]}, sink_partitions=3)
+
+    def point(step: str) -> None:
+        broker.calls.append(("", step))
+
+    def triggered(step: str) -> bool:
+        broker.calls.append(("", step))
+        return False
+
+    monkeypatch.setattr(shard_module, "fault_point", point)
+    monkeypatch.setattr(shard_module, "fault_triggered", triggered)
+    monkeypatch.setattr(commit_module, "fault_point", point)
+    commit_checkpoint(pipeline, ledger, cp.checkpoint_id, clients=FakeClients(broker))
+    assert [call for _tid, call in broker.calls] == [
+        "new_producer",
+        "metadata",
+        "metadata",
+        "init_transactions",
+        "committed_marks",
+        "begin_transaction",
+        "produce",
+        "commit.after_begin",
+        "produce",
+        "commit.after_begin",
+        "flush",
+        "commit.before_commit_txn",
+        "send_offsets_to_transaction",
+        "send_offsets_to_transaction",
+        "commit.before_end_txn",
+        "commit.ambiguous_before",
+        "commit_transaction",
+        "commit.ambiguous_after",
+        "commit.after_commit_txn",
+        "commit.before_ledger",
+    ]
+
+
+@pytest.mark.parametrize("step", ["commit.ambiguous_before", "commit.ambiguous_after"])
+def test_injected_ambiguous_commit_is_decided_by_the_marker(
+    step: str, pipeline: Pipeline, ledger: Ledger, broker: FakeBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ambiguous_before: nothing committed, the shard is redone; ambiguous_after: it was
+    committed, the marker shows it and nothing is re-sent. Never an abort, never twice."""
+    cp = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=3)
+    fired: list[str] = []
+
+    def triggered(name: str) -> bool:
+        if name == step and not fired:
+            fired.append(name)
+            return True
+        return False
+
+    monkeypatch.setattr(shard_module, "fault_triggered", triggered)
+    result = commit_checkpoint(pipeline, ledger, cp.checkpoint_id, clients=FakeClients(broker))
+    everything_once(broker)
+    assert broker.count("abort_transaction") == 0
+    assert broker.count("init_transactions", "eo.orders.0") == 2  # re-init with a new producer
+    if step == "commit.ambiguous_before":
+        assert (result.published, result.shards_skipped) == (6, 0)
+        assert broker.count("commit_transaction", "eo.orders.0") == 1
+    else:
+        assert (result.published, result.shards_skipped) == (1, 1)
+        assert broker.count("begin_transaction", "eo.orders.0") == 1
+
+
+def test_a_live_committers_lease_is_respected(pipeline: Pipeline, ledger: Ledger, broker: FakeBroker) -> None:
+    cp = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=3)
+    ledger.acquire_commit_lease("orders", cp.checkpoint_id, owner="other", ttl_s=300)
+    with pytest.raises(CommitLeaseHeld):
+        commit_checkpoint(pipeline, ledger, cp.checkpoint_id, owner="me", clients=FakeClients(broker))
+    assert broker.count("begin_transaction") == 0 and broker.committed == []
+    assert not ledger.get("orders", cp.checkpoint_id).shards
+
+
+def test_a_corrupt_staged_file_aborts_the_checkpoint_safely(
+    pipeline: Pipeline, ledger: Ledger, broker: FakeBroker
+) -> None:
+    cp = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=3)
+    staged = Path(cp.staging_location or "") / "data" / "sink_partition=1" / "part-0.parquet"
+    staged.write_bytes(staged.read_bytes() + b"!")
+    with pytest.raises(StagingError, match=r"failed verification.*the checkpoint is ABORTED"):
+        commit_checkpoint(pipeline, ledger, cp.checkpoint_id, clients=FakeClients(broker))
+    assert ledger.get("orders", cp.checkpoint_id).state is CheckpointState.ABORTED
+    # the abort fenced every shard id before it read the markers; nothing was produced
+    assert (
+        broker.count("init_transactions", "eo.orders.0")
+        == broker.count("init_transactions", "eo.orders.1")
+        == 1
+    )
+    assert broker.count("begin_transaction") == 0 and broker.committed == []
+
+
+def test_the_transactional_id_prefix_is_the_pinned_one(
+    pipeline: Pipeline, ledger: Ledger, broker: FakeBroker
+) -> None:
+    cp = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=3)
+    moved = dataclasses.replace(pipeline, transactional_id_prefix="other")
+    with pytest.raises(Exception, match="prefix"):
+        commit_checkpoint(moved, ledger, cp.checkpoint_id, clients=FakeClients(broker))
+    assert broker.calls == []

@@ -1,0 +1,142 @@
+"""recover_pipeline (core/recover.py) on a real SQLite ledger and a fake Kafka: the PREPARED
+checkpoint is committed by its markers, every other transactional id of the pipeline is
+fenced (a zombie's open transaction aborted), and what stays open is reported."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from eo_fake_kafka import FakeBroker, FakeClients, FakeProducer, prepared_checkpoint
+
+from airflow_provider_eo.core import shard as shard_module
+from airflow_provider_eo.core.commit import commit_checkpoint
+from airflow_provider_eo.core.recover import recover_pipeline
+from airflow_provider_eo.errors import RecoverError
+from airflow_provider_eo.kafka import admin
+from airflow_provider_eo.kafka.publisher import ProducerLost
+from airflow_provider_eo.ledger import CheckpointState, Ledger, RangeSpec
+from airflow_provider_eo.pipeline import Pipeline
+
+OUT = "out"
+FIRST = {0: [b"a0"], 1: [b"b0"], 2: [b"c0"]}
+SECOND = {0: [b"a1", b"a2"], 1: [b"b1"], 2: [b"c1"]}
+
+
+class Crash(BaseException):
+    """The committer process dies here."""
+
+
+@pytest.fixture
+def pipeline(tmp_path: Path) -> Pipeline:
+    return Pipeline(
+        name="orders",
+        kafka={"bootstrap.servers": "fake:9092"},
+        source_topics=["in"],
+        sink_topic=OUT,
+        staging_dir=str(tmp_path / "staging"),
+        commit_shards=3,
+        transaction_timeout_ms=10_000,
+    )
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Iterator[Ledger]:
+    led = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    led.ensure_pipeline("orders", "fp")
+    yield led
+    led.close()
+
+
+@pytest.fixture
+def broker(monkeypatch: pytest.MonkeyPatch) -> FakeBroker:
+    fake = FakeBroker(partitions={OUT: 3})
+    monkeypatch.setattr(admin, "partition_count", lambda config, topic: fake.partitions[topic])
+    return fake
+
+
+def zombie(clients: FakeClients, transactional_id: str, partition: int) -> FakeProducer:
+    """A producer of ours that began a transaction and never finished it."""
+    producer = clients.producer({}, transactional_id, 10_000, None, None)
+    producer.init_transactions(10)
+    producer.begin_transaction()
+    producer.produce(OUT, b"zombie", None, partition)
+    return producer
+
+
+def test_commits_the_prepared_checkpoint_and_fences_the_other_ids(
+    pipeline: Pipeline, ledger: Ledger, broker: FakeBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clients = FakeClients(broker)
+    first = prepared_checkpoint(ledger, pipeline, FIRST, sink_partitions=3)
+    commit_checkpoint(pipeline, ledger, first.checkpoint_id, clients=clients)  # ids .0 .1 .2
+    narrow = dataclasses.replace(pipeline, commit_shards=2)  # checkpoint 2 commits with ids .0 .1
+    second = prepared_checkpoint(ledger, narrow, SECOND, sink_partitions=3, start=10)
+    stale = zombie(clients, "eo.orders.2", 2)  # a zombie of checkpoint 1's shard 2
+    # checkpoint 2's committer died mid-produce, its transaction open
+    monkeypatch.setattr(shard_module, "fault_point", lambda step: _raise(step == "commit.after_begin"))
+    with pytest.raises(Crash):
+        commit_checkpoint(narrow, ledger, second.checkpoint_id, clients=clients)
+    monkeypatch.setattr(shard_module, "fault_point", lambda step: None)
+
+    lines: list[str] = []
+    result = recover_pipeline(narrow, ledger, wait_s=0, progress=lines.append, clients=clients)
+    assert result.open_before == {0: (1, 3), 2: (1, 2)}
+    assert (result.committed, result.published) == (second.checkpoint_id, 4)
+    assert result.fenced == ["eo.orders.2"]
+    assert result.open_after == {} and result.clean
+    assert ledger.get("orders", second.checkpoint_id).state is CheckpointState.COMMITTED
+    for p in range(3):  # each record once; nothing of the zombie or the dead committer
+        assert broker.values(OUT, p) == FIRST[p] + SECOND[p]
+    assert not stale.pending
+    assert lines == [
+        "open transaction on out[0]: last stable offset 1 < high watermark 3",
+        "open transaction on out[2]: last stable offset 1 < high watermark 2",
+        f"checkpoint {second.checkpoint_id}: committed (4 records published, 0 shards already "
+        "done by their markers)",
+        "fenced eo.orders.2",
+    ]
+
+
+def _raise(crash: bool) -> None:
+    if crash:
+        raise Crash
+
+
+def test_without_a_prepared_checkpoint_every_id_is_fenced(
+    pipeline: Pipeline, ledger: Ledger, broker: FakeBroker
+) -> None:
+    clients = FakeClients(broker)
+    first = prepared_checkpoint(ledger, pipeline, FIRST, sink_partitions=3)
+    commit_checkpoint(pipeline, ledger, first.checkpoint_id, clients=clients)
+    planned = ledger.plan("orders", [RangeSpec("in", 0, 10, 20)])  # PLANNED: not committed by recover
+    stale = zombie(clients, "eo.orders.1", 1)
+    result = recover_pipeline(pipeline, ledger, wait_s=0, clients=clients)
+    assert result.committed is None and result.published == 0
+    assert result.fenced == ["eo.orders.0", "eo.orders.1", "eo.orders.2"]
+    assert result.open_before == {1: (1, 2)} and result.clean
+    assert not stale.pending and broker.values(OUT) == [b"a0", b"b0", b"c0"]
+    assert ledger.get("orders", planned.checkpoint_id).state is CheckpointState.PLANNED
+
+
+def test_an_open_transaction_that_is_not_ours_is_reported(
+    pipeline: Pipeline, ledger: Ledger, broker: FakeBroker
+) -> None:
+    clients = FakeClients(broker)
+    clients.open[OUT] = {1: (4, 6)}
+    result = recover_pipeline(pipeline, ledger, wait_s=0.6, clients=clients)
+    assert result.open_after == {1: (4, 6)} and not result.clean
+    assert result.summary()["open_after"] == {"1": [4, 6]}
+    assert result.fenced == ["eo.orders.0", "eo.orders.1", "eo.orders.2"]  # today's ids
+
+
+def test_an_id_that_cannot_be_fenced_fails_the_recovery(
+    pipeline: Pipeline, ledger: Ledger, broker: FakeBroker
+) -> None:
+    broker.fail("init_transactions", None, ProducerLost("no answer"))
+    with pytest.raises(
+        RecoverError, match=r"could not fence transactional id 'eo.orders.1'.*Retry `eo recover`"
+    ):
+        recover_pipeline(pipeline, ledger, wait_s=0, clients=FakeClients(broker))
