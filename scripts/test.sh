@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The README's test command runs this: lint, types, then every test against the real
-# local services (Kafka broker, Spark, PostgreSQL, Airflow), which the fixtures start and stop.
+# The README's test command runs this: lint, types, the import contracts, then every test
+# against the real local services (Kafka broker, Spark, PostgreSQL, Airflow), which the
+# fixtures start and stop.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The tests also need a headless Chromium for the UI's browser test (the demo does not).
@@ -9,6 +10,8 @@ echo "== ruff" >&2
 .venv/bin/ruff check airflow_provider_eo tests dags bench
 echo "== mypy" >&2
 .venv/bin/mypy
+echo "== import contracts" >&2
+.venv/bin/lint-imports --no-cache --no-logo
 echo "== pytest" >&2
 # pytest exits 5 when it collects nothing; set -e turns that into a failure too.
 .venv/bin/pytest -q --timeout=1200 --durations=20 "$@"

@@ -1,19 +1,20 @@
-"""Session-wide fixtures: one real Kafka broker and one Spark session per test run."""
+"""Shared fixtures: one real Kafka broker and one Spark session per test run, PostgreSQL, and
+the ledger factory (``make_ledger``) every test that needs a ledger uses."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-from sqlalchemy import create_engine
-from sqlalchemy.engine import make_url
+
+if TYPE_CHECKING:
+    from eo_ledgers import LedgerFactory
 
 ROOT = Path(__file__).resolve().parents[1]
 PG_SCRIPT = ROOT / "scripts" / "postgres.sh"
@@ -117,30 +118,32 @@ def pg_server() -> Iterator[str]:
             subprocess.run(["bash", str(PG_SCRIPT), "stop"], capture_output=True, timeout=120)
 
 
-@contextlib.contextmanager
-def fresh_database(server_url: str, prefix: str) -> Iterator[str]:
-    """A new database ``<prefix>_<random>`` on the server, dropped afterwards; its URL."""
-    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(make_url(server_url).set(database="postgres"), isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    try:
-        yield make_url(server_url).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.dispose()
-
-
+# -- Ledgers: one factory (tests/eo_ledgers.py) for every test that needs one ------------------
 @pytest.fixture(scope="session")
-def pg_database(pg_server: str) -> Iterator[str]:
-    """A fresh database for this test run, dropped at the end."""
-    with fresh_database(pg_server, "eo_test") as url:
-        yield url
+def ledger_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite ledger file migrated once per session; every SQLite ledger is a copy of it."""
+    from eo_ledgers import migrated_template
+
+    return migrated_template(tmp_path_factory.mktemp("template") / "ledger.db")
 
 
 @pytest.fixture()
-def pg_fresh_url(pg_server: str) -> Iterator[str]:
-    """A database of this test's own (an empty ledger), dropped after it."""
-    with fresh_database(pg_server, "eo_own") as url:
-        yield url
+def make_ledger(
+    request: pytest.FixtureRequest, tmp_path: Path, ledger_template: Path
+) -> Iterator[LedgerFactory]:
+    """Fresh ledgers for this test: ``make_ledger(kind="sqlite"|"postgres", pipeline=...)``
+    opens one, ``make_ledger.url(kind, migrated=...)`` makes a database and returns its URL;
+    all closed and dropped after the test (:class:`eo_ledgers.LedgerFactory`)."""
+    from eo_ledgers import LedgerFactory
+
+    factory = LedgerFactory(request, tmp_path, ledger_template)
+    try:
+        yield factory
+    finally:
+        factory.close()
+
+
+@pytest.fixture()
+def pg_fresh_url(make_ledger: LedgerFactory) -> str:
+    """A PostgreSQL database of this test's own without the ledger schema, dropped after it."""
+    return make_ledger.url("postgres", migrated=False)

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import os
 import subprocess
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from eo_faultlib import (
@@ -25,10 +24,12 @@ from eo_faultlib import (
     sigcont,
 )
 from eo_harness import Harness
-from sqlalchemy import create_engine
 from sqlalchemy.engine import make_url
 
 from airflow_provider_eo.ledger import CheckpointState, Ledger
+
+if TYPE_CHECKING:
+    from eo_ledgers import LedgerFactory
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.postgres]
 
@@ -63,22 +64,10 @@ def pg_state() -> Iterator[str]:
 
 
 @pytest.fixture()
-def pg_ledger_url(pg_state: str) -> Iterator[str]:
-    """A fresh database on the module's cluster, dropped after the test."""
-    server = _pg("start", pg_state)["EO_PG_URL"]
-    name = f"eo_mid_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(make_url(server).set(database="postgres"), isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    try:
-        yield make_url(server).set(database=name).render_as_string(hide_password=False)
-    finally:
-        admin.dispose()
-        server = _pg("start", pg_state)["EO_PG_URL"]  # a failed test may have left it stopped
-        admin = create_engine(make_url(server).set(database="postgres"), isolation_level="AUTOCOMMIT")
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.dispose()
+def pg_ledger_url(pg_state: str, make_ledger: LedgerFactory) -> str:
+    """A fresh database on the module's cluster, dropped after the test (the cluster is
+    started again first: a failed test may have left it stopped)."""
+    return make_ledger.url("postgres", migrated=False, server=lambda: _pg("start", pg_state)["EO_PG_URL"])
 
 
 @pytest.mark.parametrize(

@@ -2,28 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
+if TYPE_CHECKING:
+    from eo_ledgers import LedgerFactory
+
 
 @pytest.fixture
-def pg_url(pg_database: str) -> Iterator[str]:
-    """The run's database with an empty ledger schema (dropped after the test)."""
-    from airflow_provider_eo.ledger import Ledger
-
-    ledger = Ledger(pg_database, create=False)
-    ledger.downgrade("base")
-    ledger.close()
-    yield pg_database
-    ledger = Ledger(pg_database, create=False)
-    ledger.downgrade("base")
-    ledger.close()
+def pg_url(make_ledger: LedgerFactory) -> str:
+    """A PostgreSQL database of the test's own without the ledger schema (dropped after it)."""
+    return make_ledger.url("postgres", migrated=False)
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'ledger.db'}"
-    return str(request.getfixturevalue("pg_url"))
+def ledger_url(request: pytest.FixtureRequest, make_ledger: LedgerFactory) -> str:
+    """A database without the ledger schema, once on SQLite and once on PostgreSQL: the tests
+    open it with ``Ledger(url)``, which creates the schema, or test the migrations."""
+    return make_ledger.url(request.param, migrated=False)

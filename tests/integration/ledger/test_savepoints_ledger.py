@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from sqlalchemy import select
@@ -11,6 +11,9 @@ from sqlalchemy import select
 from airflow_provider_eo.errors import PipelineStopped
 from airflow_provider_eo.ledger import CheckpointConflict, InvariantViolation, Ledger, RangeSpec
 from airflow_provider_eo.ledger.models import Base
+
+if TYPE_CHECKING:
+    from eo_ledgers import LedgerFactory
 
 P = "orders"
 
@@ -25,11 +28,8 @@ def snapshot(ledger: Ledger) -> dict[str, list[Any]]:
 
 
 @pytest.fixture
-def ledger(ledger_url: str) -> Any:
-    led = Ledger(ledger_url)
-    led.ensure_pipeline(P, "fp")
-    yield led
-    led.close()
+def ledger(ledger_url: str, make_ledger: LedgerFactory) -> Ledger:
+    return make_ledger(url=ledger_url, pipeline=P)
 
 
 def _cp(ledger: Ledger, start: int, end: int, *, commit: bool = True) -> int:

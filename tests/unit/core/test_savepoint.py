@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -13,17 +12,17 @@ from airflow_provider_eo.ledger import Actor, InvariantViolation, Ledger, RangeS
 from airflow_provider_eo.ledger.savepoints import NothingCommitted
 from airflow_provider_eo.pipeline import Pipeline
 
+if TYPE_CHECKING:
+    from eo_ledgers import LedgerFactory
+
 PIPE = Pipeline(
     name="orders", kafka={"bootstrap.servers": "localhost:9"}, source_topics=["in"], sink_topic="out"
 )
 
 
 @pytest.fixture
-def ledger(tmp_path: Path) -> Any:
-    led = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
-    led.ensure_pipeline("orders", "fp")
-    yield led
-    led.close()
+def ledger(make_ledger: LedgerFactory) -> Ledger:
+    return make_ledger(pipeline="orders")
 
 
 def _cp(ledger: Ledger, start: int, end: int, *, commit: bool = True) -> int:

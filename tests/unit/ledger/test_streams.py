@@ -3,8 +3,7 @@ database's clock, LOST after silence or a dead process, stop requests, idempoten
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from eo_harness import wait_for
@@ -16,14 +15,15 @@ from airflow_provider_eo.ledger.streams import (
     StreamRunSuperseded,
 )
 
+if TYPE_CHECKING:
+    from eo_ledgers import LedgerFactory
+
 P = "orders"
 
 
 @pytest.fixture()
-def ledger(tmp_path: Path) -> Any:
-    with Ledger(f"sqlite:///{tmp_path / 'ledger.db'}") as led:
-        led.ensure_pipeline(P, "fp")
-        yield led
+def ledger(make_ledger: LedgerFactory) -> Ledger:
+    return make_ledger(pipeline=P)
 
 
 def _register(ledger: Ledger, run_id: str, heartbeat_s: float = 5.0, **kw: Any) -> Any:

@@ -6,7 +6,7 @@ import asyncio
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -19,13 +19,17 @@ from airflow_provider_eo.triggers.checkpoint import (
 )
 from airflow_provider_eo.triggers.stream import EoPreparedCheckpointTrigger
 
+if TYPE_CHECKING:
+    from eo_ledgers import LedgerFactory
+
 PIPELINE = "orders"
 
 
 @pytest.fixture()
-def ledger_url(tmp_path: Path) -> str:
-    url = f"sqlite:///{tmp_path / 'ledger.db'}"
-    with Ledger(url) as ledger:
+def ledger_url(make_ledger: LedgerFactory) -> str:
+    """A ledger with one PLANNED checkpoint of ``orders``, closed: the triggers open their own."""
+    url = make_ledger.url()
+    with Ledger(url, create=False) as ledger:
         ledger.ensure_pipeline(PIPELINE, "fp")
         ledger.plan(PIPELINE, [RangeSpec("in", 0, 0, 10)])
     return url

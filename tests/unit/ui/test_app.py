@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from eo_harness import wait_for
@@ -20,16 +18,19 @@ from airflow_provider_eo.testing.ledger_fill import run_checkpoints
 from airflow_provider_eo.ui import app as ui_app
 from airflow_provider_eo.ui.lag import LagCache
 
+if TYPE_CHECKING:
+    from eo_ledgers import LedgerFactory
+
 PARTS = [("src", 0), ("src", 1)]
 
 
 @pytest.fixture()
-def ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Ledger]:
-    url = f"sqlite:///{tmp_path}/ledger.db"
+def ledger(make_ledger: LedgerFactory, monkeypatch: pytest.MonkeyPatch) -> Ledger:
+    """The ledger the page reads (``EO_LEDGER_URL``)."""
+    url = make_ledger.url()
     monkeypatch.setenv("EO_LEDGER_URL", url)
     monkeypatch.delenv("EO_LEDGER_CONN_ID", raising=False)
-    with Ledger(url) as led:
-        yield led
+    return make_ledger(url=url)
 
 
 def _client(
