@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from confluent_kafka import KafkaException
 from eo_fake_kafka import FakeBroker, FakeClients, prepared_checkpoint
+from eo_ledgers import LedgerFactory
 
 from airflow_provider_eo import names
 from airflow_provider_eo.core.abort import abort_checkpoint, abort_owner
@@ -42,11 +42,8 @@ def pipeline(tmp_path: Path) -> Pipeline:
 
 
 @pytest.fixture
-def ledger(tmp_path: Path) -> Iterator[Ledger]:
-    led = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
-    led.ensure_pipeline("orders", "fp")
-    yield led
-    led.close()
+def ledger(make_ledger: LedgerFactory) -> Ledger:
+    return make_ledger(pipeline="orders")
 
 
 @pytest.fixture

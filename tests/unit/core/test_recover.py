@@ -5,11 +5,11 @@ fenced (a zombie's open transaction aborted), and what stays open is reported.""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from eo_fake_kafka import FakeBroker, FakeClients, FakeProducer, prepared_checkpoint
+from eo_ledgers import LedgerFactory
 
 from airflow_provider_eo.core import shard as shard_module
 from airflow_provider_eo.core.commit import commit_checkpoint
@@ -43,11 +43,8 @@ def pipeline(tmp_path: Path) -> Pipeline:
 
 
 @pytest.fixture
-def ledger(tmp_path: Path) -> Iterator[Ledger]:
-    led = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
-    led.ensure_pipeline("orders", "fp")
-    yield led
-    led.close()
+def ledger(make_ledger: LedgerFactory) -> Ledger:
+    return make_ledger(pipeline="orders")
 
 
 @pytest.fixture
