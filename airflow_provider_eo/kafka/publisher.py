@@ -1,6 +1,6 @@
 """The transactional publisher of one commit shard, with Kafka errors sorted.
 
-Error classes (DESIGN.md §3a):
+Error classes (docs/design.md §3a):
 
 1. ``retriable()``: repeat the same call (``send_offsets_to_transaction`` with identical
    offsets: retriable but not resumable).

@@ -123,7 +123,7 @@ def test_an_open_transaction_that_is_not_ours_is_reported(
 ) -> None:
     clients = FakeClients(broker)
     clients.open[OUT] = {1: (4, 6)}
-    result = recover_pipeline(pipeline, ledger, wait_s=0.6, clients=clients)
+    result = recover_pipeline(pipeline, ledger, wait_s=0, clients=clients)
     assert result.open_after == {1: (4, 6)} and not result.clean
     assert result.summary()["open_after"] == {"1": [4, 6]}
     assert result.fenced == ["eo.orders.0", "eo.orders.1", "eo.orders.2"]  # today's ids
