@@ -156,10 +156,11 @@ def throughput(n: int, day_ms: int) -> tuple[float, float, int]:
     from e2e import settle  # bench/ is the script's folder
 
     from airflow_provider_eo.core.backfill import run_backfill
+    from airflow_provider_eo.core.prepare import prepare_checkpoint
     from airflow_provider_eo.core.runner import run_once
     from airflow_provider_eo.kafka import admin
-    from airflow_provider_eo.spark.prepare import prepare_checkpoint
     from airflow_provider_eo.spark.session import get_spark
+    from airflow_provider_eo.spark.stager import SparkStager
     from airflow_provider_eo.stack.kafka import LocalKafka
 
     work = ROOT / ".eo" / "bench" / f"backfill-{uuid.uuid4().hex[:8]}"
@@ -188,17 +189,17 @@ def throughput(n: int, day_ms: int) -> tuple[float, float, int]:
         ledger = Ledger(pipeline.ledger_url)
 
         def prepare(p: Pipeline, led: Ledger, cid: int) -> None:
-            prepare_checkpoint(spark, p, led, cid)
+            prepare_checkpoint(p, led, cid, stager=SparkStager(spark))
 
         log("warming up: a 10k-record checkpoint and its backfill")
         warm = replace(pipeline, name="warm", source_topics=["warm-src"], sink_topic="warm-sink")
-        run_once(warm, ledger=ledger, spark=spark)
+        run_once(warm, ledger=ledger, stager=SparkStager(spark))
         run_backfill(warm, ledger, day_ms, day_ms + DAY, sink_topic="warm-bf", prepare=prepare)
 
         settle()
         log("live: plan -> prepare -> commit")
         t = time.monotonic()
-        result = run_once(pipeline, ledger=ledger, spark=spark)
+        result = run_once(pipeline, ledger=ledger, stager=SparkStager(spark))
         live_s = time.monotonic() - t
         assert result.checkpoint is not None and result.checkpoint.records == n, result.as_dict()
 
@@ -214,7 +215,7 @@ def throughput(n: int, day_ms: int) -> tuple[float, float, int]:
         log("live again (another pipeline, same records): plan -> prepare -> commit")
         again = replace(pipeline, name="bench-again", sink_topic="sink-again")
         t = time.monotonic()
-        run_once(again, ledger=ledger, spark=spark)
+        run_once(again, ledger=ledger, stager=SparkStager(spark))
         live_again_s = time.monotonic() - t
         log(
             f"  live {live_s:.2f}s, backfill {backfill_s:.2f}s ({len(done.checkpoints)} checkpoint(s)), "

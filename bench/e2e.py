@@ -168,9 +168,10 @@ def main() -> int:
     n, parts = args.records, args.partitions
 
     from airflow_provider_eo.core.plan import plan_checkpoint
+    from airflow_provider_eo.core.prepare import prepare_checkpoint
     from airflow_provider_eo.ledger import Ledger
-    from airflow_provider_eo.spark.prepare import prepare_checkpoint
     from airflow_provider_eo.spark.session import get_spark
+    from airflow_provider_eo.spark.stager import SparkStager
     from airflow_provider_eo.stack.kafka import LocalKafka
 
     work = ROOT / ".eo" / "bench" / uuid.uuid4().hex[:8]
@@ -208,7 +209,7 @@ def main() -> int:
         warm = replace(pipeline, name="warm", source_topics=["warm-src"], sink_topic="warm-sink")
         from airflow_provider_eo.core.runner import run_once
 
-        run_once(warm, ledger=ledger, spark=spark)
+        run_once(warm, ledger=ledger, stager=SparkStager(spark))
         warm_ranges = ledger.last_committed("warm").ranges
         (
             upper(_kafka_source(spark, warm, list(warm_ranges)))
@@ -237,7 +238,7 @@ def main() -> int:
         log("(a) eo: plan -> prepare -> commit")
         t = time.monotonic()
         cp = plan_checkpoint(pipeline, ledger)
-        prepare_checkpoint(spark, pipeline, ledger, cp.checkpoint_id)
+        prepare_checkpoint(pipeline, ledger, cp.checkpoint_id, stager=SparkStager(spark))
         prepared_s = time.monotonic() - t
         settle()  # in a DAG the commit is another task, started after the sensor's poke
         env = {**os.environ, "EO_BENCH_PIPELINE_JSON": pipeline.to_json(), "PYTHONPATH": str(ROOT / "bench")}

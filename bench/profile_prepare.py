@@ -76,11 +76,12 @@ def main() -> int:
 
     from airflow_provider_eo.core.commit import commit_checkpoint
     from airflow_provider_eo.core.plan import plan_checkpoint
+    from airflow_provider_eo.core.prepare import prepare_checkpoint
     from airflow_provider_eo.kafka import admin
     from airflow_provider_eo.ledger import Ledger, RangeSpec
     from airflow_provider_eo.spark import shape, source, write
-    from airflow_provider_eo.spark.prepare import prepare_checkpoint
     from airflow_provider_eo.spark.session import get_spark
+    from airflow_provider_eo.spark.stager import SparkStager
     from airflow_provider_eo.spark.transform import load_transform
     from airflow_provider_eo.stack.kafka import LocalKafka
 
@@ -139,7 +140,7 @@ def main() -> int:
             p = pipeline()
             cp = plan_checkpoint(p, ledger)
             assert cp is not None
-            prepare_checkpoint(spark, p, ledger, cp.checkpoint_id)
+            prepare_checkpoint(p, ledger, cp.checkpoint_id, stager=SparkStager(spark))
             prepared.append((p, cp.checkpoint_id))
 
         def do_commit() -> None:

@@ -317,6 +317,7 @@ class EoStream:
 
         def run() -> None:
             from airflow_provider_eo.core.stream import run_stream
+            from airflow_provider_eo.spark.stager import SparkStager
 
             try:
                 self.result = run_stream(
@@ -324,7 +325,7 @@ class EoStream:
                     interval_s=interval,
                     commit="inline",
                     ledger=ledger,
-                    spark=spark,
+                    stager=SparkStager(spark),
                     stop=self.stop,
                     on_checkpoint=on_checkpoint,
                 )

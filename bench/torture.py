@@ -441,13 +441,15 @@ class Torture:
     def _prepare_here(self) -> None:
         """Plan and prepare in this process's Spark session (``--prepare mixed``)."""
         from airflow_provider_eo.core.plan import plan_checkpoint
-        from airflow_provider_eo.spark.prepare import prepare_checkpoint
+        from airflow_provider_eo.core.prepare import prepare_checkpoint
+        from airflow_provider_eo.spark.stager import SparkStager
 
         assert self.ledger is not None and self.pipeline is not None
         try:
             cp = plan_checkpoint(self.pipeline, self.ledger)
             if cp is not None and cp.state is CheckpointState.PLANNED:
-                prepare_checkpoint(self.spark, self.pipeline, self.ledger, cp.checkpoint_id)
+                stager = SparkStager(self.spark)
+                prepare_checkpoint(self.pipeline, self.ledger, cp.checkpoint_id, stager=stager)
         except Exception as exc:  # the child's run-once retries whatever failed here
             self.log(f"  in-process prepare failed: {type(exc).__name__}: {str(exc)[:200]}")
 
@@ -593,6 +595,7 @@ class Torture:
         """Stop the feeder; run-once until nothing is unfinished and every source partition
         is consumed to its last stable offset."""
         from airflow_provider_eo.core.runner import run_once
+        from airflow_provider_eo.spark.stager import SparkStager
 
         assert self.feeder is not None and self.pipeline is not None and self.ledger is not None
         self.feeder.stop()
@@ -602,7 +605,7 @@ class Torture:
         for i in range(max_runs):
             try:
                 if self.spark is not None:
-                    r = run_once(self.pipeline, ledger=self.ledger, spark=self.spark)
+                    r = run_once(self.pipeline, ledger=self.ledger, stager=SparkStager(self.spark))
                     steps = r.steps
                 else:
                     self._spawn(10_000 + i)

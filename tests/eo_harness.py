@@ -85,8 +85,9 @@ class Harness:
 
     def run_once(self) -> Any:
         from airflow_provider_eo.core.runner import run_once
+        from airflow_provider_eo.spark.stager import SparkStager
 
-        return run_once(self.pipeline, ledger=self.ledger, spark=self.spark)
+        return run_once(self.pipeline, ledger=self.ledger, stager=SparkStager(self.spark))
 
     def drain(self, max_cycles: int = 20) -> list[Any]:
         results = []
@@ -98,9 +99,10 @@ class Harness:
         raise AssertionError("pipeline did not drain")
 
     def prepare(self, checkpoint_id: int) -> Any:
-        from airflow_provider_eo.spark.prepare import prepare_checkpoint
+        from airflow_provider_eo.core.prepare import prepare_checkpoint
+        from airflow_provider_eo.spark.stager import SparkStager
 
-        return prepare_checkpoint(self.spark, self.pipeline, self.ledger, checkpoint_id)
+        return prepare_checkpoint(self.pipeline, self.ledger, checkpoint_id, stager=SparkStager(self.spark))
 
     def plan(self) -> Any:
         from airflow_provider_eo.core.plan import plan_checkpoint

@@ -30,8 +30,9 @@ def backfill_cmd(
 ) -> None:
     """Re-process the records with a Kafka timestamp in [START, END) that the pipeline
     committed, into SINK_TOPIC, exactly once (a rerun adds nothing)."""
-    from airflow_provider_eo.core.backfill import iso_ms, parse_instant, run_backfill
+    from airflow_provider_eo.core.backfill import iso_ms, local_prepare, parse_instant, run_backfill
     from airflow_provider_eo.ledger import Actor
+    from airflow_provider_eo.spark.stager import SparkStager
 
     try:
         start_ms, end_ms = parse_instant(start), parse_instant(end)
@@ -57,6 +58,7 @@ def backfill_cmd(
             transform=transform,
             allow_live_sink=allow_live_sink,
             actor=Actor.here(),
+            prepare=local_prepare(SparkStager()),
             progress=progress,
         )
     summary = result.summary()

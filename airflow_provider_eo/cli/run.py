@@ -19,9 +19,11 @@ def run_once_cmd(ref: PipelineRef, as_json: JsonFlag = False) -> None:
 
     Exits 3 when the pipeline is stopped and nothing is unfinished (`eo resume`)."""
     from airflow_provider_eo.core.runner import run_once
+    from airflow_provider_eo.spark.stager import SparkStager
 
     with reported(stopped=EXIT_STOPPED):
-        result = run_once(load(ref))
+        pipeline = load(ref)
+        result = run_once(pipeline, stager=SparkStager(app_name=f"eo-{pipeline.name}"))
     emit(result.as_dict(), as_json)
 
 
@@ -38,14 +40,14 @@ def plan_cmd(ref: PipelineRef, as_json: JsonFlag = False) -> None:
 
 def prepare_cmd(ref: PipelineRef, checkpoint: CheckpointOpt = None, as_json: JsonFlag = False) -> None:
     """Prepare a PLANNED checkpoint with Spark (local[*] unless the pipeline names a master)."""
+    from airflow_provider_eo.core.prepare import prepare_checkpoint
     from airflow_provider_eo.ledger import Actor
-    from airflow_provider_eo.spark.prepare import prepare_checkpoint
-    from airflow_provider_eo.spark.session import get_spark
+    from airflow_provider_eo.spark.stager import SparkStager
 
     with reported(), opened(ref) as (pipeline, ledger):
         cid = checkpoint_or_unfinished(ledger, pipeline.name, checkpoint)
-        spark = get_spark(f"eo-prepare-{pipeline.name}", pipeline.spark_conf)
-        result = prepare_checkpoint(spark, pipeline, ledger, cid, actor=Actor.here())
+        stager = SparkStager(app_name=f"eo-prepare-{pipeline.name}")
+        result = prepare_checkpoint(pipeline, ledger, cid, stager=stager, actor=Actor.here())
     emit({**result.checkpoint.summary(), "attempt": result.attempt, "note": result.note}, as_json)
 
 

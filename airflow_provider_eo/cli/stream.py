@@ -67,15 +67,19 @@ def stream_cmd(
         else:
             print(" ".join(f"{k}={'-' if v is None else v}" for k, v in summary.items()), flush=True)
 
+    from airflow_provider_eo.spark.stager import SparkStager
+
     with reported():
+        pipeline = load(ref)
         result = run_stream(
-            load(ref),
+            pipeline,
             interval_s=interval,
             commit=commit,
             duration_s=duration,
             max_checkpoints=checkpoints,
             on_checkpoint=line,
             heartbeat_s=heartbeat,
+            stager=SparkStager(app_name=f"eo-stream-{pipeline.name}"),
         )
     summary = result.summary()
     if as_json:

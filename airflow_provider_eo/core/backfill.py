@@ -25,6 +25,7 @@ from airflow_provider_eo import names
 from airflow_provider_eo.core.commit import commit_checkpoint
 from airflow_provider_eo.core.markers import check_marker_identity
 from airflow_provider_eo.core.plan import check_commit_plan, lost_ranges
+from airflow_provider_eo.core.prepare import Stager, prepare_checkpoint
 from airflow_provider_eo.errors import BackfillRefused, DataLossError, KafkaAdminError
 from airflow_provider_eo.kafka import admin
 from airflow_provider_eo.kafka.client_config import librdkafka_config
@@ -268,15 +269,12 @@ class BackfillResult:
         }
 
 
-def _local_prepare() -> PrepareFn:
-    """Prepare in a local SparkSession (the pipeline's spark_conf)."""
+def local_prepare(stager: Stager) -> PrepareFn:
+    """A :data:`PrepareFn` that prepares in this process with ``stager`` (its engine starts
+    at the first prepare)."""
 
     def prepare(pipeline: Pipeline, ledger: Ledger, checkpoint_id: int) -> None:
-        from airflow_provider_eo.spark.prepare import prepare_checkpoint
-        from airflow_provider_eo.spark.session import get_spark
-
-        spark = get_spark(names.prepare_app_name(pipeline.name), pipeline.spark_conf)
-        prepare_checkpoint(spark, pipeline, ledger, checkpoint_id)
+        prepare_checkpoint(pipeline, ledger, checkpoint_id, stager=stager)
 
     return prepare
 
@@ -291,19 +289,20 @@ def run_backfill(
     transform: str | None = None,
     allow_live_sink: bool = False,
     actor: Actor | None = None,
-    prepare: PrepareFn | None = None,
+    prepare: PrepareFn,
     progress: ProgressFn | None = None,
 ) -> BackfillResult:
     """Backfill ``[start_ms, end_ms)`` to the end: resume the backfill pipeline's unfinished
     checkpoint (prepare it if PLANNED, commit it), else plan the next one; until nothing is
-    left. ``progress`` is called with each checkpoint once it is COMMITTED.
+    left. ``prepare`` prepares a PLANNED checkpoint of the backfill pipeline
+    (:func:`local_prepare` in this process, or a spark-submit); ``progress`` is called with
+    each checkpoint once it is COMMITTED.
 
     Idempotent: a rerun after a kill at any point finishes the interrupted checkpoint and
     adds only what is missing; a rerun of a finished interval plans nothing.
     """
     started = time.monotonic()
     derived = backfill_pipeline(live, sink_topic, transform=transform, allow_live_sink=allow_live_sink)
-    prepare = prepare or _local_prepare()
     done: list[CheckpointRecord] = []
     steps: list[str] = []
     while True:

@@ -8,6 +8,7 @@ from typing import Any
 
 from airflow_provider_eo.core.commit import commit_checkpoint
 from airflow_provider_eo.core.plan import plan_checkpoint
+from airflow_provider_eo.core.prepare import Stager, prepare_checkpoint
 from airflow_provider_eo.ledger import Actor, CheckpointRecord, CheckpointState, Ledger
 from airflow_provider_eo.pipeline import Pipeline
 
@@ -29,12 +30,10 @@ class CycleResult:
 
 
 def run_once(
-    pipeline: Pipeline, *, ledger: Ledger | None = None, spark: Any = None, actor: Actor | None = None
+    pipeline: Pipeline, *, ledger: Ledger | None = None, stager: Stager, actor: Actor | None = None
 ) -> CycleResult:
-    """Resume the unfinished checkpoint (else plan the next), prepare it, commit it."""
-    from airflow_provider_eo.spark.prepare import prepare_checkpoint
-    from airflow_provider_eo.spark.session import get_spark
-
+    """Resume the unfinished checkpoint (else plan the next), prepare it with ``stager``,
+    commit it. The stager's engine starts only when there is something to prepare."""
     started = time.monotonic()
     own = ledger is None
     ledger = ledger or Ledger(pipeline.ledger_url)
@@ -47,8 +46,7 @@ def run_once(
             return result
         result.steps.append(f"plan:{cp.checkpoint_id}:{cp.state.value}")
         if cp.state is CheckpointState.PLANNED:
-            spark = spark or get_spark(f"eo-{pipeline.name}", pipeline.spark_conf)
-            prepared = prepare_checkpoint(spark, pipeline, ledger, cp.checkpoint_id, actor=actor)
+            prepared = prepare_checkpoint(pipeline, ledger, cp.checkpoint_id, stager=stager, actor=actor)
             cp = prepared.checkpoint
             result.steps.append(f"prepare:{prepared.records}")
         committed = commit_checkpoint(pipeline, ledger, cp.checkpoint_id, actor=actor)

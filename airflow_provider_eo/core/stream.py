@@ -66,6 +66,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from airflow_provider_eo.core.prepare import Stager, prepare_checkpoint
 from airflow_provider_eo.errors import EoError, PipelineStopped
 from airflow_provider_eo.ledger import Actor, CheckpointRecord, CheckpointState, Ledger, StreamRunRecord
 from airflow_provider_eo.pipeline import Pipeline
@@ -168,14 +169,13 @@ def unfinished_checkpoints(ledger: Ledger, pipeline: str) -> list[CheckpointReco
     ]
 
 
-def default_steps(pipeline: Pipeline, ledger: Ledger, spark: Any, actor: Actor) -> StreamSteps:
-    """The real steps: core.plan (next_only), spark.prepare on ``spark``, core.commit."""
+def default_steps(pipeline: Pipeline, ledger: Ledger, stager: Stager, actor: Actor) -> StreamSteps:
+    """The real steps: core.plan (next_only), core.prepare with ``stager``, core.commit."""
     from airflow_provider_eo.core.commit import commit_checkpoint
     from airflow_provider_eo.core.plan import plan_checkpoint, resume_or_drop_lost
-    from airflow_provider_eo.spark.prepare import prepare_checkpoint
 
     def prepare(cid: int) -> tuple[int, float]:
-        result = prepare_checkpoint(spark, pipeline, ledger, cid, actor=actor)
+        result = prepare_checkpoint(pipeline, ledger, cid, stager=stager, actor=actor)
         return result.records, result.seconds
 
     def commit(cid: int) -> float:
@@ -540,7 +540,7 @@ def run_stream(
     duration_s: float | None = None,
     max_checkpoints: int | None = None,
     ledger: Ledger | None = None,
-    spark: Any = None,
+    stager: Stager,
     actor: Actor | None = None,
     stop: threading.Event | None = None,
     on_checkpoint: Callable[[StreamCheckpoint], None] | None = None,
@@ -548,8 +548,9 @@ def run_stream(
     heartbeat_s: float = DEFAULT_HEARTBEAT_S,
     log_path: str | None = None,
 ) -> StreamResult:
-    """Run ``pipeline`` in streaming mode on one SparkSession until stopped (see the module
-    docstring): SIGTERM/SIGINT end it cleanly when called from the main thread.
+    """Run ``pipeline`` in streaming mode until stopped (see the module docstring), every
+    checkpoint prepared by ``stager`` (one engine, started once the run is registered):
+    SIGTERM/SIGINT end it cleanly when called from the main thread.
 
     The run is registered in the ledger first (``run_id``, a fresh one by default) and
     beats every ``heartbeat_s`` seconds; it ends ENDED with the summary or FAILED with the
@@ -557,7 +558,6 @@ def run_stream(
     the pipeline is alive.
     """
     from airflow_provider_eo.ledger.streams import ENDED, FAILED
-    from airflow_provider_eo.spark.session import get_spark
 
     if heartbeat_s <= 0:
         raise ValueError(f"heartbeat must be > 0 seconds, got {heartbeat_s}")
@@ -579,11 +579,11 @@ def run_stream(
         heart = _Heartbeat(ledger, run.run_id, heartbeat_s, stop)
         heart.start()
         try:
-            # Created before the handlers: PySpark installs its own SIGINT handler.
-            spark = spark or get_spark(f"eo-stream-{pipeline.name}", pipeline.spark_conf)
+            # Started before the handlers: PySpark installs its own SIGINT handler.
+            stager.start(pipeline)
             with stop_on_signals(stop):
                 result = drive_stream(
-                    default_steps(pipeline, ledger, spark, actor),
+                    default_steps(pipeline, ledger, stager, actor),
                     pipeline=pipeline.name,
                     max_pending=pipeline.max_pending,
                     interval_s=interval_s,

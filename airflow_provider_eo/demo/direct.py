@@ -22,6 +22,7 @@ def run_demo(*, keep_broker: bool = False, checkpoints: int = 3) -> int:
     from airflow_provider_eo.ledger import Ledger
     from airflow_provider_eo.pipeline import Pipeline
     from airflow_provider_eo.spark.session import get_spark
+    from airflow_provider_eo.spark.stager import SparkStager
     from airflow_provider_eo.stack.kafka import LocalKafka
     from airflow_provider_eo.stack.paths import state_dir
 
@@ -59,7 +60,7 @@ def run_demo(*, keep_broker: bool = False, checkpoints: int = 3) -> int:
         with Ledger(pipeline.ledger_url) as ledger:
             for n in range(1, checkpoints + 1):
                 with console.status(f"checkpoint {n}/{checkpoints}: plan -> prepare (Spark) -> commit ..."):
-                    result = run_once(pipeline, ledger=ledger, spark=spark)
+                    result = run_once(pipeline, ledger=ledger, stager=SparkStager(spark))
                 cp = result.checkpoint
                 if cp is None:
                     console.print("  nothing new to read")

@@ -20,8 +20,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_eo.errors import PrepareError
-from airflow_provider_eo.kafka import admin
-from airflow_provider_eo.kafka.client_config import librdkafka_config
 from airflow_provider_eo.pipeline import Pipeline
 from airflow_provider_eo.spark.source import PROVENANCE_COLUMN
 
@@ -178,14 +176,6 @@ def staged_frame(
     )
 
 
-def sink_max_message_bytes(pipeline: Pipeline) -> int:
-    """The sink topic's ``max.message.bytes`` (the pipeline's setting when the broker will not
-    say, e.g. describe refused by ACLs)."""
-    return admin.topic_max_message_bytes(
-        librdkafka_config(pipeline.kafka), pipeline.sink_topic, pipeline.sink_max_message_bytes
-    )
-
-
 def bad_partition(sink_partitions: int) -> Column:
     """True for a record whose sink partition the sink topic does not have."""
     from pyspark.sql import functions as F
@@ -194,14 +184,16 @@ def bad_partition(sink_partitions: int) -> Column:
 
 
 def observe_limits(staged: DataFrame, limits: Observation, max_bytes: int, sink_partitions: int) -> DataFrame:
-    """``staged`` counting, during the write, records over ``max_bytes`` (``oversize``) and
-    records aimed at a partition the sink lacks (``bad_partition``)."""
+    """``staged`` counting, during the write, records over ``max_bytes`` (``oversize``),
+    records aimed at a partition the sink lacks (``bad_partition``) and every record written
+    (``rows``)."""
     from pyspark.sql import functions as F
 
     return staged.observe(
         limits,
         F.count(F.when(F.col("size") > max_bytes, 1)).alias("oversize"),
         F.count(F.when(bad_partition(sink_partitions), 1)).alias("bad_partition"),
+        F.count(F.lit(1)).alias("rows"),
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_eo.core.prepare import RangeRead
 from airflow_provider_eo.kafka.client_config import java_client_options
 from airflow_provider_eo.ledger import RangeSpec
 from airflow_provider_eo.pipeline import Pipeline
@@ -149,20 +150,11 @@ def range_metrics(live: list[RangeSpec]) -> list[Column]:
     return metrics
 
 
-def range_summary(
-    live: list[RangeSpec], stats: dict[str, Any]
-) -> tuple[int, list[dict[str, Any]], dict[tuple[str, int], tuple[int | None, int | None]]]:
-    """From the observed :func:`range_metrics`: (records read, the manifest's ranges, the
-    ledger's min/max timestamp per range). Records read are counted, never ``end - start``
-    (a transactional input has offset gaps)."""
-    records_read = 0
-    manifest_ranges: list[dict[str, Any]] = []
-    timestamps: dict[tuple[str, int], tuple[int | None, int | None]] = {}
-    for i, r in enumerate(live):
-        n = int(stats.get(f"n{i}") or 0)
-        records_read += n
-        timestamps[(r.topic, r.partition)] = (stats.get(f"lo{i}"), stats.get(f"hi{i}"))
-        manifest_ranges.append(
-            {"topic": r.topic, "partition": r.partition, "start": r.start, "end": r.end, "read": n}
-        )
-    return records_read, manifest_ranges, timestamps
+def range_reads(live: list[RangeSpec], stats: dict[str, Any]) -> list[RangeRead]:
+    """What was read of each live range, from the observed :func:`range_metrics`: records
+    counted, never ``end - start`` (a transactional input has offset gaps), and the min/max
+    record timestamp."""
+    return [
+        RangeRead(r, int(stats.get(f"n{i}") or 0), stats.get(f"lo{i}"), stats.get(f"hi{i}"))
+        for i, r in enumerate(live)
+    ]

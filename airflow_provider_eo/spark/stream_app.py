@@ -60,11 +60,12 @@ def main(argv: list[str] | None = None) -> int:
             report.flush()
 
     try:
-        from airflow_provider_eo.spark.session import get_spark
+        from airflow_provider_eo.spark.stager import SparkStager
 
         pipeline = apply_overrides(load_pipeline(args.pipeline), os.environ.get(names.PIPELINE_OVERRIDES_ENV))
         actor = Actor(**json.loads(args.actor_json)) if args.actor_json else Actor.here()
-        spark = get_spark(f"eo-stream-{pipeline.name}", pipeline.spark_conf)
+        stager = SparkStager(app_name=f"eo-stream-{pipeline.name}")
+        stager.start(pipeline)
 
         def line(cp: StreamCheckpoint) -> None:
             emit(cp.summary())
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
             commit=args.commit,
             duration_s=args.duration,
             max_checkpoints=args.checkpoints,
-            spark=spark,
+            stager=stager,
             actor=actor,
             on_checkpoint=line,
             run_id=args.run_id,

@@ -204,7 +204,8 @@ def test_asset_watcher_commits_what_the_stream_prepared(
     EoPreparedCheckpointTrigger, whose event makes the scheduler start eo_stream_commit,
     whose task commits the checkpoint — for two checkpoints in a row, exactly once."""
     from airflow_provider_eo.core.plan import plan_checkpoint
-    from airflow_provider_eo.spark.prepare import prepare_checkpoint
+    from airflow_provider_eo.core.prepare import prepare_checkpoint
+    from airflow_provider_eo.spark.stager import SparkStager
 
     home = stream_deployment.home
     pipeline = stream_deployment.pipeline()
@@ -213,7 +214,7 @@ def test_asset_watcher_commits_what_the_stream_prepared(
         for expected in (1, 2):
             cp = plan_checkpoint(pipeline, ledger)
             assert cp is not None and cp.checkpoint_id == expected
-            prepare_checkpoint(spark, pipeline, ledger, cp.checkpoint_id)
+            prepare_checkpoint(pipeline, ledger, cp.checkpoint_id, stager=SparkStager(spark))
 
             def committed(cid: int = expected) -> bool:
                 return ledger.get(pipeline.name, cid).state is CheckpointState.COMMITTED

@@ -51,10 +51,11 @@ def sink_keys(h: Harness, topic: str) -> Counter[str]:
 
 
 def backfill(h: Harness, sink: str, start_day: int, end_day: int, **kw: Any) -> Any:
-    from airflow_provider_eo.spark.prepare import prepare_checkpoint
+    from airflow_provider_eo.core.prepare import prepare_checkpoint
+    from airflow_provider_eo.spark.stager import SparkStager
 
     def prepare(pipeline: Any, ledger: Ledger, cid: int) -> None:
-        prepare_checkpoint(h.spark, pipeline, ledger, cid)
+        prepare_checkpoint(pipeline, ledger, cid, stager=SparkStager(h.spark))
 
     return run_backfill(
         h.pipeline,

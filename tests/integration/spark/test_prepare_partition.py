@@ -18,9 +18,10 @@ import pytest
 from confluent_kafka import Producer
 
 from airflow_provider_eo.core.plan import plan_checkpoint
+from airflow_provider_eo.core.prepare import prepare_checkpoint
 from airflow_provider_eo.ledger import CheckpointState, Ledger
 from airflow_provider_eo.pipeline import Pipeline
-from airflow_provider_eo.spark.prepare import prepare_checkpoint
+from airflow_provider_eo.spark.stager import SparkStager
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
@@ -95,7 +96,7 @@ def test_keyless_sink_partition_is_fixed_by_the_input(
             assert planned is not None
             planned_ranges.append(sorted((r.topic, r.partition, r.start, r.end) for r in planned.ranges))
             shuffle_partitions(shuffles)
-            result = prepare_checkpoint(spark, pipeline, ledger, planned.checkpoint_id)
+            result = prepare_checkpoint(pipeline, ledger, planned.checkpoint_id, stager=SparkStager(spark))
             assert result.checkpoint.state is CheckpointState.PREPARED
             rows = _staged(spark, result.checkpoint.staging_location or "")
         if identity == "position":

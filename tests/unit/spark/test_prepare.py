@@ -1,4 +1,4 @@
-"""The prepare driver's pure parts: connection overrides, attempt names, the entry module."""
+"""The prepare entry point's pure parts: connection overrides, the entry module."""
 
 from __future__ import annotations
 
@@ -31,13 +31,6 @@ def test_overrides_merge_kafka_and_replace_the_ledger() -> None:
     assert only_kafka.ledger_url == PIPELINE.ledger_url and only_kafka.kafka["client.id"] == "y"
 
 
-def test_attempt_names_are_unique_and_fit_a_folder_name() -> None:
-    a, b = prepare.new_attempt(), prepare.new_attempt()
-    assert a != b
-    assert "/" not in a and " " not in a
-
-
 def test_entry_module_exports() -> None:
-    assert callable(prepare.main) and callable(prepare.prepare_checkpoint)
-    assert callable(prepare.load_transform)
+    assert callable(prepare.main) and callable(prepare.apply_overrides)
     assert names.PIPELINE_OVERRIDES_ENV == "EO_PIPELINE_OVERRIDES_JSON"

@@ -1,9 +1,10 @@
-"""The bounded read's Kafka source options and the per-range summary (pure logic)."""
+"""The bounded read's Kafka source options and what was read per range (pure logic)."""
 
 from __future__ import annotations
 
 import json
 
+from airflow_provider_eo.core.prepare import RangeRead, StageResult
 from airflow_provider_eo.ledger import RangeSpec
 from airflow_provider_eo.pipeline import Pipeline
 from airflow_provider_eo.spark import source
@@ -57,18 +58,20 @@ def test_source_options_name_exactly_the_live_ranges() -> None:
     assert source.live_ranges(ranges) == [ranges[0], ranges[2], ranges[3]]
 
 
-def test_range_summary_counts_records_read_not_offsets() -> None:
+def test_range_reads_count_records_read_not_offsets() -> None:
     live = [RangeSpec("a", 0, 0, 10), RangeSpec("a", 1, 4, 8)]
     # A transactional input: 10 offsets planned but 7 records read (markers, aborted data).
     stats = {"n0": 7, "lo0": 1000, "hi0": 2000, "n1": None, "lo1": None, "hi1": None}
-    read, manifest_ranges, timestamps = source.range_summary(live, stats)
-    assert read == 7
-    assert manifest_ranges == [
+    reads = source.range_reads(live, stats)
+    assert reads == [RangeRead(live[0], 7, 1000, 2000), RangeRead(live[1], 0, None, None)]
+    staged = StageResult(files={}, reads=tuple(reads), app_id=None)
+    assert staged.records_read == 7
+    assert staged.manifest_ranges() == [
         {"topic": "a", "partition": 0, "start": 0, "end": 10, "read": 7},
         {"topic": "a", "partition": 1, "start": 4, "end": 8, "read": 0},
     ]
-    assert timestamps == {("a", 0): (1000, 2000), ("a", 1): (None, None)}
+    assert staged.range_stats() == {("a", 0): (1000, 2000), ("a", 1): (None, None)}
 
 
-def test_range_summary_of_nothing() -> None:
-    assert source.range_summary([], {}) == (0, [], {})
+def test_range_reads_of_nothing() -> None:
+    assert source.range_reads([], {}) == []

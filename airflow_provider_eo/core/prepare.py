@@ -1,0 +1,275 @@
+"""Prepare one checkpoint (docs/design.md §2): stage exactly its planned ranges, write the
+manifest last, move the ledger PLANNED -> PREPARED naming that attempt.
+
+This module owns the protocol step; the engine that reads the ranges, runs the user's
+transform and writes the staged files is a :class:`Stager` passed in (the Spark one is
+``airflow_provider_eo.spark.stager.SparkStager``). Core never imports the engine: the
+composition points (the CLI, the spark-submit apps, the operators) build the stager and
+hand it to :func:`prepare_checkpoint`, :func:`~airflow_provider_eo.core.runner.run_once`
+or :func:`~airflow_provider_eo.core.stream.run_stream`.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from airflow_provider_eo import names, staging
+from airflow_provider_eo.core.fault_seam import fault_point
+from airflow_provider_eo.core.plan import data_loss_error, frozen_commit_plan, lost_ranges
+from airflow_provider_eo.errors import PrepareError
+from airflow_provider_eo.kafka import admin
+from airflow_provider_eo.kafka.client_config import librdkafka_config
+from airflow_provider_eo.ledger import (
+    Actor,
+    CheckpointConflict,
+    CheckpointRecord,
+    CheckpointState,
+    Ledger,
+    RangeSpec,
+)
+from airflow_provider_eo.pipeline import Pipeline
+from airflow_provider_eo.staging import StagedFile
+
+__all__ = [
+    "PrepareResult",
+    "RangeRead",
+    "StageRequest",
+    "StageResult",
+    "Stager",
+    "new_attempt",
+    "prepare_checkpoint",
+]
+
+
+@dataclass(frozen=True)
+class StageRequest:
+    """What a stager needs to stage one checkpoint's output.
+
+    :param pipeline: the pipeline (its Kafka settings, transform and Spark settings).
+    :param checkpoint_id: the checkpoint being prepared.
+    :param attempt: this attempt's name (part of :attr:`path`).
+    :param ranges: every planned range, empty ones too (a stager reads only the others).
+    :param time_filter: a backfill checkpoint's ``(start_ms, end_ms)``: only records whose
+        Kafka timestamp lies in ``[start_ms, end_ms)``; ``None`` reads everything.
+    :param sink_partitions: the frozen commit plan's partition count (never the sink's live one).
+    :param max_message_bytes: the sink topic's ``max.message.bytes``: a larger record is refused.
+    :param path: the fresh attempt folder; the staged files go under ``{path}/data``.
+    :param where: names the pipeline and checkpoint in error messages.
+    """
+
+    pipeline: Pipeline
+    checkpoint_id: int
+    attempt: str
+    ranges: tuple[RangeSpec, ...]
+    time_filter: tuple[int, int] | None
+    sink_partitions: int
+    max_message_bytes: int
+    path: str
+    where: str
+
+
+@dataclass(frozen=True)
+class RangeRead:
+    """What the stager read of one non-empty planned range: the records counted (never
+    ``end - start``: a transactional input has offset gaps) and their min/max Kafka
+    timestamp in epoch ms (``None`` when nothing was read)."""
+
+    range: RangeSpec
+    records: int
+    min_timestamp_ms: int | None
+    max_timestamp_ms: int | None
+
+    def manifest_entry(self) -> dict[str, Any]:
+        """The range as the manifest lists it."""
+        r = self.range
+        return {
+            "topic": r.topic,
+            "partition": r.partition,
+            "start": r.start,
+            "end": r.end,
+            "read": self.records,
+        }
+
+
+@dataclass(frozen=True)
+class StageResult:
+    """What a stager staged and observed.
+
+    :param files: per sink partition, the Parquet files written, in publish order
+        (:func:`airflow_provider_eo.staging.describe_attempt` of the attempt folder).
+    :param reads: per non-empty planned range, what was read (in plan order).
+    :param app_id: the engine's application id (the ledger's ``spark_app_id``).
+    :param rows_written: output rows the engine counted while writing, over all sink
+        partitions (``None`` when the engine does not count them).
+    """
+
+    files: dict[int, list[StagedFile]]
+    reads: tuple[RangeRead, ...]
+    app_id: str | None
+    rows_written: int | None = None
+
+    @property
+    def records_read(self) -> int:
+        """Source records read, over every range."""
+        return sum(r.records for r in self.reads)
+
+    def manifest_ranges(self) -> list[dict[str, Any]]:
+        """The manifest's ``ranges``."""
+        return [r.manifest_entry() for r in self.reads]
+
+    def range_stats(self) -> dict[tuple[str, int], tuple[int | None, int | None]]:
+        """The ledger's (min, max) record timestamp per range read."""
+        return {r.range.key: (r.min_timestamp_ms, r.max_timestamp_ms) for r in self.reads}
+
+
+class Stager(Protocol):
+    """The engine behind a prepare: reads the planned ranges, runs the transform, writes the
+    staged files. It never touches the ledger or writes the manifest.
+
+    On a failure it removes the attempt folder it wrote into and raises the typed error
+    (:class:`~airflow_provider_eo.errors.PrepareError` and its branches) that names what
+    to fix.
+    """
+
+    def start(self, pipeline: Pipeline) -> None:
+        """Make the engine ready for ``pipeline``'s prepares (idempotent). Callers that care
+        when the engine starts call it themselves; :func:`prepare_checkpoint` calls it first."""
+        ...
+
+    def stage(self, request: StageRequest) -> StageResult:
+        """Stage ``request``'s checkpoint under ``request.path``."""
+        ...
+
+
+@dataclass(frozen=True)
+class PrepareResult:
+    """What one prepare call did."""
+
+    checkpoint: CheckpointRecord
+    attempt: str | None  # None when nothing had to be done
+    records: int
+    records_read: int
+    seconds: float
+    note: str = ""
+
+
+def new_attempt() -> str:
+    """A fresh attempt name: sortable by start time, unique across racing attempts."""
+    return f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
+
+
+def shard_counts_of(
+    partition_counts: Mapping[int, int], shard_of_partition: tuple[int, ...]
+) -> dict[int, int]:
+    """Output records per commit shard, from the records per sink partition."""
+    counts: dict[int, int] = {}
+    for partition, count in partition_counts.items():
+        shard = shard_of_partition[partition]
+        counts[shard] = counts.get(shard, 0) + count
+    return counts
+
+
+def prepare_checkpoint(
+    pipeline: Pipeline,
+    ledger: Ledger,
+    checkpoint_id: int,
+    *,
+    stager: Stager,
+    attempt: str | None = None,
+    actor: Actor | None = None,
+) -> PrepareResult:
+    """Stage the output of one PLANNED checkpoint with ``stager`` and move it to PREPARED.
+
+    Idempotent: preparing a PREPARED or COMMITTED checkpoint does nothing; two attempts
+    racing both stage, exactly one wins the PLANNED -> PREPARED update, the other deletes
+    its own folder. Each step is safe to repeat after a crash: a new attempt writes a new
+    folder, and a folder without a manifest is never published.
+    """
+    stager.start(pipeline)
+    started = time.monotonic()
+    where = f"pipeline {pipeline.name!r}, checkpoint {checkpoint_id}"
+    # 1. The planned range, from the ledger. PREPARED/COMMITTED: nothing to do; ABORTED: refuse.
+    cp = ledger.get(pipeline.name, checkpoint_id)
+    if cp.state in (CheckpointState.PREPARED, CheckpointState.COMMITTED):
+        return PrepareResult(cp, None, cp.records or 0, 0, 0.0, note=f"already {cp.state.value}")
+    if cp.state is not CheckpointState.PLANNED:
+        raise PrepareError(
+            f"pipeline {pipeline.name!r}: checkpoint {checkpoint_id} is {cp.state.value}; only "
+            "PLANNED checkpoints can be prepared (an aborted range is replanned by the next plan)"
+        )
+    config = librdkafka_config(pipeline.kafka)
+    # The output is partitioned for the checkpoint's frozen commit plan, never the sink's
+    # live partition count (a checkpoint from before ledger revision 0002 freezes it now).
+    commit_plan = frozen_commit_plan(pipeline, ledger, cp, actor=actor)
+    admin.partitions_of(config, pipeline.source_topics)  # a deleted source is a clear error
+    # Offsets retention (or a topic re-creation) took away fail every retry the same way:
+    # name the lost ranges and what to do instead of the engine's offset-out-of-range error.
+    lost = lost_ranges(pipeline, list(cp.ranges))
+    if lost:
+        raise data_loss_error(pipeline, cp, lost)
+    # The broker's limit, or the pipeline's setting when describing the topic is refused.
+    max_bytes = admin.topic_max_message_bytes(config, pipeline.sink_topic, pipeline.sink_max_message_bytes)
+    attempt = attempt or new_attempt()
+    path = names.attempt_dir(pipeline, checkpoint_id, attempt)
+
+    # 2. The engine reads exactly the planned ranges, transforms, and writes the staged files
+    #    under the fresh attempt folder (it removes the folder itself when it fails).
+    staged = stager.stage(
+        StageRequest(
+            pipeline=pipeline,
+            checkpoint_id=checkpoint_id,
+            attempt=attempt,
+            ranges=tuple(cp.ranges),
+            time_filter=cp.time_filter,
+            sink_partitions=commit_plan.sink_partitions,
+            max_message_bytes=max_bytes,
+            path=path,
+            where=where,
+        )
+    )
+    fault_point("prepare.after_write")
+
+    # 3. The manifest, last: its presence means the staged output is complete.
+    manifest = staging.Manifest(
+        pipeline=pipeline.name,
+        checkpoint_id=checkpoint_id,
+        attempt=attempt,
+        sink_topic=commit_plan.sink_topic,
+        sink_partitions=commit_plan.sink_partitions,
+        files=staged.files,
+        records_read=staged.records_read,
+        ranges=staged.manifest_ranges(),
+    )
+    staging.write_manifest(path, manifest)
+    fault_point("prepare.before_ledger")
+
+    # 4. PLANNED -> PREPARED naming this attempt; a losing attempt's folder is garbage.
+    try:
+        cp = ledger.mark_prepared(
+            pipeline.name,
+            checkpoint_id,
+            attempt=attempt,
+            staging_location=path,
+            records=manifest.records,
+            bytes_=manifest.bytes,
+            shard_counts=shard_counts_of(manifest.partition_counts(), commit_plan.shard_of_partition),
+            range_stats=staged.range_stats(),
+            spark_app_id=staged.app_id,
+            actor=actor,
+        )
+    except CheckpointConflict:
+        staging.remove(path)
+        cp = ledger.get(pipeline.name, checkpoint_id)
+        return PrepareResult(
+            cp,
+            None,
+            cp.records or 0,
+            staged.records_read,
+            time.monotonic() - started,
+            note=f"another attempt ({cp.prepared_attempt}) prepared it first",
+        )
+    return PrepareResult(cp, attempt, manifest.records, staged.records_read, time.monotonic() - started)

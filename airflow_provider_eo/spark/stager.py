@@ -1,0 +1,131 @@
+"""The Spark engine behind a prepare: read exactly a checkpoint's planned ranges, transform,
+shape and write the staged files (core.prepare's :class:`~airflow_provider_eo.core.prepare.Stager`).
+
+Each part lives in its own module: reading (:mod:`.source`), the user's transform and the
+poison-record search (:mod:`.transform`), sink partitions and size checks (:mod:`.shape`)
+and the Parquet write (:mod:`.write`). The protocol around it (ledger, manifest, commit
+plan) is :func:`airflow_provider_eo.core.prepare.prepare_checkpoint`. Never imports Airflow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from airflow_provider_eo import names, staging
+from airflow_provider_eo.core.prepare import StageRequest, StageResult
+from airflow_provider_eo.pipeline import Pipeline
+from airflow_provider_eo.spark import shape, source, write
+from airflow_provider_eo.spark.transform import apply_transform, job_failure, load_transform
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ["SparkStager"]
+
+
+class SparkStager:
+    """Stages checkpoints on one SparkSession.
+
+    :param spark: the session to use; ``None`` creates (or reuses the active) one on first
+        use, with the Kafka connector on its classpath.
+    :param app_name: the application name of a session created here; default
+        ``eo-prepare-<pipeline>`` of the first pipeline staged.
+    :param conf: Spark settings of a session created here; default the pipeline's
+        ``spark_conf``.
+    """
+
+    def __init__(
+        self,
+        spark: SparkSession | None = None,
+        *,
+        app_name: str | None = None,
+        conf: Mapping[str, str] | None = None,
+    ) -> None:
+        self._spark = spark
+        self.app_name = app_name
+        self.conf = conf
+
+    def session(self, pipeline: Pipeline) -> SparkSession:
+        """The session, created for ``pipeline`` when there is none yet."""
+        if self._spark is None:
+            from airflow_provider_eo.spark.session import get_spark
+
+            self._spark = get_spark(
+                self.app_name or names.prepare_app_name(pipeline.name),
+                pipeline.spark_conf if self.conf is None else self.conf,
+            )
+        return self._spark
+
+    def start(self, pipeline: Pipeline) -> None:
+        """Create the session now (a stream does so before it installs its signal handlers:
+        PySpark installs its own SIGINT handler)."""
+        self.session(pipeline)
+
+    def stage(self, request: StageRequest) -> StageResult:
+        """Read ``request.ranges``, run the pipeline's transform, write the staged Parquet
+        under ``{request.path}/data``; per-range counts and timestamps and the size limits
+        are observed during that one write (the source is read once).
+
+        A failed job removes the attempt folder and raises
+        :func:`~airflow_provider_eo.spark.transform.job_failure`'s error; a record over the
+        sink's ``max.message.bytes`` or aimed at a partition it lacks removes it and raises
+        :func:`~airflow_provider_eo.spark.shape.limits_error`'s.
+        """
+        from pyspark.sql import Observation
+
+        pipeline = request.pipeline
+        spark = self.session(pipeline)
+        name = f"eo-{pipeline.name}-{request.checkpoint_id}-{request.attempt}"
+        where, path, sink_partitions = request.where, request.path, request.sink_partitions
+        ranges = list(request.ranges)
+        live = source.live_ranges(ranges)
+
+        # 1. Bounded read of exactly the planned ranges; per-range counts and timestamps are
+        #    observed during the write (no second read).
+        frame = source.read_ranges(spark, pipeline, ranges, time_filter=request.time_filter)
+        observation = Observation(name)
+        metrics = source.range_metrics(live)
+        if metrics:
+            frame = frame.observe(observation, *metrics)
+        frame = source.with_provenance(frame)
+
+        # 2. The user's transform.
+        transform = load_transform(pipeline.transform)
+        out = apply_transform(transform, frame, ref=pipeline.transform, where=where)
+
+        # 3. Shape: columns, sink partition, limits counted during the write.
+        staged = shape.staged_frame(out, sink_partitions, where, frame)
+        limits = Observation(f"{name}-limits")
+        staged = shape.observe_limits(staged, limits, request.max_message_bytes, sink_partitions)
+
+        # 4. Write the staged files under the fresh attempt folder.
+        try:
+            write.write_staged(staged, f"{path}/data", sink_partitions)
+        except Exception as exc:
+            staging.remove(path)
+            raise job_failure(
+                exc, spark=spark, pipeline=pipeline, transform=transform, live=live, where=where
+            ) from exc
+        files = staging.describe_attempt(path)
+        rows_written = 0
+        if files:
+            seen = limits.get
+            rows_written = int(seen.get("rows") or 0)
+            refused = shape.limits_error(
+                lambda: spark.read.parquet(f"{path}/data"),
+                seen,
+                pipeline=pipeline,
+                max_bytes=request.max_message_bytes,
+                sink_partitions=sink_partitions,
+                where=where,
+            )
+            if refused is not None:
+                staging.remove(path)
+                raise refused
+        return StageResult(
+            files=files,
+            reads=tuple(source.range_reads(live, observation.get if metrics else {})),
+            app_id=spark.sparkContext.applicationId,
+            rows_written=rows_written,
+        )
