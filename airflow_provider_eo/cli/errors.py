@@ -39,7 +39,8 @@ def reported(errors: type[EoError] = EoError, *, stopped: int = EXIT_ERROR) -> I
     ``typer.Exit``) passes through unchanged.
 
     Every error a user can hit derives from :class:`EoError` (``errors.py``); the ledger's
-    own commands narrow it to ``LedgerError``.
+    own commands narrow it to ``LedgerError``. A refused streaming setting names it as the
+    flag the user typed (``--interval``).
     """
     try:
         yield
@@ -48,4 +49,6 @@ def reported(errors: type[EoError] = EoError, *, stopped: int = EXIT_ERROR) -> I
             raise
         fail(str(exc), stopped)
     except errors as exc:
-        fail(str(exc))
+        from airflow_provider_eo.core.stream_contract import StreamArgsError
+
+        fail(exc.cli_message if isinstance(exc, StreamArgsError) else str(exc))

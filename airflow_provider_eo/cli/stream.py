@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, cast
 
 import typer
 
@@ -12,6 +12,7 @@ from airflow_provider_eo.cli.errors import fail, reported
 
 if TYPE_CHECKING:
     from airflow_provider_eo.core.stream import StreamCheckpoint
+    from airflow_provider_eo.core.stream_contract import CommitMode
 
 
 def stream_cmd(
@@ -49,16 +50,18 @@ def stream_cmd(
 
     SIGTERM/SIGINT finish the in-flight checkpoints and exit 0; a restart resumes whatever a
     killed run left. A stopped pipeline (`eo stop`) ends the stream cleanly too."""
-    from airflow_provider_eo.core.stream import COMMIT_MODES, run_stream
+    from airflow_provider_eo.core.stream import run_stream
+    from airflow_provider_eo.core.stream_contract import StreamAppArgs
 
-    if commit not in COMMIT_MODES:
-        fail(f"--commit must be one of {', '.join(COMMIT_MODES)}, got {commit!r}")
-    if duration is not None and checkpoints is not None:
-        fail("give --duration or --checkpoints, not both")
-    if interval <= 0:
-        fail(f"--interval must be > 0 seconds, got {interval}")
-    if heartbeat <= 0:
-        fail(f"--heartbeat must be > 0 seconds, got {heartbeat}")
+    with reported():
+        app = StreamAppArgs(
+            pipeline=ref,
+            interval=interval,
+            commit=cast("CommitMode", commit),
+            duration=duration,
+            checkpoints=checkpoints,
+            heartbeat=heartbeat,
+        ).validate()
 
     def line(cp: StreamCheckpoint) -> None:
         summary = cp.summary()
@@ -70,15 +73,15 @@ def stream_cmd(
     from airflow_provider_eo.spark.stager import SparkStager
 
     with reported():
-        pipeline = load(ref)
+        pipeline = load(app.pipeline)
         result = run_stream(
             pipeline,
-            interval_s=interval,
-            commit=commit,
-            duration_s=duration,
-            max_checkpoints=checkpoints,
+            interval_s=app.interval,
+            commit=app.commit,
+            duration_s=app.duration,
+            max_checkpoints=app.checkpoints,
             on_checkpoint=line,
-            heartbeat_s=heartbeat,
+            heartbeat_s=app.heartbeat,
             stager=SparkStager(app_name=f"eo-stream-{pipeline.name}"),
         )
     summary = result.summary()

@@ -64,16 +64,15 @@ import traceback
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from airflow_provider_eo.core.prepare import Stager, prepare_checkpoint
+from airflow_provider_eo.core.stream_contract import DEFAULT_HEARTBEAT_S, CommitMode, check_stream_settings
 from airflow_provider_eo.errors import EoError, PipelineStopped
 from airflow_provider_eo.ledger import Actor, CheckpointRecord, CheckpointState, Ledger, StreamRunRecord
 from airflow_provider_eo.pipeline import Pipeline
 from airflow_provider_eo.processes import pid_alive
 
-CommitMode = Literal["inline", "airflow"]
-COMMIT_MODES: tuple[CommitMode, ...] = ("inline", "airflow")
 _UNFINISHED = frozenset({CheckpointState.PLANNED, CheckpointState.PREPARED})
 
 log = logging.getLogger(__name__)
@@ -280,10 +279,9 @@ def drive_stream(
     (resumed ones count), when the pipeline is stopped, or when a commit fails (re-raised
     after the driver stopped).
     """
-    if commit not in COMMIT_MODES:
-        raise ValueError(f"commit must be one of {COMMIT_MODES}, got {commit!r}")
-    if interval_s <= 0:
-        raise ValueError(f"interval must be > 0 seconds, got {interval_s}")
+    check_stream_settings(
+        interval=interval_s, commit=commit, duration=duration_s, checkpoints=max_checkpoints
+    )
     stop = stop or threading.Event()
     started = clock()
     deadline = None if duration_s is None else started + duration_s
@@ -437,9 +435,6 @@ def drive_stream(
     return result
 
 
-DEFAULT_HEARTBEAT_S = 5.0
-
-
 def new_run_id() -> str:
     """A fresh stream run id: sortable by start time, unique."""
     return f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:12]}"
@@ -559,8 +554,14 @@ def run_stream(
     """
     from airflow_provider_eo.ledger.streams import ENDED, FAILED
 
-    if heartbeat_s <= 0:
-        raise ValueError(f"heartbeat must be > 0 seconds, got {heartbeat_s}")
+    # Refused before the run is registered: a StreamArgsError promises nothing was written.
+    check_stream_settings(
+        interval=interval_s,
+        commit=commit,
+        duration=duration_s,
+        checkpoints=max_checkpoints,
+        heartbeat=heartbeat_s,
+    )
     own = ledger is None
     ledger = ledger or Ledger(pipeline.ledger_url)
     actor = actor or Actor.here()

@@ -37,18 +37,24 @@ published twice.
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import re
 import tempfile
 import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
-from airflow_provider_eo.core.stream import COMMIT_MODES
+from airflow_provider_eo.core.stream_contract import (
+    CommitMode,
+    StreamAppArgs,
+    StreamArgsError,
+    StreamReport,
+    check_stream_settings,
+)
 from airflow_provider_eo.operators.base import (
     PIPELINE_TEMPLATE_FIELDS,
     PipelineTaskMixin,
@@ -81,48 +87,6 @@ class StreamDriverFailed(AirflowException):
         self.exit_code = exit_code
         self.tail = tail
         self.unfinished = unfinished
-
-
-def stream_summary(lines: Sequence[str]) -> dict[str, Any] | None:
-    """The application's exit summary: the last JSON object line with ``checkpoints`` and
-    ``records`` (each checkpoint's own line has ``checkpoint`` instead)."""
-    for line in reversed(lines):
-        text = line.strip()
-        if not text.startswith("{"):
-            continue
-        try:
-            value = json.loads(text)
-        except ValueError:
-            continue
-        if isinstance(value, dict) and "checkpoints" in value and "records" in value:
-            return value
-    return None
-
-
-def stream_arguments(
-    pipeline_ref: str,
-    *,
-    interval: float,
-    commit: str,
-    duration: float | None,
-    checkpoints: int | None,
-    name: str = "",
-) -> list[str]:
-    """The application's arguments (validated: a bad value fails the task, no retry)."""
-    if commit not in COMMIT_MODES:
-        raise AirflowFailException(f"{name}: commit must be one of {COMMIT_MODES}, got {commit!r}")
-    if interval <= 0:
-        raise AirflowFailException(f"{name}: interval must be > 0 seconds, got {interval}")
-    if duration is not None and checkpoints is not None:
-        raise AirflowFailException(f"{name}: give duration or checkpoints, not both")
-    args = ["--pipeline", pipeline_ref, "--interval", repr(float(interval)), "--commit", commit]
-    if duration is not None:
-        args += ["--duration", repr(float(duration))]
-    if checkpoints is not None:
-        if checkpoints < 1:
-            raise AirflowFailException(f"{name}: checkpoints must be >= 1, got {checkpoints}")
-        args += ["--checkpoints", str(int(checkpoints))]
-    return args
 
 
 def _optional_float(value: Any) -> float | None:
@@ -210,8 +174,10 @@ class EoStreamOperator(PipelineTaskMixin, SparkSubmitOperator):
         self.duration = duration
         self.checkpoints = checkpoints
         self.deferrable = bool(deferrable)
-        if heartbeat <= 0:
-            raise ValueError(f"{self.task_id}: heartbeat must be > 0 seconds, got {heartbeat}")
+        try:
+            check_stream_settings(heartbeat=heartbeat)
+        except StreamArgsError as exc:
+            raise ValueError(f"{self.task_id}: {exc}") from exc
         self.heartbeat = float(heartbeat)
         self.poll_interval = float(poll_interval)
         self.startup_timeout = float(startup_timeout)
@@ -229,49 +195,38 @@ class EoStreamOperator(PipelineTaskMixin, SparkSubmitOperator):
             )
             return []
 
-    @staticmethod
-    def _report_lines(path: Path | None) -> list[str]:
-        """The application's JSON lines from its ``--report-file`` (client mode)."""
-        if path is None or not path.exists():
-            return []
-        return path.read_text(errors="replace").splitlines()
-
-    @staticmethod
-    def _report_error(lines: Sequence[str]) -> dict[str, Any] | None:
-        """The application's failure line (``{"error": ..., "traceback": [...]}``), if any."""
-        for line in reversed(lines):
-            try:
-                value = json.loads(line)
-            except ValueError:  # a line cut by a SIGKILL
-                continue
-            if isinstance(value, dict) and "error" in value:
-                return value
-        return None
+    def _app_args(self, pipeline: Any) -> StreamAppArgs:
+        """The application's arguments from the rendered fields (validated: a bad value fails
+        the task, no retry)."""
+        try:
+            return StreamAppArgs(
+                pipeline=self.pipeline,
+                interval=float(self.interval),
+                commit=cast(CommitMode, str(self.commit)),
+                duration=_optional_float(self.duration),
+                checkpoints=_optional_int(self.checkpoints),
+                heartbeat=self.heartbeat,
+            ).validate()
+        except StreamArgsError as exc:
+            raise AirflowFailException(f"pipeline {pipeline.name!r}: {exc}") from exc
 
     def execute(self, context: Context) -> dict[str, Any]:  # type: ignore[override]
         pipeline = self.resolve_pipeline()
-        args = stream_arguments(
-            self.pipeline,
-            interval=float(self.interval),
-            commit=str(self.commit),
-            duration=_optional_float(self.duration),
-            checkpoints=_optional_int(self.checkpoints),
-            name=f"pipeline {pipeline.name!r}",
-        )
+        app = self._app_args(pipeline)
         if self.deferrable:
-            self._execute_detached(context, pipeline, args)  # defers; never returns
+            self._execute_detached(context, pipeline, app)  # defers; never returns
         # Client mode: the driver runs here and appends its JSON lines (and a failure) to a
         # report file; cluster mode: the driver is elsewhere, the ledger tells what it did.
         report: Path | None = None
         if spark_target(self)[1] != "cluster":
             safe = re.sub(r"[^A-Za-z0-9._-]", "_", pipeline.name)
             report = Path(tempfile.gettempdir()) / f"eo-stream-{safe}-{uuid.uuid4().hex[:8]}.jsonl"
-            args += ["--report-file", str(report)]
+            app = dataclasses.replace(app, report_file=str(report))
         cluster = configure_submit(
             self,
             context,
             application=provider_application(STREAM_MODULE),
-            application_args=args,
+            application_args=app.to_argv(),
             pipeline_ref=self.pipeline,
             pipeline_name=pipeline.name,
             overrides=self.pipeline_overrides(pipeline),
@@ -286,13 +241,13 @@ class EoStreamOperator(PipelineTaskMixin, SparkSubmitOperator):
         )
         try:
             SparkSubmitOperator.execute(self, context)
-            lines = self._report_lines(report)
+            reported = StreamReport.read(report)
         except AirflowException as exc:
             match = _EXIT_CODE.search(str(exc))
             exit_code = int(match.group(1)) if match else None
-            failure = self._report_error(self._report_lines(report))
+            failure = StreamReport.read(report).failure
             if failure is not None:
-                tail = [*failure.get("traceback", []), str(failure["error"])]
+                tail = [*failure.traceback, failure.error]
             elif report is not None:
                 tail = [
                     "(the driver exited without reporting an error: it was killed, e.g. by a signal "
@@ -313,7 +268,7 @@ class EoStreamOperator(PipelineTaskMixin, SparkSubmitOperator):
         finally:
             if report is not None:
                 report.unlink(missing_ok=True)
-        summary = stream_summary(lines) or {}
+        summary = reported.summary or {}
         unfinished = self._unfinished(pipeline)
         self.log.info(
             "pipeline %s: streaming application ended (%s): %s checkpoint(s), %s record(s); "
@@ -328,7 +283,7 @@ class EoStreamOperator(PipelineTaskMixin, SparkSubmitOperator):
 
     # -- deferrable: a detached driver tracked through the ledger ------------------------------
 
-    def _execute_detached(self, context: Context, pipeline: Any, args: list[str]) -> None:
+    def _execute_detached(self, context: Context, pipeline: Any, app: StreamAppArgs) -> None:
         """Start the driver detached (or re-attach to this task's live run) and defer."""
         from airflow_provider_eo.core.stream import new_run_id
         from airflow_provider_eo.detach import launch_detached
@@ -379,12 +334,12 @@ class EoStreamOperator(PipelineTaskMixin, SparkSubmitOperator):
         safe = re.sub(r"[^A-Za-z0-9._-]", "_", name)
         log_dir = Path(self.log_dir) if self.log_dir else Path(tempfile.gettempdir()) / "eo-stream"
         log_path = log_dir / f"{safe}-{run_id}.log"
-        args = [*args, "--run-id", run_id, "--heartbeat", repr(self.heartbeat), "--log-path", str(log_path)]
+        app = dataclasses.replace(app, run_id=run_id, log_path=str(log_path))
         configure_submit(
             self,
             context,
             application=provider_application(STREAM_MODULE),
-            application_args=args,
+            application_args=app.to_argv(),
             pipeline_ref=self.pipeline,
             pipeline_name=name,
             overrides=self.pipeline_overrides(pipeline),

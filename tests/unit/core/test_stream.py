@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_eo.core.stream import StreamCheckpoint, StreamSteps, drive_stream
+from airflow_provider_eo.core.stream import StreamCheckpoint, StreamSteps, drive_stream, run_stream
+from airflow_provider_eo.core.stream_contract import StreamArgsError
 from airflow_provider_eo.errors import CommitError, PipelineStopped
 from airflow_provider_eo.ledger import CheckpointRecord, CheckpointState
 
@@ -197,6 +198,22 @@ def test_commit_failure_stops_and_raises_later_ones_stay_prepared() -> None:
 def test_bad_arguments(kw: dict[str, Any], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         run(FakeLedger(1), **kw)
+
+
+class Untouchable:
+    """A pipeline, ledger or stager that fails the test when used."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"touched {name}: the refusal came after work started")
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [({"heartbeat_s": 0}, "heartbeat must be"), ({"interval_s": -1}, "interval must be")],
+)
+def test_run_stream_refuses_a_bad_setting_before_registering_a_run(kw: dict[str, Any], match: str) -> None:
+    with pytest.raises(StreamArgsError, match=match):
+        run_stream(Untouchable(), ledger=Untouchable(), stager=Untouchable(), **kw)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("full", [True, False])

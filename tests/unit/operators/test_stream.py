@@ -8,12 +8,8 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_eo.operators.stream import (
-    EoStreamOperator,
-    StreamDriverFailed,
-    stream_arguments,
-    stream_summary,
-)
+from airflow_provider_eo.core.stream_contract import StreamAppArgs
+from airflow_provider_eo.operators.stream import EoStreamOperator, StreamDriverFailed
 from airflow_provider_eo.version_compat import AirflowException, AirflowFailException
 
 
@@ -24,42 +20,6 @@ def test_no_work_at_construction(monkeypatch: pytest.MonkeyPatch) -> None:
     op = EoStreamOperator(task_id="stream", pipeline="no.such:X", commit="airflow", checkpoints="{{ x }}")
     assert op.application == "" and op.jars is None and op._conn_id == "spark_default"
     assert {"pipeline", "interval", "commit", "duration", "checkpoints", "conf"} <= set(op.template_fields)
-
-
-def test_stream_arguments() -> None:
-    assert stream_arguments("m:P", interval=2, commit="inline", duration=None, checkpoints=3) == [
-        "--pipeline", "m:P", "--interval", "2.0", "--commit", "inline", "--checkpoints", "3",
-    ]  # fmt: skip
-    assert stream_arguments("m:P", interval=1, commit="airflow", duration=9, checkpoints=None)[-2:] == [
-        "--duration",
-        "9.0",
-    ]
-    for bad in (
-        {"commit": "later"},
-        {"interval": 0},
-        {"duration": 1.0, "checkpoints": 1},
-        {"checkpoints": 0},
-    ):
-        kwargs: dict[str, Any] = {
-            "interval": 1,
-            "commit": "inline",
-            "duration": None,
-            "checkpoints": None,
-            **bad,
-        }
-        with pytest.raises(AirflowFailException):
-            stream_arguments("m:P", **kwargs)
-
-
-def test_stream_summary_is_the_last_summary_line() -> None:
-    lines = [
-        '{"checkpoint": 1, "records": 3}',
-        '{"pipeline": "p", "checkpoints": 1, "records": 3, "reason": "checkpoints"}',
-        "INFO SparkContext: Successfully stopped SparkContext",
-        "{not json",
-    ]
-    assert stream_summary(lines) == {"pipeline": "p", "checkpoints": 1, "records": 3, "reason": "checkpoints"}
-    assert stream_summary(['{"checkpoint": 1, "records": 3}']) is None
 
 
 def _fake_submit(monkeypatch: pytest.MonkeyPatch, lines: list[str], error: str | None) -> list[Any]:
@@ -85,6 +45,48 @@ def _fake_submit(monkeypatch: pytest.MonkeyPatch, lines: list[str], error: str |
     monkeypatch.setattr(mod, "spark_target", lambda task: ("local[2]", "client"))
     monkeypatch.setattr(mod.SparkSubmitOperator, "execute", execute)
     return calls
+
+
+def test_the_application_arguments(
+    pipeline_ref: str, context: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    summary = '{"pipeline": "orders", "commit": "airflow", "checkpoints": 3, "records": 0, "reason": "x"}'
+    calls = _fake_submit(monkeypatch, [summary], None)
+    EoStreamOperator(
+        task_id="stream", pipeline=pipeline_ref, interval="2", commit="airflow", checkpoints="3", heartbeat=2
+    ).execute(context)
+    args = calls[0]["application_args"]
+    report = args[args.index("--report-file") + 1]
+    assert args == [
+        "--pipeline", pipeline_ref, "--interval", "2.0", "--commit", "airflow", "--checkpoints", "3",
+        "--report-file", report, "--heartbeat", "2.0",
+    ]  # fmt: skip
+    assert StreamAppArgs.from_argv(args) == StreamAppArgs(
+        pipeline_ref, interval=2.0, commit="airflow", checkpoints=3, report_file=report, heartbeat=2.0
+    )
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"commit": "later"}, "commit must be one of ('inline', 'airflow'), got 'later'"),
+        ({"interval": 0}, "interval must be > 0 seconds, got 0.0"),
+        ({"duration": 1.0, "checkpoints": 1}, "give duration or checkpoints, not both"),
+        ({"checkpoints": "0"}, "checkpoints must be >= 1, got 0"),
+    ],
+)
+def test_a_bad_setting_fails_the_task_without_retry(
+    pipeline_ref: str, context: dict[str, Any], fields: dict[str, Any], message: str
+) -> None:
+    op = EoStreamOperator(task_id="stream", pipeline=pipeline_ref, **fields)
+    with pytest.raises(AirflowFailException) as info:
+        op.execute(context)
+    assert str(info.value) == f"pipeline 'orders': {message}"
+
+
+def test_a_bad_heartbeat_is_refused_at_parse_time() -> None:
+    with pytest.raises(ValueError, match=r"^stream: heartbeat must be > 0 seconds, got 0$"):
+        EoStreamOperator(task_id="stream", pipeline="no.such:X", heartbeat=0)
 
 
 def test_success_returns_the_summary(
@@ -177,7 +179,7 @@ def test_deferrable_refuses_cluster_mode(pipeline_ref: str, monkeypatch: pytest.
     monkeypatch.setattr(stream_mod, "spark_target", lambda task: ("yarn", "cluster"))
     op = EoStreamOperator(task_id="stream", pipeline=pipeline_ref, deferrable=True)
     with pytest.raises(AirflowFailException, match="durable submission"):
-        op._execute_detached({}, op.resolve_pipeline(), [])
+        op._execute_detached({}, op.resolve_pipeline(), StreamAppArgs(pipeline_ref))
 
 
 def test_a_stopping_run_is_waited_for_not_reattached(pipeline_ref: str) -> None:
