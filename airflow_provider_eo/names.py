@@ -139,7 +139,7 @@ def shard_of(pipeline: Pipeline, sink_partition: int, sink_partitions: int) -> i
 
 
 def commit_plan(pipeline: Pipeline, sink_partitions: int, prefix: str | None = None) -> CommitPlan:
-    """The commit plan a checkpoint planned now is frozen with (DESIGN.md section 2).
+    """The commit plan a checkpoint planned now is frozen with (docs/design.md §2).
 
     Today's rules: ``min(commit_shards, sink_partitions)`` shards, sink partition ``p`` goes
     to shard ``p % shards``, the pipeline's marker group, and ``prefix`` (the pinned

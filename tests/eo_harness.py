@@ -158,7 +158,7 @@ class Harness:
         assert report.unexpected == 0, report.as_dict()
         if expected_records is not None:
             assert sum(c.observed for c in report.checkpoints) == expected_records, report.as_dict()
-        # After any fault, the pipeline's group offsets agree with the ledger (issue 11).
+        # After any fault, the pipeline's group offsets agree with the ledger.
         if self.ledger.last_committed(self.pipeline.name) is not None:
             from eo_faultlib import assert_group_offsets_match_ledger
 

@@ -1,1 +1,1 @@
-"""The exactly-once protocol: plan, prepare, commit, abort, recover (see DESIGN.md §2)."""
+"""The exactly-once protocol: plan, prepare, commit, abort, recover (see docs/design.md §2)."""

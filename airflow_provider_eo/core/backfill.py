@@ -1,5 +1,5 @@
 """Backfill ``[start, end)`` of a live pipeline from the offsets its ledger recorded as
-COMMITTED, into a separate sink, exactly once (DESIGN.md section 7).
+COMMITTED, into a separate sink, exactly once (docs/design.md §7).
 
 The backfill runs as a *derived* pipeline (:func:`backfill_pipeline`): its own name per
 (live pipeline, target topic), its own consumer group, marker group and transactional ids,

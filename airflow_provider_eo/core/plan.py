@@ -1,5 +1,5 @@
 """Plan (or resume) a pipeline's next checkpoint: an exact offset range per partition, and
-the commit plan it will be published with (frozen with it, DESIGN.md section 2)."""
+the commit plan it will be published with (frozen with it, docs/design.md §2)."""
 
 from __future__ import annotations
 
@@ -245,7 +245,7 @@ def plan_checkpoint(
             reason=current.stop_reason,
         )
     # Markers written by another ledger (re-created, or a second deployment with this name)
-    # are refused before anything is planned against them (issue 11, hole 4).
+    # are refused before anything is planned against them.
     check_marker_identity(pipeline, registered.identity)
     config = librdkafka_config(pipeline.kafka)
     topics = admin.partitions_of(config, pipeline.source_topics)

@@ -1,4 +1,4 @@
-"""Restore from a savepoint, and reset: recorded lineage breaks (DESIGN.md section 7).
+"""Restore from a savepoint, and reset: recorded lineage breaks (docs/design.md §7).
 
 Both start a new lineage of the pipeline at chosen offsets; the range after the new start is
 processed again (that is the point), and the ledger's ``restore`` event says who asked,

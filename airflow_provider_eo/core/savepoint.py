@@ -1,4 +1,4 @@
-"""Savepoints and stop/resume (DESIGN.md section 7, issue 12).
+"""Savepoints and stop/resume (docs/design.md §7).
 
 A savepoint names the end offsets of a COMMITTED checkpoint: the newest one at or below the
 highest checkpoint in flight when it was asked for (so it waits for that one to finish, and

@@ -1,4 +1,4 @@
-"""Streaming mode (DESIGN.md section 8): one long-running Spark application that turns its
+"""Streaming mode (docs/design.md §8): one long-running Spark application that turns its
 micro-batches into ledger checkpoints, with the same exactly-once protocol.
 
 Every ``interval_s`` the driver plans the next checkpoint (the ledger is the only offset

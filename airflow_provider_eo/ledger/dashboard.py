@@ -1,4 +1,4 @@
-"""Read-only queries behind the Airflow UI's "Exactly-once" page (issue 14).
+"""Read-only queries behind the Airflow UI's "Exactly-once" page.
 
 Every query is bounded by an index, so the page answers in the same time at 100 checkpoints
 and at 100k (``bench/ui.py`` measures it):

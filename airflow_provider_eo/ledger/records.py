@@ -98,7 +98,7 @@ class ShardRecord:
 
 @dataclass(frozen=True)
 class CommitPlan:
-    """How a checkpoint is published, frozen when it is planned (DESIGN.md section 2).
+    """How a checkpoint is published, frozen when it is planned (docs/design.md §2).
 
     Every commit try of the checkpoint uses this plan, never the current settings, so a
     setting changed between a partial commit and its retry cannot move a sink partition

@@ -8,7 +8,7 @@ from airflow_provider_eo.ledger.errors import InvalidTransition
 
 
 class CheckpointState(str, enum.Enum):
-    """Where one checkpoint is in its life (see DESIGN.md section 2)."""
+    """Where one checkpoint is in its life (see docs/design.md §2)."""
 
     PLANNED = "PLANNED"
     PREPARED = "PREPARED"

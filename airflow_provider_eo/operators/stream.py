@@ -1,4 +1,4 @@
-"""Run a pipeline in streaming mode (DESIGN.md section 8) as one Airflow task.
+"""Run a pipeline in streaming mode (docs/design.md §8) as one Airflow task.
 
 The task spark-submits ``airflow_provider_eo/spark/stream_app.py``, the long-running
 application that plans, prepares and (``commit="inline"``) commits a checkpoint every

@@ -1,4 +1,4 @@
-"""The streaming application's ``spark-submit`` entry point (DESIGN.md section 8):
+"""The streaming application's ``spark-submit`` entry point (docs/design.md §8):
 
     spark-submit .../stream_app.py --pipeline MOD:ATTR [--interval S] [--commit inline|airflow]
                                    [--duration S | --checkpoints N] [--run-id ID]

@@ -1,2 +1,2 @@
 """The Airflow UI's "Exactly-once" page: a plugin (FastAPI app + navigation entry) that shows
-pipelines, checkpoint history, lag and savepoints from the ledger (issue 14)."""
+pipelines, checkpoint history, lag and savepoints from the ledger."""

@@ -1,4 +1,4 @@
-"""Issue 11, hole 1: an abort must not race a live committer, and an unreadable staging
+"""An abort must not race a live committer, and an unreadable staging
 area is retried, never aborted.
 
 Real broker, real Spark prepare, committer children stopped at a named step (SIGSTOP).

@@ -1,4 +1,4 @@
-"""Backfill from stored offsets on a real broker and Spark (issue 12, Backfill).
+"""Backfill from stored offsets on a real broker and Spark.
 
 Source records carry explicit Kafka timestamps over three days; the live pipeline commits
 them; backfills of daily intervals go to a separate sink, read back with read_committed.

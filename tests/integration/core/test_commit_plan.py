@@ -1,4 +1,4 @@
-"""A checkpoint's commit plan is frozen when it is planned (issue 11, hole 2).
+"""A checkpoint's commit plan is frozen when it is planned.
 
 Sink topic, its partition count, the shard -> partition map and the transactional-id prefix
 are recorded with the checkpoint; every commit try uses the recorded plan, so settings

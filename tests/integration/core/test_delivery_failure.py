@@ -1,4 +1,4 @@
-"""A delivery failure inside a commit transaction (issue 11, hole 8).
+"""A delivery failure inside a commit transaction.
 
 A record the broker refuses (here: larger than the sink topic's ``max.message.bytes``, set
 after prepare staged it) fails its delivery report; librdkafka then puts the transaction in

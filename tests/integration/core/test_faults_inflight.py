@@ -1,4 +1,4 @@
-"""Broker faults while a running committer has a request in flight (DESIGN.md §3: broker
+"""Broker faults while a running committer has a request in flight (docs/design.md §3: broker
 restarts mid-transaction; ``commit_transaction`` times out).
 
 Unlike a fault that stops the committer, here the committer keeps running: it is paused

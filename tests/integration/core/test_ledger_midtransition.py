@@ -1,5 +1,5 @@
 """The PostgreSQL ledger fails between the Kafka commit and the ledger update
-(DESIGN.md §3: ledger database unavailable): the committer fails loudly, and the retry
+(docs/design.md §3: ledger database unavailable): the committer fails loudly, and the retry
 after the database is back finishes exactly once without re-sending anything.
 
 The module starts its own PostgreSQL cluster (scripts/postgres.sh with its own state

@@ -1,4 +1,4 @@
-"""Issue 11, hole 6: a PLANNED range Kafka can no longer serve must not wedge the pipeline;
+"""A PLANNED range Kafka can no longer serve must not wedge the pipeline;
 and ``eo abort``.
 
 Real broker; records are deleted exactly with ``AdminClient.delete_records`` (what

@@ -1,4 +1,4 @@
-"""Issue 11, hole 4: commit markers are group offsets and expire; the proof of a commit
+"""Commit markers are group offsets and expire; the proof of a commit
 must not. A checkpoint killed after one shard's Kafka commit (before the ledger update),
 retried after that shard's marker expired, must not publish the shard again: the retry
 reads the proof back from the committed output (the provenance header names the

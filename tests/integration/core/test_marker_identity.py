@@ -1,4 +1,4 @@
-"""Issue 11, hole 4: a commit marker names the ledger (pipeline identity) that wrote it.
+"""A commit marker names the ledger (pipeline identity) that wrote it.
 
 A re-created ledger, or a second deployment with the same pipeline name on the same
 cluster, used to find markers >= its checkpoint ids and skip publishing: checkpoints were

@@ -1,5 +1,5 @@
-"""Partitions found after the first checkpoint start from their earliest offset (issue 11,
-hole 5), as Flink's Kafka source does, whatever the startup policy; the start is recorded."""
+"""Partitions found after the first checkpoint start from their earliest offset, as Flink's
+Kafka source does, whatever the startup policy; the start is recorded."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""One transactional-id namespace per pipeline, pinned in the ledger (issue 11, hole 3).
+"""One transactional-id namespace per pipeline, pinned in the ledger.
 
 Kafka fences a committer only through its own ``transactional.id``; a committer configured
 with another prefix would publish alongside the first one. The ledger pins the prefix with

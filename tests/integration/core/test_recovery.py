@@ -1,4 +1,4 @@
-"""DESIGN.md §3, one test per row: kill a real process at the named step, then retry.
+"""docs/design.md §3, one test per row: kill a real process at the named step, then retry.
 
 After each: the audit sees every record exactly once and the ledger is consistent.
 """

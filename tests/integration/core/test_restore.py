@@ -1,4 +1,4 @@
-"""Restore from a savepoint and reset on a real broker and Spark (issue 12): a recorded
+"""Restore from a savepoint and reset on a real broker and Spark: a recorded
 lineage break after which exactly the records past the new start are processed again."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Savepoints and stop/resume through the `eo` CLI on a real broker and Spark (issue 12).
+"""Savepoints and stop/resume through the `eo` CLI on a real broker and Spark.
 
 Every refused command exits non-zero naming the pipeline and changes nothing in the ledger.
 """

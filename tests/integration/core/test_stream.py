@@ -1,4 +1,4 @@
-"""Streaming mode (issue 15) on real Kafka and Spark: ``eo stream`` as a child process under
+"""Streaming mode on real Kafka and Spark: ``eo stream`` as a child process under
 continuous input, killed and restarted, stopped by SIGTERM, and held by back-pressure."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The commit lease runs on the database's clock, on SQLite and on PostgreSQL (issue 11,
-hole 3): a worker whose clock runs ahead cannot take over a lease that is still held."""
+"""The commit lease runs on the database's clock, on SQLite and on PostgreSQL: a worker whose
+clock runs ahead cannot take over a lease that is still held."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ A record with neither key nor explicit partition gets a sink partition fixed by 
 (its source position, or its content when the transform dropped provenance), never by the
 row's position after the transform's shuffle: two prepares of the same planned range, with a
 transform that shuffles randomly and different shuffle settings, must stage every record in
-the same sink partition (issue 11, hole 7).
+the same sink partition.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""scripts/postgres.sh from a clone the ``postgres`` user cannot reach (issue 11).
+"""scripts/postgres.sh from a clone the ``postgres`` user cannot reach.
 
 A clone inside root's home folder or a ``mktemp -d`` folder (mode 700) used to fail with
 ``initdb: could not access directory ... Permission denied``: the database's files must be
