@@ -327,3 +327,27 @@ def prepared_checkpoint(
         bytes_=manifest.bytes,
         shard_counts=counts,
     )
+
+
+def fake_pipeline(tmp_path: Path, *, sink: str, shards: int) -> Pipeline:
+    """The pipeline ``orders`` of the commit/abort/recover unit tests: ``shards`` commit
+    shards onto ``sink``, staging under ``tmp_path``, a broker that is never dialled."""
+    return Pipeline(
+        name="orders",
+        kafka={"bootstrap.servers": "fake:9092"},
+        source_topics=["in"],
+        sink_topic=sink,
+        staging_dir=str(tmp_path / "staging"),
+        commit_shards=shards,
+        transaction_timeout_ms=10_000,
+    )
+
+
+def patched_broker(monkeypatch: Any, partitions: dict[str, int]) -> FakeBroker:
+    """A fake broker with these topics; the frozen plan's check, which asks Kafka for the
+    sink's partition count directly, reads them too."""
+    from airflow_provider_eo.kafka import admin
+
+    fake = FakeBroker(partitions=partitions)
+    monkeypatch.setattr(admin, "partition_count", lambda config, topic: fake.partitions[topic])
+    return fake

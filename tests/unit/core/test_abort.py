@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import KafkaException
-from eo_fake_kafka import FakeBroker, FakeClients, prepared_checkpoint
+from eo_fake_kafka import FakeBroker, FakeClients, fake_pipeline, patched_broker, prepared_checkpoint
 from eo_ledgers import LedgerFactory
 
 from airflow_provider_eo import names
@@ -30,15 +30,7 @@ IDS = ["eo.orders.0", "eo.orders.1"]
 
 @pytest.fixture
 def pipeline(tmp_path: Path) -> Pipeline:
-    return Pipeline(
-        name="orders",
-        kafka={"bootstrap.servers": "fake:9092"},
-        source_topics=["in"],
-        sink_topic=OUT,
-        staging_dir=str(tmp_path / "staging"),
-        commit_shards=2,
-        transaction_timeout_ms=10_000,
-    )
+    return fake_pipeline(tmp_path, sink=OUT, shards=2)
 
 
 @pytest.fixture
@@ -48,9 +40,7 @@ def ledger(make_ledger: LedgerFactory) -> Ledger:
 
 @pytest.fixture
 def broker(monkeypatch: pytest.MonkeyPatch) -> FakeBroker:
-    fake = FakeBroker(partitions={OUT: 2})
-    monkeypatch.setattr(admin, "partition_count", lambda config, topic: fake.partitions[topic])
-    return fake
+    return patched_broker(monkeypatch, {OUT: 2})
 
 
 def fenced_then_read(broker: FakeBroker) -> list[str]:

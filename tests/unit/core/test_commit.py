@@ -13,7 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from eo_fake_kafka import FakeBroker, FakeClients, FakeProducer, prepared_checkpoint
+from eo_fake_kafka import (
+    FakeBroker,
+    FakeClients,
+    FakeProducer,
+    fake_pipeline,
+    patched_broker,
+    prepared_checkpoint,
+)
 from eo_ledgers import LedgerFactory
 
 from airflow_provider_eo import names
@@ -35,15 +42,7 @@ class Crash(BaseException):
 
 @pytest.fixture
 def pipeline(tmp_path: Path) -> Pipeline:
-    return Pipeline(
-        name="orders",
-        kafka={"bootstrap.servers": "fake:9092"},
-        source_topics=["in"],
-        sink_topic=OUT,
-        staging_dir=str(tmp_path / "staging"),
-        commit_shards=2,
-        transaction_timeout_ms=10_000,
-    )
+    return fake_pipeline(tmp_path, sink=OUT, shards=2)
 
 
 @pytest.fixture
@@ -53,10 +52,7 @@ def ledger(make_ledger: LedgerFactory) -> Ledger:
 
 @pytest.fixture
 def broker(monkeypatch: pytest.MonkeyPatch) -> FakeBroker:
-    fake = FakeBroker(partitions={OUT: 3})
-    # the frozen plan's check reads the sink's partition count
-    monkeypatch.setattr(admin, "partition_count", lambda config, topic: fake.partitions[topic])
-    return fake
+    return patched_broker(monkeypatch, {OUT: 3})
 
 
 def crash_at(monkeypatch: pytest.MonkeyPatch, step: str, hit: int = 1) -> None:

@@ -8,14 +8,20 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from eo_fake_kafka import FakeBroker, FakeClients, FakeProducer, prepared_checkpoint
+from eo_fake_kafka import (
+    FakeBroker,
+    FakeClients,
+    FakeProducer,
+    fake_pipeline,
+    patched_broker,
+    prepared_checkpoint,
+)
 from eo_ledgers import LedgerFactory
 
 from airflow_provider_eo.core import shard as shard_module
 from airflow_provider_eo.core.commit import commit_checkpoint
 from airflow_provider_eo.core.recover import recover_pipeline
 from airflow_provider_eo.errors import RecoverError
-from airflow_provider_eo.kafka import admin
 from airflow_provider_eo.kafka.publisher import ProducerLost
 from airflow_provider_eo.ledger import CheckpointState, Ledger, RangeSpec
 from airflow_provider_eo.pipeline import Pipeline
@@ -31,15 +37,7 @@ class Crash(BaseException):
 
 @pytest.fixture
 def pipeline(tmp_path: Path) -> Pipeline:
-    return Pipeline(
-        name="orders",
-        kafka={"bootstrap.servers": "fake:9092"},
-        source_topics=["in"],
-        sink_topic=OUT,
-        staging_dir=str(tmp_path / "staging"),
-        commit_shards=3,
-        transaction_timeout_ms=10_000,
-    )
+    return fake_pipeline(tmp_path, sink=OUT, shards=3)
 
 
 @pytest.fixture
@@ -49,9 +47,7 @@ def ledger(make_ledger: LedgerFactory) -> Ledger:
 
 @pytest.fixture
 def broker(monkeypatch: pytest.MonkeyPatch) -> FakeBroker:
-    fake = FakeBroker(partitions={OUT: 3})
-    monkeypatch.setattr(admin, "partition_count", lambda config, topic: fake.partitions[topic])
-    return fake
+    return patched_broker(monkeypatch, {OUT: 3})
 
 
 def zombie(clients: FakeClients, transactional_id: str, partition: int) -> FakeProducer:
