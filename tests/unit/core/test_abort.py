@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 from confluent_kafka import KafkaException
-from eo_fake_kafka import FakeBroker, FakeClients, fake_pipeline, patched_broker, prepared_checkpoint
-from eo_ledgers import LedgerFactory
+from eo_fake_kafka import FakeBroker, FakeClients, prepared_checkpoint
 
 from airflow_provider_eo import names
 from airflow_provider_eo.core.abort import abort_checkpoint, abort_owner
@@ -24,23 +22,10 @@ from airflow_provider_eo.ledger import Actor, CheckpointState, Ledger, RangeSpec
 from airflow_provider_eo.pipeline import Pipeline
 
 OUT = "out"
+SHARDS = 2
+SINK_PARTITIONS = 2
 OUTPUT = {0: [b"a0"], 1: [b"b0", b"b1"]}
 IDS = ["eo.orders.0", "eo.orders.1"]
-
-
-@pytest.fixture
-def pipeline(tmp_path: Path) -> Pipeline:
-    return fake_pipeline(tmp_path, sink=OUT, shards=2)
-
-
-@pytest.fixture
-def ledger(make_ledger: LedgerFactory) -> Ledger:
-    return make_ledger(pipeline="orders")
-
-
-@pytest.fixture
-def broker(monkeypatch: pytest.MonkeyPatch) -> FakeBroker:
-    return patched_broker(monkeypatch, {OUT: 2})
 
 
 def fenced_then_read(broker: FakeBroker) -> list[str]:

@@ -17,11 +17,8 @@ from eo_fake_kafka import (
     FakeBroker,
     FakeClients,
     FakeProducer,
-    fake_pipeline,
-    patched_broker,
     prepared_checkpoint,
 )
-from eo_ledgers import LedgerFactory
 
 from airflow_provider_eo import names
 from airflow_provider_eo.core import commit as commit_module
@@ -33,26 +30,13 @@ from airflow_provider_eo.ledger import CheckpointState, CommitLeaseHeld, Ledger,
 from airflow_provider_eo.pipeline import Pipeline
 
 OUT = "out"
+SHARDS = 2
+SINK_PARTITIONS = 3
 OUTPUT = {0: [b"a0", b"a1"], 1: [b"b0"], 2: [b"c0", b"c1", b"c2"]}  # shard 0: {0, 2}, shard 1: {1}
 
 
 class Crash(BaseException):
     """The committer process dies here (nothing of it runs any more)."""
-
-
-@pytest.fixture
-def pipeline(tmp_path: Path) -> Pipeline:
-    return fake_pipeline(tmp_path, sink=OUT, shards=2)
-
-
-@pytest.fixture
-def ledger(make_ledger: LedgerFactory) -> Ledger:
-    return make_ledger(pipeline="orders")
-
-
-@pytest.fixture
-def broker(monkeypatch: pytest.MonkeyPatch) -> FakeBroker:
-    return patched_broker(monkeypatch, {OUT: 3})
 
 
 def crash_at(monkeypatch: pytest.MonkeyPatch, step: str, hit: int = 1) -> None:

@@ -5,18 +5,14 @@ fenced (a zombie's open transaction aborted), and what stays open is reported.""
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
 from eo_fake_kafka import (
     FakeBroker,
     FakeClients,
     FakeProducer,
-    fake_pipeline,
-    patched_broker,
     prepared_checkpoint,
 )
-from eo_ledgers import LedgerFactory
 
 from airflow_provider_eo.core import shard as shard_module
 from airflow_provider_eo.core.commit import commit_checkpoint
@@ -27,27 +23,14 @@ from airflow_provider_eo.ledger import CheckpointState, Ledger, RangeSpec
 from airflow_provider_eo.pipeline import Pipeline
 
 OUT = "out"
+SHARDS = 3
+SINK_PARTITIONS = 3
 FIRST = {0: [b"a0"], 1: [b"b0"], 2: [b"c0"]}
 SECOND = {0: [b"a1", b"a2"], 1: [b"b1"], 2: [b"c1"]}
 
 
 class Crash(BaseException):
     """The committer process dies here."""
-
-
-@pytest.fixture
-def pipeline(tmp_path: Path) -> Pipeline:
-    return fake_pipeline(tmp_path, sink=OUT, shards=3)
-
-
-@pytest.fixture
-def ledger(make_ledger: LedgerFactory) -> Ledger:
-    return make_ledger(pipeline="orders")
-
-
-@pytest.fixture
-def broker(monkeypatch: pytest.MonkeyPatch) -> FakeBroker:
-    return patched_broker(monkeypatch, {OUT: 3})
 
 
 def zombie(clients: FakeClients, transactional_id: str, partition: int) -> FakeProducer:
