@@ -5,7 +5,7 @@ markers are read, idempotent."""
 from __future__ import annotations
 
 import dataclasses
-import time
+import datetime as dt
 from typing import Any
 
 import pytest
@@ -18,7 +18,7 @@ from airflow_provider_eo.core.commit import commit_checkpoint
 from airflow_provider_eo.errors import AbortRefused, PipelineIdentityMismatch
 from airflow_provider_eo.kafka import admin
 from airflow_provider_eo.kafka.publisher import ProducerLost
-from airflow_provider_eo.ledger import Actor, CheckpointState, Ledger, RangeSpec
+from airflow_provider_eo.ledger import Actor, CheckpointState, Ledger, RangeSpec, leases
 from airflow_provider_eo.pipeline import Pipeline
 
 OUT = "out"
@@ -49,18 +49,20 @@ def test_aborts_after_fencing_every_shard_then_reading_the_markers(
 
 
 def test_a_paused_committers_transaction_is_fenced_and_never_visible(
-    pipeline: Pipeline, ledger: Ledger, broker: FakeBroker
+    pipeline: Pipeline, ledger: Ledger, broker: FakeBroker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A committer produced its records and paused before send_offsets_to_transaction, its
     lease expired: the abort's fence aborts its transaction and refuses its commit."""
     cp = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=2)
-    ledger.acquire_commit_lease("orders", cp.checkpoint_id, owner="eo.orders", ttl_s=0.05)
+    ledger.acquire_commit_lease("orders", cp.checkpoint_id, owner="eo.orders", ttl_s=60)
     clients = FakeClients(broker)
     paused = clients.producer({}, "eo.orders.1", 10_000, None, None)
     paused.init_transactions(10)
     paused.begin_transaction()
     paused.produce(OUT, b"b0", None, 1)
-    time.sleep(0.2)  # the lease runs out while it is paused
+    # It stays paused past its lease: the database's clock moves ten minutes on.
+    real_now = leases.database_now
+    monkeypatch.setattr(leases, "database_now", lambda s: real_now(s) + dt.timedelta(minutes=10))
 
     abort_checkpoint(pipeline, ledger, cp.checkpoint_id, reason="test", clients=clients)
     assert ledger.get("orders", cp.checkpoint_id).state is CheckpointState.ABORTED
