@@ -26,6 +26,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -48,6 +49,10 @@ BigId = BigInteger().with_variant(Integer(), "sqlite")
 
 _STATES = ", ".join(f"'{s.value}'" for s in CheckpointState)
 _SHARD_STATES = ", ".join(f"'{s.value}'" for s in ShardState)
+
+#: The predicate of the partial index ``ix_eo_checkpoints_unfinished`` (migration 0005). A
+#: query uses that index only when its WHERE holds this text as is (literals, this order).
+UNFINISHED_PREDICATE = "state IN ('PLANNED', 'PREPARED')"
 
 
 def _state_column(enum_class: type[enum.Enum]) -> Enum:
@@ -140,6 +145,14 @@ class Checkpoint(Base):
     __table_args__ = (
         # unfinished() and last_committed(): an index seek at any table size.
         Index("ix_eo_checkpoints_pipeline_state_id", "pipeline_id", "state", "checkpoint_id"),
+        # The PLANNED/PREPARED ones only (a handful at any ledger size): a stream's start.
+        Index(
+            "ix_eo_checkpoints_unfinished",
+            "pipeline_id",
+            "checkpoint_id",
+            sqlite_where=text(UNFINISHED_PREDICATE),
+            postgresql_where=text(UNFINISHED_PREDICATE),
+        ),
         CheckConstraint(f"state IN ({_STATES})", name="state"),
     )
 

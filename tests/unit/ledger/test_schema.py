@@ -33,7 +33,7 @@ def test_upgrade_downgrade_upgrade(tmp_path: Path) -> None:
     ledger = Ledger(f"sqlite:///{tmp_path / 'l.db'}", create=False)
     assert ledger.current_revision() is None
     ledger.upgrade()
-    assert ledger.current_revision() == ledger.head_revision() == "0004"
+    assert ledger.current_revision() == ledger.head_revision()
     assert set(inspect(ledger.engine).get_table_names()) >= TABLES
     assert _diff(ledger) == []
     ledger.ensure_pipeline("p", "f")
