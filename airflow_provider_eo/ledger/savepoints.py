@@ -13,7 +13,7 @@ from airflow_provider_eo.ledger.engine import Database, utcnow
 from airflow_provider_eo.ledger.errors import InvariantViolation, LedgerError, SavepointNotFound
 from airflow_provider_eo.ledger.events import add_event
 from airflow_provider_eo.ledger.mapping import actor_columns, savepoint_record
-from airflow_provider_eo.ledger.models import Checkpoint, CheckpointRange, Savepoint
+from airflow_provider_eo.ledger.models import Checkpoint, CheckpointRange, Lineage, Savepoint
 from airflow_provider_eo.ledger.reads import pipeline_row, require_checkpoint
 from airflow_provider_eo.ledger.records import Actor, SavepointRecord
 from airflow_provider_eo.ledger.states import CheckpointState
@@ -141,14 +141,21 @@ def savepoint_at_checkpoint(
     created_by: str = "",
     actor: Actor | None = None,
 ) -> SavepointRecord:
-    """Record savepoint ``name`` at the newest COMMITTED checkpoint whose id is at or below
-    ``at_or_below`` (None: the newest COMMITTED one), in ONE transaction: the checkpoint is
-    chosen, its ranges' end offsets read, and the row written together, so the offsets are
-    exactly that committed checkpoint's. Keeps the pipeline's settings fingerprint, who took
-    it (``created_by``) and the Airflow run of ``actor``.
+    """Record savepoint ``name`` at the pipeline's position in its CURRENT lineage, in ONE
+    transaction (the position is read and the row written together):
 
-    Refuses a used name (InvariantViolation) and a pipeline with nothing committed at or
-    below ``at_or_below`` (:class:`NothingCommitted`); a refusal records nothing.
+    1. the newest COMMITTED checkpoint of the current lineage whose id is at or below
+       ``at_or_below`` (None: the newest one): its ranges' end offsets, exactly;
+    2. none (a restore just started the lineage): the offsets the restore started it at,
+       with no checkpoint id. Checkpoints of earlier lineages are never used: their ends
+       lie past the range the restore asked to process again, so a later restore from
+       such a savepoint would skip that range.
+
+    Keeps the pipeline's settings fingerprint, who took it (``created_by``) and the Airflow
+    run of ``actor``. Refuses a used name (InvariantViolation), and a lineage with nothing
+    committed (at or below ``at_or_below``) that did not start at given offsets: the
+    pipeline's first lineage, or one started by a full reset (:class:`NothingCommitted`).
+    A refusal records nothing.
     """
     if not name:
         raise ValueError(f"pipeline '{pipeline}': a savepoint name must be non-empty")
@@ -160,27 +167,20 @@ def savepoint_at_checkpoint(
             ).scalar_one_or_none()
             if existing is not None:
                 raise _exists(pipeline, existing)
-            cid = s.execute(select(_max_committed(p.id, at_or_below))).scalar_one_or_none()
-            if cid is None:
-                below = f" at or below checkpoint {at_or_below}" if at_or_below is not None else ""
-                raise NothingCommitted(
-                    f"pipeline '{pipeline}' has no COMMITTED checkpoint{below} yet, so savepoint "
-                    f"'{name}' has no position to name; nothing was recorded. Run the pipeline "
-                    "until a checkpoint commits (`eo run-once MODULE:ATTR`), then take the "
-                    "savepoint again."
-                )
-            offsets: dict[str, dict[str, int]] = {}
-            for topic, partition, end in s.execute(
-                select(CheckpointRange.topic, CheckpointRange.partition, CheckpointRange.end_offset)
-                .where(CheckpointRange.pipeline_id == p.id, CheckpointRange.checkpoint_id == cid)
-                .order_by(CheckpointRange.topic, CheckpointRange.partition)
-            ):
-                offsets.setdefault(str(topic), {})[str(int(partition))] = int(end)
+            lineage = p.current_lineage
+            cid = s.execute(select(_max_committed(p.id, lineage, at_or_below))).scalar_one_or_none()
+            if cid is not None:
+                offsets = _ends_of(s, p.id, int(cid))
+            else:
+                start = s.get(Lineage, (p.id, lineage))
+                offsets = _lineage_start(start)
+                if not offsets:
+                    raise _nothing_committed(pipeline, name, at_or_below, start)
             columns = actor_columns(actor)
             row = Savepoint(
                 pipeline_id=p.id,
                 name=name,
-                checkpoint_id=int(cid),
+                checkpoint_id=None if cid is None else int(cid),
                 offsets=offsets,
                 note=note,
                 created_by=created_by,
@@ -194,7 +194,7 @@ def savepoint_at_checkpoint(
             add_event(
                 s,
                 p.id,
-                int(cid),
+                row.checkpoint_id,
                 "savepoint",
                 actor=actor,
                 details={
@@ -204,6 +204,7 @@ def savepoint_at_checkpoint(
                     "note": note,
                     "at_or_below": at_or_below,
                     "fingerprint": p.fingerprint,
+                    "lineage": lineage,
                 },
             )
             return savepoint_record(pipeline, row)
@@ -215,12 +216,60 @@ def savepoint_at_checkpoint(
         ) from exc
 
 
-def _max_committed(pid: int, at_or_below: int | None) -> Any:
-    """``max(checkpoint_id)`` of the pipeline's COMMITTED checkpoints (at or below a bound)."""
-    where = [Checkpoint.pipeline_id == pid, Checkpoint.state == CheckpointState.COMMITTED]
+def _max_committed(pid: int, lineage: int, at_or_below: int | None) -> Any:
+    """``max(checkpoint_id)`` of the pipeline's COMMITTED checkpoints in ``lineage`` (at or
+    below a bound)."""
+    where = [
+        Checkpoint.pipeline_id == pid,
+        Checkpoint.state == CheckpointState.COMMITTED,
+        Checkpoint.lineage == lineage,
+    ]
     if at_or_below is not None:
         where.append(Checkpoint.checkpoint_id <= at_or_below)
     return select(func.max(Checkpoint.checkpoint_id)).where(*where).scalar_subquery()
+
+
+def _ends_of(s: Session, pid: int, checkpoint_id: int) -> dict[str, dict[str, int]]:
+    """The checkpoint's end offsets as a savepoint keeps them (``{"topic": {"partition": end}}``)."""
+    offsets: dict[str, dict[str, int]] = {}
+    for topic, partition, end in s.execute(
+        select(CheckpointRange.topic, CheckpointRange.partition, CheckpointRange.end_offset)
+        .where(CheckpointRange.pipeline_id == pid, CheckpointRange.checkpoint_id == checkpoint_id)
+        .order_by(CheckpointRange.topic, CheckpointRange.partition)
+    ):
+        offsets.setdefault(str(topic), {})[str(int(partition))] = int(end)
+    return offsets
+
+
+def _lineage_start(row: Lineage | None) -> dict[str, dict[str, int]]:
+    """The offsets a lineage started at, as a savepoint keeps them; empty when it may start
+    anywhere (the first lineage, a full reset)."""
+    offsets: dict[str, dict[str, int]] = {}
+    for topic, partition, offset in sorted(row.offsets if row is not None else []):
+        offsets.setdefault(str(topic), {})[str(int(partition))] = int(offset)
+    return offsets
+
+
+def _nothing_committed(
+    pipeline: str, name: str, at_or_below: int | None, lineage: Lineage | None
+) -> NothingCommitted:
+    below = f" at or below checkpoint {at_or_below}" if at_or_below is not None else ""
+    after = (
+        "Run the pipeline until a checkpoint commits (`eo run-once MODULE:ATTR`), then take "
+        "the savepoint again."
+    )
+    if lineage is None or lineage.lineage == 1:
+        return NothingCommitted(
+            f"pipeline '{pipeline}' has no COMMITTED checkpoint{below} yet, so savepoint "
+            f"'{name}' has no position to name; nothing was recorded. {after}"
+        )
+    return NothingCommitted(
+        f"pipeline '{pipeline}' is on lineage {lineage.lineage} (a reset on "
+        f"{lineage.started_at.isoformat()}: {lineage.reason or 'no reason given'}), which "
+        f"starts where the startup policy says and has no COMMITTED checkpoint{below} yet, so "
+        f"savepoint '{name}' has no position to name; nothing was recorded. Checkpoints of "
+        f"earlier lineages are not the pipeline's position any more. {after}"
+    )
 
 
 def delete_savepoint(
