@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from airflow_provider_eo import names, staging
 from airflow_provider_eo.core.fault_seam import fault_point
 from airflow_provider_eo.core.plan import data_loss_error, frozen_commit_plan, lost_ranges
-from airflow_provider_eo.errors import PrepareError
+from airflow_provider_eo.errors import PrepareError, StagingError
 from airflow_provider_eo.kafka import admin
 from airflow_provider_eo.kafka.client_config import librdkafka_config
 from airflow_provider_eo.ledger import (
@@ -40,6 +40,7 @@ __all__ = [
     "StageRequest",
     "StageResult",
     "Stager",
+    "check_staged_visible",
     "new_attempt",
     "prepare_checkpoint",
 ]
@@ -103,14 +104,20 @@ class StageResult:
         (:func:`airflow_provider_eo.staging.describe_attempt` of the attempt folder).
     :param reads: per non-empty planned range, what was read (in plan order).
     :param app_id: the engine's application id (the ledger's ``spark_app_id``).
-    :param rows_written: output rows the engine counted while writing, over all sink
-        partitions (``None`` when the engine does not count them).
+    :param rows_written: output records the engine counted while writing, per sink
+        partition (partitions it wrote nothing to may be left out); ``None`` when the engine
+        does not count them (then nothing can be checked against the files).
+    :param sources_kept: distinct source positions among the output records: the records
+        read minus this is what the transform dropped (``None``: not counted).
+    :param created: output records without a source position (made by the transform).
     """
 
     files: dict[int, list[StagedFile]]
     reads: tuple[RangeRead, ...]
     app_id: str | None
-    rows_written: int | None = None
+    rows_written: dict[int, int] | None = None
+    sources_kept: int | None = None
+    created: int = 0
 
     @property
     def records_read(self) -> int:
@@ -124,6 +131,43 @@ class StageResult:
     def range_stats(self) -> dict[tuple[str, int], tuple[int | None, int | None]]:
         """The ledger's (min, max) record timestamp per range read."""
         return {r.range.key: (r.min_timestamp_ms, r.max_timestamp_ms) for r in self.reads}
+
+    @property
+    def dropped(self) -> int | None:
+        """Source records the transform dropped (read, but no output record names them)."""
+        if self.sources_kept is None:
+            return None
+        return max(0, self.records_read - self.sources_kept)
+
+
+def check_staged_visible(request: StageRequest, staged: StageResult) -> None:
+    """Refuse a stage whose files, as this process lists them, do not hold the records the
+    engine counted while writing them (per sink partition): the executors wrote to a
+    staging folder this process does not see (a local ``staging_dir`` with a cluster
+    master), so publishing the listing would commit fewer records than were read.
+
+    :raises StagingError: naming the pipeline, checkpoint, ``staging_dir`` and the counts.
+    """
+    if staged.rows_written is None:
+        return
+    written = {p: n for p, n in staged.rows_written.items() if n}
+    listed = {p: sum(f.records for f in files) for p, files in staged.files.items()}
+    listed = {p: n for p, n in listed.items() if n}
+    if written == listed:
+        return
+    differ = sorted(p for p in set(written) | set(listed) if written.get(p, 0) != listed.get(p, 0))
+    detail = ", ".join(
+        f"sink partition {p}: {written.get(p, 0)} written, {listed.get(p, 0)} listed" for p in differ[:5]
+    )
+    more = f" (and {len(differ) - 5} more partitions)" if len(differ) > 5 else ""
+    raise StagingError(
+        f"{request.where}: the Spark job wrote {sum(written.values())} records but this process "
+        f"sees {sum(listed.values())} in the staged files under {request.path} ({detail}{more}). "
+        f"staging_dir {request.pipeline.staging_dir!r} must be one location shared by the Spark "
+        "driver, every executor and the committer (a shared filesystem mounted at the same "
+        "path everywhere, or hdfs://, s3a://, gs://, abfss://); a local folder works only with a "
+        "local master. Nothing was published; the checkpoint stays PLANNED."
+    )
 
 
 class Stager(Protocol):
@@ -218,19 +262,23 @@ def prepare_checkpoint(
 
     # 2. The engine reads exactly the planned ranges, transforms, and writes the staged files
     #    under the fresh attempt folder (it removes the folder itself when it fails).
-    staged = stager.stage(
-        StageRequest(
-            pipeline=pipeline,
-            checkpoint_id=checkpoint_id,
-            attempt=attempt,
-            ranges=tuple(cp.ranges),
-            time_filter=cp.time_filter,
-            sink_partitions=commit_plan.sink_partitions,
-            max_message_bytes=max_bytes,
-            path=path,
-            where=where,
-        )
+    request = StageRequest(
+        pipeline=pipeline,
+        checkpoint_id=checkpoint_id,
+        attempt=attempt,
+        ranges=tuple(cp.ranges),
+        time_filter=cp.time_filter,
+        sink_partitions=commit_plan.sink_partitions,
+        max_message_bytes=max_bytes,
+        path=path,
+        where=where,
     )
+    staged = stager.stage(request)
+    try:
+        check_staged_visible(request, staged)
+    except StagingError:
+        staging.remove(path)
+        raise
     fault_point("prepare.after_write")
 
     # 3. The manifest, last: its presence means the staged output is complete.

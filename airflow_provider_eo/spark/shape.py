@@ -185,16 +185,40 @@ def bad_partition(sink_partitions: int) -> Column:
 
 def observe_limits(staged: DataFrame, limits: Observation, max_bytes: int, sink_partitions: int) -> DataFrame:
     """``staged`` counting, during the write, records over ``max_bytes`` (``oversize``),
-    records aimed at a partition the sink lacks (``bad_partition``) and every record written
-    (``rows``)."""
+    records aimed at a partition the sink lacks (``bad_partition``), every record written
+    (``rows``), the records written per sink partition (``rows_p<i>``, what
+    :func:`rows_per_partition` reads back) and the records without a source position
+    (``created``: the transform made them, or dropped the provenance column)."""
     from pyspark.sql import functions as F
 
+    per_partition = [
+        F.count(F.when(F.col("sink_partition") == i, 1)).alias(f"rows_p{i}") for i in range(sink_partitions)
+    ]
     return staged.observe(
         limits,
         F.count(F.when(F.col("size") > max_bytes, 1)).alias("oversize"),
         F.count(F.when(bad_partition(sink_partitions), 1)).alias("bad_partition"),
         F.count(F.lit(1)).alias("rows"),
+        F.count(F.when(F.col("src_offset").isNull(), 1)).alias("created"),
+        *per_partition,
     )
+
+
+def rows_per_partition(seen: dict[str, Any], sink_partitions: int) -> dict[int, int]:
+    """The records Spark wrote per sink partition (only partitions it wrote to), from the
+    :func:`observe_limits` observation."""
+    counts = {i: int(seen.get(f"rows_p{i}") or 0) for i in range(sink_partitions)}
+    return {i: n for i, n in counts.items() if n}
+
+
+def sources_kept(written: DataFrame) -> int:
+    """Distinct source positions among the staged records (the records read minus this is
+    what the transform dropped). One aggregation over the three provenance columns of the
+    staged files."""
+    from pyspark.sql import functions as F
+
+    cols = ("src_topic", "src_partition", "src_offset")
+    return int(written.select(*cols).where(F.col("src_offset").isNotNull()).distinct().count())
 
 
 def limits_error(

@@ -107,11 +107,12 @@ class SparkStager:
             raise job_failure(
                 exc, spark=spark, pipeline=pipeline, transform=transform, live=live, where=where
             ) from exc
+        # The counts Spark took while writing, whatever this process can list: a staging
+        # folder the driver does not share lists nothing, and core.prepare refuses that.
+        seen = limits.get
         files = staging.describe_attempt(path)
-        rows_written = 0
+        sources_kept: int | None = 0
         if files:
-            seen = limits.get
-            rows_written = int(seen.get("rows") or 0)
             refused = shape.limits_error(
                 lambda: spark.read.parquet(f"{path}/data"),
                 seen,
@@ -123,9 +124,16 @@ class SparkStager:
             if refused is not None:
                 staging.remove(path)
                 raise refused
+            created = int(seen.get("created") or 0)
+            total = int(seen.get("rows") or 0)
+            # Which source records the output still names (the rest the transform dropped):
+            # one aggregation over the staged provenance columns, skipped when no record has one.
+            sources_kept = shape.sources_kept(spark.read.parquet(f"{path}/data")) if total > created else 0
         return StageResult(
             files=files,
             reads=tuple(source.range_reads(live, observation.get if metrics else {})),
             app_id=spark.sparkContext.applicationId,
-            rows_written=rows_written,
+            rows_written=shape.rows_per_partition(seen, sink_partitions),
+            sources_kept=sources_kept,
+            created=int(seen.get("created") or 0),
         )

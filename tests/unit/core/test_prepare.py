@@ -64,7 +64,7 @@ class FakeStager:
             files=staging.describe_attempt(request.path),
             reads=reads,
             app_id="app-fake",
-            rows_written=sum(self.rows.values()),
+            rows_written={p: n for p, n in self.rows.items() if n},
         )
 
 
@@ -262,3 +262,40 @@ def test_attempt_names_are_unique_and_fit_a_folder_name() -> None:
     a, b = prepare.new_attempt(), prepare.new_attempt()
     assert a != b
     assert "/" not in a and " " not in a
+
+
+class InvisibleStager(FakeStager):
+    """Spark's executors wrote the rows (and counted them) into a folder this process does
+    not see: the listing of the attempt folder is empty or short."""
+
+    def __init__(self, visible: dict[int, int]) -> None:
+        super().__init__()
+        self.visible = visible
+
+    def stage(self, request: StageRequest) -> StageResult:
+        written = {p: n for p, n in self.rows.items() if n}
+        self.rows = self.visible  # only these reach the folder the driver lists
+        result = super().stage(request)
+        return StageResult(result.files, result.reads, result.app_id, rows_written=written)
+
+
+@pytest.mark.parametrize("visible", [{}, {0: 3, 2: 4}], ids=["nothing-visible", "one-partition-missing"])
+def test_staging_the_driver_cannot_see_is_refused_and_nothing_is_prepared(
+    pipeline: Pipeline, ledger: Ledger, visible: dict[int, int]
+) -> None:
+    from airflow_provider_eo.errors import StagingError
+
+    cp = planned(pipeline, ledger)
+    with pytest.raises(StagingError) as err:
+        prepare_checkpoint(pipeline, ledger, cp.checkpoint_id, stager=InvisibleStager(visible), attempt="a1")
+    text = str(err.value)
+    assert "pipeline 'orders', checkpoint 1" in text and "wrote 9 records" in text
+    assert (
+        pipeline.staging_dir in text
+        and "shared by the Spark driver, every executor and the committer" in text
+    )
+    assert "sink partition 1: 2 written, 0 listed" in text
+    got = ledger.get(pipeline.name, cp.checkpoint_id)
+    assert got.state is CheckpointState.PLANNED and got.records is None
+    assert manifests(pipeline) == []
+    assert not os.path.exists(names.attempt_dir(pipeline, cp.checkpoint_id, "a1"))
