@@ -51,6 +51,10 @@ class Manifest:
     files: dict[int, list[StagedFile]]  # sink partition -> files in publish order
     records_read: int
     ranges: list[dict[str, Any]]
+    #: Read records no output record names (the transform dropped them); None: not counted.
+    dropped: int | None = None
+    #: Output records without a source position (the transform made them).
+    created: int = 0
 
     @property
     def records(self) -> int:
@@ -78,6 +82,8 @@ class Manifest:
                 "sink_partitions": self.sink_partitions,
                 "records_read": self.records_read,
                 "ranges": self.ranges,
+                "dropped": self.dropped,
+                "created": self.created,
                 "files": {str(p): [f.__dict__ for f in fs] for p, fs in sorted(self.files.items())},
             },
             indent=1,
@@ -96,6 +102,8 @@ class Manifest:
             files={int(p): [StagedFile(**f) for f in fs] for p, fs in doc["files"].items()},
             records_read=int(doc["records_read"]),
             ranges=list(doc["ranges"]),
+            dropped=None if doc.get("dropped") is None else int(doc["dropped"]),
+            created=int(doc.get("created") or 0),
         )
 
 

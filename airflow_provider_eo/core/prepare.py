@@ -291,6 +291,8 @@ def prepare_checkpoint(
         files=staged.files,
         records_read=staged.records_read,
         ranges=staged.manifest_ranges(),
+        dropped=staged.dropped,
+        created=staged.created,
     )
     staging.write_manifest(path, manifest)
     fault_point("prepare.before_ledger")
@@ -308,6 +310,9 @@ def prepare_checkpoint(
             range_stats=staged.range_stats(),
             spark_app_id=staged.app_id,
             actor=actor,
+            records_read=staged.records_read,
+            records_dropped=staged.dropped,
+            records_created=staged.created,
         )
     except CheckpointConflict:
         staging.remove(path)

@@ -58,6 +58,7 @@ def pipeline_record(row: Pipeline) -> PipelineRecord:
         stop_reason=row.stop_reason,
         backfill_of=row.backfill_of,
         max_range_span_ms=row.max_range_span_ms,
+        staging_dir=row.staging_dir,
     )
 
 
@@ -132,6 +133,10 @@ def checkpoint_record(
             if row.filter_start_ms is not None and row.filter_end_ms is not None
             else None
         ),
+        records_read=row.records_read,
+        records_dropped=row.records_dropped,
+        records_created=row.records_created,
+        dead_letters=row.dead_letters,
     )
 
 

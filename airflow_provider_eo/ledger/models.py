@@ -123,6 +123,9 @@ class Pipeline(Base):
     # Widest (max_timestamp - min_timestamp) of any prepared range: bounds the index scan
     # that finds a time interval's ranges (min_timestamp >= start - span).
     max_range_span_ms: Mapped[int | None] = mapped_column(BigInteger)
+    # The absolute staging location, pinned at registration (revision 0006): every
+    # process of the pipeline stages and reads there, whatever its working folder.
+    staging_dir: Mapped[str | None] = mapped_column(Text)
 
 
 class Lineage(Base):
@@ -171,6 +174,13 @@ class Checkpoint(Base):
     bytes: Mapped[int | None] = mapped_column(BigInteger)
     # {"<shard>": <records>} from the manifest.
     shard_counts: Mapped[dict[str, int] | None] = mapped_column(JSON)
+    # Source accounting (revision 0006), what the audit checks every source record against:
+    # records read, read but named by no output record (the transform dropped them),
+    # output records without a source position, records sent to the dead-letter topic.
+    records_read: Mapped[int | None] = mapped_column(BigInteger)
+    records_dropped: Mapped[int | None] = mapped_column(BigInteger)
+    records_created: Mapped[int | None] = mapped_column(BigInteger)
+    dead_letters: Mapped[int | None] = mapped_column(BigInteger)
     planned_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
     prepared_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
     committed_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())

@@ -188,6 +188,13 @@ class CheckpointRecord:
     #: Backfill checkpoints only: ``(start_ms, end_ms)``, the Kafka-timestamp interval
     #: ``[start, end)`` of the records it reads from its ranges.
     time_filter: tuple[int, int] | None = None
+    #: Source accounting from the prepare (None before it, or for rows prepared by an
+    #: older version): records read, dropped by the transform, created without a source
+    #: position, sent to the dead-letter topic.
+    records_read: int | None = None
+    records_dropped: int | None = None
+    records_created: int | None = None
+    dead_letters: int | None = None
 
     @property
     def offsets(self) -> dict[TopicPartition, tuple[int, int]]:
@@ -226,6 +233,10 @@ class CheckpointRecord:
             # Records actually read and staged (None until prepared).
             "records": self.records,
             "bytes": self.bytes,
+            "records_read": self.records_read,
+            "records_dropped": self.records_dropped,
+            "records_created": self.records_created,
+            "dead_letters": self.dead_letters,
             "planned_at": _iso(self.planned_at),
             "prepared_at": _iso(self.prepared_at),
             "committed_at": _iso(self.committed_at),
@@ -263,6 +274,8 @@ class PipelineRecord:
     backfill_of: str | None = None
     #: Widest record-timestamp span of any prepared range (ms), None before the first.
     max_range_span_ms: int | None = None
+    #: The absolute staging location pinned at registration (None: not pinned yet).
+    staging_dir: str | None = None
 
     @property
     def stopped(self) -> bool:

@@ -331,11 +331,17 @@ def mark_prepared(
     range_stats: Mapping[TopicPartition, tuple[int | None, int | None]] | None = None,
     spark_app_id: str | None = None,
     actor: Actor | None = None,
+    records_read: int | None = None,
+    records_dropped: int | None = None,
+    records_created: int | None = None,
 ) -> CheckpointRecord:
     """PLANNED -> PREPARED, naming the attempt whose staged output wins.
 
     Idempotent for the winning attempt: preparing again with the same ``attempt``
     returns the record; any other attempt gets :class:`CheckpointConflict`.
+    ``records_read``/``records_dropped``/``records_created`` are the source accounting the
+    audit checks the sink against (source records read, dropped by the transform, output
+    records without a source position).
     """
     if records < 0 or bytes_ < 0 or any(v < 0 for v in shard_counts.values()):
         raise ValueError("records, bytes_ and shard counts must be >= 0")
@@ -357,6 +363,9 @@ def mark_prepared(
                 "shard_counts": {str(k): int(v) for k, v in shard_counts.items()},
                 "prepared_at": now,
                 "spark_app_id": spark_app_id,
+                "records_read": records_read,
+                "records_dropped": records_dropped,
+                "records_created": records_created,
                 **actor_columns(actor),
             },
         )

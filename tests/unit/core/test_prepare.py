@@ -299,3 +299,18 @@ def test_staging_the_driver_cannot_see_is_refused_and_nothing_is_prepared(
     assert got.state is CheckpointState.PLANNED and got.records is None
     assert manifests(pipeline) == []
     assert not os.path.exists(names.attempt_dir(pipeline, cp.checkpoint_id, "a1"))
+
+
+def test_the_transforms_dropped_and_created_records_are_counted(pipeline: Pipeline, ledger: Ledger) -> None:
+    cp = planned(pipeline, ledger)
+
+    class Counting(FakeStager):
+        def stage(self, request: StageRequest) -> StageResult:
+            r = super().stage(request)
+            return StageResult(r.files, r.reads, r.app_id, r.rows_written, sources_kept=8, created=1)
+
+    result = prepare_checkpoint(pipeline, ledger, cp.checkpoint_id, stager=Counting(), attempt="a1")
+    manifest = staging.read_manifest(result.checkpoint.staging_location or "")
+    assert (manifest.records_read, manifest.dropped, manifest.created) == (11, 3, 1)
+    got = ledger.get(pipeline.name, cp.checkpoint_id)
+    assert (got.records_dropped, got.records_created) == (3, 1)

@@ -40,6 +40,9 @@ def _record(**changes: object) -> CheckpointRecord:
         "records": 11,
         "bytes": 500,
         "spark_app_id": "app-1",
+        "records_read": 12,
+        "records_dropped": 1,
+        "records_created": 0,
         "shards": (ShardRecord(0, "eo.orders.0", 1, 0, ShardState.COMMITTED, 11, T0),),
     }
     base.update(changes)
@@ -57,6 +60,10 @@ def test_summary_has_every_key_the_callers_use() -> None:
         "records_planned": 12,
         "records": 11,
         "bytes": 500,
+        "records_read": 12,
+        "records_dropped": 1,
+        "records_created": 0,
+        "dead_letters": None,
         "planned_at": "2030-01-01T00:00:00+00:00",
         "prepared_at": "2030-01-01T00:00:02+00:00",
         "committed_at": "2030-01-01T00:00:03+00:00",
