@@ -10,7 +10,10 @@ Concurrency, per backend:
    planning then moves ``pipelines.last_checkpoint_id`` with a compare-and-set, so two
    planners can never insert the same checkpoint even without that lock. Transitions
    lock only the checkpoint row through their conditional UPDATE: a waiting UPDATE
-   re-checks ``state`` after the winner commits and matches nothing.
+   re-checks ``state`` after the winner commits and matches nothing. The engine pins
+   READ COMMITTED: under a server or database default of REPEATABLE READ or
+   SERIALIZABLE that wait would end in a serialization failure, reported as the database
+   being unavailable instead of as the ordinary conflict.
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ from airflow_provider_eo.ledger.errors import LedgerUnavailable
 from airflow_provider_eo.ledger.urls import redact_text, redact_url, resolve_ledger_url
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+#: The isolation of every PostgreSQL ledger transaction, whatever the server's default
+#: (see the module docstring, case 2).
+POSTGRES_ISOLATION = "READ COMMITTED"
 
 
 def utcnow() -> dt.datetime:
@@ -80,7 +86,7 @@ def make_engine(url: str) -> Engine:
             engine = create_engine(parsed, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
         _install_sqlite_pragmas(engine, wal=not memory)
         return engine
-    return create_engine(parsed, pool_pre_ping=True)
+    return create_engine(parsed, pool_pre_ping=True, isolation_level=POSTGRES_ISOLATION)
 
 
 class Database:
