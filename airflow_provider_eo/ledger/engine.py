@@ -31,7 +31,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.pool import StaticPool
 
 from airflow_provider_eo.ledger.errors import LedgerUnavailable
-from airflow_provider_eo.ledger.urls import redact_text, redact_url, resolve_ledger_url
+from airflow_provider_eo.ledger.urls import check_sqlite_location, redact_text, redact_url, resolve_ledger_url
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 #: The isolation of every PostgreSQL ledger transaction, whatever the server's default
@@ -70,7 +70,11 @@ def _install_sqlite_pragmas(engine: Engine, *, wal: bool) -> None:
 
 
 def make_engine(url: str) -> Engine:
-    """An engine with the ledger's connection settings for ``url`` (SQLite or PostgreSQL)."""
+    """An engine with the ledger's connection settings for ``url`` (SQLite or PostgreSQL).
+
+    A SQLite file on a network filesystem is refused before anything is created
+    (:class:`~airflow_provider_eo.ledger.urls.LedgerOnNetworkFilesystem`).
+    """
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         database = parsed.database or ""
@@ -82,6 +86,7 @@ def make_engine(url: str) -> Engine:
                 connect_args={"check_same_thread": False},
             )
         else:
+            check_sqlite_location(database)  # before anything is created there
             Path(database).expanduser().resolve().parent.mkdir(parents=True, exist_ok=True)
             engine = create_engine(parsed, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
         _install_sqlite_pragmas(engine, wal=not memory)
