@@ -116,11 +116,20 @@ def print_checkpoints(records: Sequence[CheckpointRecord], *, title: str | None 
 def print_audit(report: AuditReport) -> None:
     """The audit as a table plus a one-line verdict."""
     table = Table(title=f"audit of {report.pipeline} -> {report.sink_topic} (read_committed)")
-    for col in ("checkpoint", "expected", "observed", "duplicates", "missing"):
+    cols = ("checkpoint", "source", "published", "dropped", "dead letters", "staged", "observed")
+    for col in (*cols, "duplicates", "missing"):
         table.add_column(col, justify="right")
     for c in report.checkpoints:
         table.add_row(
-            str(c.checkpoint_id), str(c.expected), str(c.observed), str(c.duplicates), str(c.missing)
+            str(c.checkpoint_id),
+            str(c.source_records),
+            str(c.source_published),
+            "?" if c.dropped is None else str(c.dropped),
+            str(c.dead_letters),
+            str(c.expected),
+            str(c.observed),
+            str(c.duplicates),
+            str(c.missing),
         )
     console.print(table)
     verdict = "[green]exactly once[/]" if report.ok else "[red]NOT exactly once[/]"
@@ -128,6 +137,15 @@ def print_audit(report: AuditReport) -> None:
         f"{verdict}: duplicates={report.duplicates} missing={report.missing} "
         f"unexpected={report.unexpected} foreign={report.foreign}"
     )
+    console.print(
+        f"source: records={report.source_records} dropped_by_transform={report.dropped} "
+        f"dead_letters={report.dead_letters} expired={report.source_expired}"
+    )
+    if report.source_expired:
+        console.print(
+            f"[yellow]{report.source_expired} planned source offsets were deleted by retention "
+            "before this audit: those records cannot be checked against the source any more[/]"
+        )
 
 
 def print_dag_run(n: int, run: dict[str, Any]) -> None:

@@ -75,3 +75,24 @@ def always_fails(df: Any) -> Any:
         return bytes(v).decode().upper().encode() + v.missing_attribute  # type: ignore[attr-defined,no-any-return]
 
     return df.withColumn("value", F.udf(parse, BinaryType())(F.col("value")))
+
+
+def drop_multiples_of_ten(df: Any) -> Any:
+    """Keeps the records whose number (``k<key>:<n>``) is not a multiple of ten: the
+    transform drops a tenth of the source on purpose."""
+    from pyspark.sql import functions as F
+
+    n = F.substring_index(F.col("value").cast("string"), ":", -1).cast("long")
+    return df.where(n % 10 != 0)
+
+
+def drop_and_explode(df: Any) -> Any:
+    """Drops the multiples of ten and writes the other multiples of five twice: the output
+    has more records than the source records it keeps (only provenance tells which source
+    records are gone)."""
+    from pyspark.sql import functions as F
+
+    n = F.substring_index(F.col("value").cast("string"), ":", -1).cast("long")
+    kept = df.where(n % 10 != 0)
+    copies = F.when(n % 5 == 0, F.array(F.lit(1), F.lit(2))).otherwise(F.array(F.lit(1)))
+    return kept.withColumn("copy", F.explode(copies))

@@ -1,14 +1,25 @@
-"""The exactly-once auditor: what a read_committed consumer of the sink really sees.
+"""The exactly-once auditor: what a read_committed consumer of the sink really sees, checked
+against the source.
 
-For every committed checkpoint it compares the records the manifest promised with the
-records carrying that checkpoint's provenance header, and finds duplicates (a staged
-position seen twice) and missing records (a staged position never seen). It checks the
-protocol (ledger against sink), so it lives with the protocol; the Kafka reading is
-:mod:`airflow_provider_eo.kafka.audit`'s.
+Two checks per committed checkpoint:
+
+1. Against the source: every record of its planned ranges (read back from the source
+   topic, read_committed, as the prepare read it) is named by an output record's
+   provenance, or was dropped by the transform, or went to the dead-letter topic (both
+   counted by the prepare and kept in the ledger). Anything else is ``missing``. This
+   does not trust our own manifests: a checkpoint committed with fewer records than it
+   read shows up here.
+2. Against the staged output: every staged position (sink partition and index) is seen
+   exactly once (``duplicates``), none is absent.
+
+It checks the protocol (ledger against sink and source), so it lives with the protocol;
+the Kafka reading is :mod:`airflow_provider_eo.kafka.audit`'s and
+:mod:`airflow_provider_eo.kafka.source_read`'s.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,7 +27,8 @@ from typing import Any
 from airflow_provider_eo import names
 from airflow_provider_eo.kafka.audit import read_sink
 from airflow_provider_eo.kafka.client_config import librdkafka_config
-from airflow_provider_eo.ledger import CheckpointState, Ledger
+from airflow_provider_eo.kafka.source_read import read_source_ranges
+from airflow_provider_eo.ledger import CheckpointRecord, CheckpointState, Ledger
 from airflow_provider_eo.ledger.errors import CheckpointNotFound
 from airflow_provider_eo.pipeline import Pipeline
 
@@ -27,10 +39,22 @@ class CheckpointAudit:
 
     checkpoint_id: int
     state: str
-    expected: int
-    observed: int = 0
+    expected: int  # output records staged (the manifest's count)
+    observed: int = 0  # output records of this checkpoint in the sink
     duplicates: int = 0
-    missing: int = 0
+    missing_staged: int = 0  # staged positions never seen in the sink
+    source_records: int = 0  # records in the planned ranges, read back from the source
+    source_published: int = 0  # of those, named by an output record's provenance
+    dropped: int | None = None  # counted by the prepare; None: prepared before it counted
+    dead_letters: int = 0
+    source_missing: int = 0  # read, not published, not dropped, not a dead letter
+    source_expired: int = 0  # planned offsets already deleted by retention: not checkable
+
+    @property
+    def missing(self) -> int:
+        """Records lost: the larger of the two checks (one lost record is usually both a
+        staged position and a source record)."""
+        return max(self.missing_staged, self.source_missing)
 
 
 @dataclass
@@ -55,6 +79,26 @@ class AuditReport:
         return sum(c.missing for c in self.checkpoints)
 
     @property
+    def source_records(self) -> int:
+        """Source records of the committed ranges, read back from the source."""
+        return sum(c.source_records for c in self.checkpoints)
+
+    @property
+    def dropped(self) -> int:
+        """Source records the transform dropped (counted by the prepares)."""
+        return sum(c.dropped or 0 for c in self.checkpoints)
+
+    @property
+    def dead_letters(self) -> int:
+        """Source records sent to the dead-letter topic."""
+        return sum(c.dead_letters for c in self.checkpoints)
+
+    @property
+    def source_expired(self) -> int:
+        """Planned offsets retention deleted before the audit could read them."""
+        return sum(c.source_expired for c in self.checkpoints)
+
+    @property
     def ok(self) -> bool:
         """Nothing duplicated, nothing missing, nothing from an uncommitted checkpoint."""
         return self.duplicates == 0 and self.missing == 0 and self.unexpected == 0
@@ -69,12 +113,17 @@ class AuditReport:
             "missing": self.missing,
             "unexpected": self.unexpected,
             "foreign": self.foreign,
-            "checkpoints": [c.__dict__ for c in self.checkpoints],
+            "source_records": self.source_records,
+            "dropped": self.dropped,
+            "dead_letters": self.dead_letters,
+            "source_expired": self.source_expired,
+            "checkpoints": [{**c.__dict__, "missing": c.missing} for c in self.checkpoints],
         }
 
 
 def audit_pipeline(pipeline: Pipeline, ledger: Ledger) -> AuditReport:
-    """Audit the pipeline's sink against its ledger (reads the whole sink topic)."""
+    """Audit the pipeline's sink against its ledger and its source (reads the whole sink
+    topic, and the source ranges of every committed checkpoint)."""
     config = librdkafka_config(pipeline.kafka)
     report = AuditReport(pipeline=pipeline.name, sink_topic=pipeline.sink_topic)
     checkpoints = {c.checkpoint_id: c for c in ledger.list_checkpoints(pipeline.name)}
@@ -97,17 +146,64 @@ def audit_pipeline(pipeline: Pipeline, ledger: Ledger) -> AuditReport:
         positions[cid][position] += 1
         if src != b"-":
             source_seen[src].add(cid)
+    committed = [cp for _cid, cp in sorted(checkpoints.items()) if cp.state is CheckpointState.COMMITTED]
+    rows = {
+        cp.checkpoint_id: CheckpointAudit(cp.checkpoint_id, cp.state.value, expected=cp.records or 0)
+        for cp in committed
+    }
     for cid, cp in sorted(checkpoints.items()):
         if cp.state is not CheckpointState.COMMITTED:
             if cid in positions:
                 report.unexpected += sum(positions[cid].values())
             continue
         seen = positions.get(cid, Counter())
-        row = CheckpointAudit(cid, cp.state.value, expected=cp.records or 0)
+        row = rows[cid]
         row.observed = sum(seen.values())
         row.duplicates = sum(n - 1 for n in seen.values() if n > 1)
-        row.missing = max(0, row.expected - len(seen))
+        row.missing_staged = max(0, row.expected - len(seen))
         report.checkpoints.append(row)
+    _check_against_source(config, committed, rows, source_seen)
     report.unexpected += sum(sum(c.values()) for cid, c in positions.items() if cid not in checkpoints)
     report.sources_duplicated = sum(1 for cids in source_seen.values() if len(cids) > 1)
     return report
+
+
+def _check_against_source(
+    config: dict[str, Any],
+    committed: list[CheckpointRecord],
+    rows: dict[int, CheckpointAudit],
+    source_seen: dict[bytes, set[int]],
+) -> None:
+    """Fill each committed checkpoint's source columns: read its planned ranges back from
+    the source and find every record's position among the published provenance."""
+    by_partition: dict[tuple[str, int], list[tuple[int, int, CheckpointRecord]]] = defaultdict(list)
+    for cp in committed:
+        for r in cp.ranges:
+            if r.end > r.start:
+                by_partition[r.key].append((r.start, r.end, cp))
+    hulls = [
+        (t, p, min(s for s, _, _ in spans), max(e for _, e, _ in spans))
+        for (t, p), spans in by_partition.items()
+    ]
+    read = read_source_ranges(config, hulls)
+    unseen: Counter[int] = Counter()
+    for (topic, partition), spans in by_partition.items():
+        got = read[(topic, partition)]
+        offsets = [o for o, _ in got.records]
+        for start, end, cp in spans:
+            row = rows[cp.checkpoint_id]
+            row.source_expired += max(0, min(end, got.log_start) - start)
+            lo, hi = bisect.bisect_left(offsets, start), bisect.bisect_left(offsets, end)
+            for offset, timestamp in got.records[lo:hi]:
+                if cp.time_filter is not None and not cp.time_filter[0] <= timestamp < cp.time_filter[1]:
+                    continue  # a backfill checkpoint reads only its time interval
+                row.source_records += 1
+                if f"{topic}:{partition}:{offset}".encode() in source_seen:
+                    row.source_published += 1
+                else:
+                    unseen[cp.checkpoint_id] += 1
+    for cp in committed:
+        row = rows[cp.checkpoint_id]
+        row.dropped = cp.records_dropped
+        row.dead_letters = cp.dead_letters or 0
+        row.source_missing = max(0, unseen[cp.checkpoint_id] - (cp.records_dropped or 0) - row.dead_letters)
