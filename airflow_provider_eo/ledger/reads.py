@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
 from airflow_provider_eo.ledger.engine import Database
 from airflow_provider_eo.ledger.errors import CheckpointNotFound
 from airflow_provider_eo.ledger.mapping import checkpoint_record_of, checkpoint_records, pipeline_record
-from airflow_provider_eo.ledger.models import Checkpoint, CommitShard, PartitionHead, Pipeline
+from airflow_provider_eo.ledger.models import (
+    UNFINISHED_PREDICATE,
+    Checkpoint,
+    CommitShard,
+    PartitionHead,
+    Pipeline,
+)
 from airflow_provider_eo.ledger.records import CheckpointRecord, PipelineRecord, TopicPartition
 from airflow_provider_eo.ledger.states import UNFINISHED_STATES, CheckpointState
 
@@ -71,6 +77,23 @@ def lowest_unfinished(s: Session, pid: int, below: int | None = None) -> Checkpo
     return None if lowest is None else checkpoint_row(s, pid, lowest)
 
 
+def unfinished_rows(s: Session, pid: int) -> list[Checkpoint]:
+    """Every PLANNED or PREPARED checkpoint row of the pipeline, lowest id first.
+
+    Read through the partial index ``ix_eo_checkpoints_unfinished``, which holds only
+    those rows: the cost follows the (``max_pending``-bounded) unfinished checkpoints, not
+    the pipeline's history. The index is used only when the WHERE repeats its predicate as
+    written, hence the literal SQL.
+    """
+    return list(
+        s.execute(
+            select(Checkpoint)
+            .where(Checkpoint.pipeline_id == pid, text(UNFINISHED_PREDICATE))
+            .order_by(Checkpoint.checkpoint_id)
+        ).scalars()
+    )
+
+
 def count_unfinished(s: Session, pid: int) -> int:
     """How many checkpoints of the pipeline are PLANNED or PREPARED."""
     return sum(
@@ -114,6 +137,14 @@ def unfinished(db: Database, pipeline: str) -> CheckpointRecord | None:
     with db.read() as s:
         row = lowest_unfinished(s, pipeline_row(s, db, pipeline).id)
         return None if row is None else checkpoint_record_of(s, pipeline, row)
+
+
+def unfinished_checkpoints(db: Database, pipeline: str) -> list[CheckpointRecord]:
+    """Every PLANNED or PREPARED checkpoint of the pipeline with its ranges, lowest id first:
+    what a streaming application resumes when it starts. Reads those checkpoints only,
+    however long the pipeline's history (see :func:`unfinished_rows`)."""
+    with db.read() as s:
+        return checkpoint_records(s, pipeline, unfinished_rows(s, pipeline_row(s, db, pipeline).id))
 
 
 def last_committed(db: Database, pipeline: str) -> CheckpointRecord | None:
