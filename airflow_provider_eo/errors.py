@@ -219,3 +219,13 @@ class RestoreRefused(EoError):
     """A restore or reset was refused before anything changed: the savepoint's partitions
     differ from the source topics', or an offset lies outside what Kafka still holds. The
     message lists every difference and what to do."""
+
+
+class TransactionTimedOut(CommitError):
+    """A shard's Kafka transaction stayed open longer than ``transaction.timeout.ms``, so the
+    broker aborted it. Nothing of it is visible and no data is at risk; the checkpoint stays
+    PREPARED. A redo of the same size would time out again: raise the pipeline's
+    ``transaction_timeout_ms`` (up to the broker's ``transaction.max.timeout.ms``) and retry
+    the commit, or abort the checkpoint and lower ``max_records_per_checkpoint`` so its range
+    is replanned smaller. The message names the transactional id, the timeout, the records
+    and the measured publish time."""

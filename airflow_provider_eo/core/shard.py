@@ -21,14 +21,16 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from time import monotonic
 from typing import Any, Protocol
 
 import pyarrow as pa
+from confluent_kafka import KafkaException
 
 from airflow_provider_eo import names, staging
 from airflow_provider_eo.core.fault_seam import fault_point, fault_triggered
 from airflow_provider_eo.core.markers import NO_MARKER, decide_marker
-from airflow_provider_eo.errors import CommitError
+from airflow_provider_eo.errors import CommitError, CommitFenced, TransactionTimedOut
 from airflow_provider_eo.kafka.publisher import (
     Abortable,
     DeliveryFailures,
@@ -38,6 +40,7 @@ from airflow_provider_eo.kafka.publisher import (
     largest_record,
     offsets,
     produce_staged,
+    serve,
 )
 
 #: Rounds of abort-and-redo / re-init before a shard gives up (retry the commit later).
@@ -252,6 +255,8 @@ class ShardTransaction:
         self.clients = clients
         self.failures = DeliveryFailures()
         self.producer: Any = None
+        self.begun_at: float | None = None  # monotonic time of begin_transaction
+        self.sent = 0  # records handed to the producer in this transaction
 
     def fence(self) -> None:
         """A fresh producer on the shard's transactional id and ``init_transactions``: the
@@ -308,18 +313,63 @@ class ShardTransaction:
         header; everything acknowledged before returning. Raises :class:`Abortable` when the
         broker refused a record (a failed delivery report)."""
         c = self.committable
+        # The broker's timer starts later (with the first record), so a transaction that
+        # has been open less than its timeout by this clock was not aborted for it.
+        self.begun_at = monotonic()
         kafka_call("begin_transaction", self.producer.begin_transaction, where=c.where)
         header = names.provenance_checkpoint_field(c.pipeline, c.checkpoint_id, c.identity).encode()
         produced = 0
         for partition, part in batches:
-            produced += produce_staged(self.producer, c.sink_topic, partition, part, header, where=c.where)
+            produced += produce_staged(
+                self.producer, c.sink_topic, partition, self._counted(part), header, where=c.where
+            )
             fault_point("commit.after_begin")
         # Acknowledged by the broker before the commit step (commit would flush anyway; this
         # makes the crash point before the commit well-defined).
-        self.producer.flush(c.timeout_s)
+        serve("flush", self.producer.flush, c.timeout_s, where=c.where)
         if self.failures:  # a refused record: the transaction can only be aborted now
             raise Abortable(self.failures.describe())
         return produced
+
+    def _counted(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """``batches``, counting the records of each into :attr:`sent` once it was produced."""
+        for batch in batches:
+            yield batch
+            self.sent += batch.num_rows  # resumed: the whole batch was produced
+
+    def open_seconds(self) -> float:
+        """How long the transaction has been open (0 before ``begin_transaction``)."""
+        return 0.0 if self.begun_at is None else monotonic() - self.begun_at
+
+    def outlived_timeout(self, exc: BaseException) -> bool:
+        """``exc`` is the broker's abort of a transaction open past its timeout: the producer
+        was fenced (the broker bumps the epoch when it aborts) or the transaction became
+        abortable, after the transaction had been open at least ``transaction.timeout.ms``.
+        Before that the broker's timeout cannot be the cause (another committer can)."""
+        return isinstance(exc, (Abortable, CommitFenced)) and (
+            self.begun_at is not None and self.open_seconds() >= self.committable.timeout_s
+        )
+
+    def timed_out_error(self, exc: BaseException) -> TransactionTimedOut:
+        """The error for a transaction the broker aborted for its timeout, with the measured
+        publish time and what to change."""
+        c = self.committable
+        seconds = self.open_seconds()
+        rate = self.sent / seconds if seconds > 0 else 0.0
+        need = f"; all {c.records} would take about {c.records / rate:,.1f} s" if rate > 0 else ""
+        return TransactionTimedOut(
+            f"{c.where}the transaction of {c.transactional_id!r} was open {seconds:.1f} s, as long "
+            f"as its transaction.timeout.ms ({c.transaction_timeout_ms} ms) or longer, so the "
+            f"broker aborted it ({_kafka_words(exc)}). It had sent {self.sent} of the shard's "
+            f"{c.records} records by then ({rate:,.1f} records/s{need}). Nothing of it is "
+            "visible and the checkpoint stays PREPARED; a redo of the same size would time out "
+            "again. Raise the pipeline's transaction_timeout_ms (up to the broker's "
+            "transaction.max.timeout.ms, 15 minutes by default) and retry the commit, or abort "
+            f"the checkpoint (`eo abort MODULE:ATTR {c.checkpoint_id} --reason TEXT`; refused "
+            "once another shard of it has published) and lower max_records_per_checkpoint, so "
+            "its range is replanned smaller. A pause of this process or a stalled broker counts "
+            "toward the timeout too."
+        )
 
     def seal(self) -> None:
         """Send the marker (naming the writing ledger) and, when this shard moves it, the
@@ -368,7 +418,10 @@ class ShardTransaction:
             self.producer.abort_transaction(self.committable.timeout_s)
         except Exception:
             pass
-        self.producer.poll(0)
+        try:
+            serve("poll", self.producer.poll, 0)
+        except (CommitError, Abortable):
+            pass  # a fenced producer: its reports add nothing to the failure being handled
 
     def refused_record_error(self, exc: BaseException) -> CommitError:
         """The error for a record the broker refuses every time, naming the largest staged
@@ -392,6 +445,16 @@ class ShardTransaction:
             "size and retry the commit. An authorization refusal needs WRITE on the "
             "sink topic."
         )
+
+
+def _kafka_words(exc: BaseException) -> str:
+    """The Kafka error behind a sorted one, in the broker's and librdkafka's words (the sorted
+    error's own explanation would guess at the cause)."""
+    cause = exc.__cause__
+    if isinstance(cause, KafkaException):
+        err = cause.args[0]
+        return f"{err.name()}: {err.str()}"
+    return str(exc)
 
 
 def commit_shard(
@@ -425,6 +488,11 @@ def commit_shard(
             hooks.committed(produced)
             return ShardResult(c.shard, produced, False, round_)
         except Exception as exc:
+            if txn.outlived_timeout(exc):
+                # The same size would time out again: fail with the numbers, not a redo loop
+                # (or a fence blamed on another committer).
+                txn.abort()
+                raise txn.timed_out_error(exc) from exc
             outcome = outcome_of(exc)
             if outcome is Outcome.PERMANENT:
                 raise

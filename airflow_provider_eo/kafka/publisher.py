@@ -162,6 +162,33 @@ def _sorted_error(what: str, exc: KafkaException, where: str) -> Exception:
     )
 
 
+def fatal_cause(exc: SystemError) -> KafkaException | None:
+    """The Kafka error behind a ``SystemError`` from ``poll()``/``flush()``/``commit_transaction()``.
+
+    A fatal error (the broker fenced the producer, e.g. after aborting its transaction for
+    its timeout) is set as the pending exception while delivery reports are being served;
+    confluent-kafka then still calls the ``on_delivery`` callback, whose first C call turns
+    the pending error into a ``SystemError`` caused by it. ``None`` for any other
+    ``SystemError`` (a real bug: never taken for a Kafka error).
+    """
+    cause = exc.__cause__
+    return cause if isinstance(cause, KafkaException) else None
+
+
+def serve(what: str, fn: Callable[..., T], *args: Any, where: str = "") -> T:
+    """``poll()`` or ``flush()``: serve delivery reports; a fatal error raised meanwhile is
+    sorted like the Kafka error it is (:func:`fatal_cause`), never passed on raw."""
+    try:
+        return fn(*args)
+    except KafkaException as exc:
+        raise _sorted_error(what, exc, where) from exc
+    except SystemError as exc:
+        cause = fatal_cause(exc)
+        if cause is None:
+            raise
+        raise _sorted_error(what, cause, where) from cause
+
+
 def kafka_call(what: str, fn: Callable[..., T], *args: Any, deadline_s: float = 120.0, where: str = "") -> T:
     """Call a transactional producer method, repeating it while Kafka says *retriable*.
 
@@ -171,7 +198,13 @@ def kafka_call(what: str, fn: Callable[..., T], *args: Any, deadline_s: float = 
     deadline = time.monotonic() + deadline_s
     while True:
         try:
-            return fn(*args)
+            try:
+                return fn(*args)
+            except SystemError as exc:  # a fatal error met while serving delivery reports
+                cause = fatal_cause(exc)
+                if cause is None:
+                    raise
+                raise cause from None
         except KafkaException as exc:
             err: KafkaError = exc.args[0]
             if _classify(err) == "retry":
@@ -273,7 +306,7 @@ def produce(producer: Producer, topic: str, **kwargs: Any) -> None:
             producer.produce(topic, **kwargs)
             return
         except BufferError:
-            producer.poll(0.05)
+            serve("poll", producer.poll, 0.05)
 
 
 def offsets(items: Mapping[tuple[str, int], int], metadata: str | None = None) -> list[TopicPartition]:
@@ -357,7 +390,7 @@ def produce_staged(
             try:  # positional: topic, value, key, partition (the hot loop of every commit)
                 send(topic, values[i], keys[i], partition, headers=hdrs)
             except BufferError:  # local queue full: serve delivery reports, then block
-                producer.poll(0.05)
+                serve("poll", producer.poll, 0.05, where=where)
                 try:
                     produce(producer, topic, value=values[i], key=keys[i], partition=partition, headers=hdrs)
                 except KafkaException as exc:
@@ -365,5 +398,5 @@ def produce_staged(
             except KafkaException as exc:
                 raise _produce_error(exc, where) from exc
         index += n
-        producer.poll(0)  # serve delivery reports so the local queue drains
+        serve("poll", producer.poll, 0, where=where)  # delivery reports: the local queue drains
     return index

@@ -14,6 +14,7 @@ from confluent_kafka import KafkaError
 from eo_fake_kafka import FakeBroker, FakeClients, FakeProducer, kafka_error, write_staged
 
 from airflow_provider_eo import names
+from airflow_provider_eo.core import shard as shard_module
 from airflow_provider_eo.core.shard import (
     MAX_SHARD_ROUNDS,
     REAL_KAFKA,
@@ -28,6 +29,7 @@ from airflow_provider_eo.errors import (
     CommitFenced,
     PipelineIdentityMismatch,
     TransactionalIdUnauthorized,
+    TransactionTimedOut,
 )
 from airflow_provider_eo.kafka.publisher import Abortable, ProducerLost
 
@@ -316,3 +318,101 @@ def test_missing_marker_and_nothing_staged_needs_no_proof(tmp_path: Path, broker
     result = commit_shard(committable(tmp_path, values=0), Hooks(row=True), FakeClients(broker))
     assert broker.count("read_back") == 0
     assert (result.records, result.skipped) == (0, False) and broker.mark(GROUP, SINK, 0) == 3
+
+
+class FakeClock:
+    """The shard's monotonic clock, moved by hand (a publish that takes ``seconds``)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def fenced_while_serving_reports() -> SystemError:
+    """What confluent-kafka raises from ``flush()`` when the broker fenced the producer while
+    delivery reports were served: the fatal error is set, the ``on_delivery`` callback's first
+    C call turns it into a SystemError caused by it."""
+    fatal = kafka_error(KafkaError._FENCED, fatal=True)
+    try:
+        raise SystemError(
+            "<method 'code' of 'KafkaError' objects> returned a result with an exception set"
+        ) from fatal
+    except SystemError as exc:
+        return exc
+
+
+def publish_takes(broker: FakeBroker, clock: FakeClock, seconds: float) -> None:
+    """Each produce moves the clock on, so the whole publish takes ``seconds`` (5 records)."""
+
+    def tick(producer: FakeProducer) -> None:
+        clock.now += seconds / 5
+
+    broker.on_call["produce"] = tick
+
+
+def test_a_transaction_the_broker_timed_out_fails_by_name_and_is_not_redone(
+    tmp_path: Path, broker: FakeBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The publish outlives transaction.timeout.ms (10 s here): the broker aborts the
+    transaction and fences the producer. The error says so, with the numbers, instead of
+    blaming another committer, and the shard is not redone at the same size."""
+    clock = FakeClock()
+    monkeypatch.setattr(shard_module, "monotonic", clock)
+    publish_takes(broker, clock, 12.5)
+    broker.fail("flush", fenced_while_serving_reports())
+    with pytest.raises(TransactionTimedOut) as info:
+        commit_shard(committable(tmp_path), Hooks(), FakeClients(broker))
+    text = str(info.value)
+    assert "pipeline 'orders', checkpoint 3, shard 0" in text
+    assert "'eo.orders.0' was open 12.5 s" in text and "transaction.timeout.ms (10000 ms)" in text
+    assert "5 of the shard's 5 records" in text and "(0.4 records/s" in text
+    assert "transaction_timeout_ms" in text and "transaction.max.timeout.ms" in text
+    assert "max_records_per_checkpoint" in text and "eo abort MODULE:ATTR 3" in text
+    assert "_FENCED" in text  # the broker's own words stay in the message
+    assert broker.count("begin_transaction") == 1  # no redo of the same size
+    assert values(broker) == [] and broker.mark(GROUP, SINK, 0) == -1
+
+
+def test_an_abortable_failure_after_the_timeout_is_the_timeout(
+    tmp_path: Path, broker: FakeBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = FakeClock()
+    monkeypatch.setattr(shard_module, "monotonic", clock)
+    publish_takes(broker, clock, 10.0)
+    broker.fail("commit_transaction", kafka_error(KafkaError.INVALID_TXN_STATE, abortable=True))
+    with pytest.raises(TransactionTimedOut, match=r"was open 10\.0 s"):
+        commit_shard(committable(tmp_path), Hooks(), FakeClients(broker))
+    assert broker.count("begin_transaction") == 1 and broker.count("abort_transaction") == 1
+    assert values(broker) == []
+
+
+def test_a_fence_before_the_timeout_is_another_committer(
+    tmp_path: Path, broker: FakeBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fenced 2 s into a 10 s transaction: the broker's timeout cannot be the cause."""
+    clock = FakeClock()
+    monkeypatch.setattr(shard_module, "monotonic", clock)
+    publish_takes(broker, clock, 2.0)
+    broker.fail("flush", fenced_while_serving_reports())
+    with pytest.raises(CommitFenced, match="Another committer") as info:
+        commit_shard(committable(tmp_path), Hooks(), FakeClients(broker))
+    assert not isinstance(info.value, TransactionTimedOut)
+    assert values(broker) == []
+
+
+def test_a_fatal_error_raised_while_serving_delivery_reports_is_sorted(
+    tmp_path: Path, broker: FakeBroker
+) -> None:
+    """poll()/flush() surface a fatal error as a SystemError caused by it: it is sorted like
+    the Kafka error it is, never passed on as a SystemError."""
+    broker.fail("flush", fenced_while_serving_reports())
+    with pytest.raises(CommitFenced):
+        commit_shard(committable(tmp_path), Hooks(), FakeClients(broker))
+
+
+def test_an_unrelated_system_error_is_not_taken_for_kafka(tmp_path: Path, broker: FakeBroker) -> None:
+    broker.fail("flush", SystemError("a bug"))
+    with pytest.raises(SystemError, match="a bug"):
+        commit_shard(committable(tmp_path), Hooks(), FakeClients(broker))
