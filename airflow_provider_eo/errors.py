@@ -229,3 +229,13 @@ class TransactionTimedOut(CommitError):
     the commit, or abort the checkpoint and lower ``max_records_per_checkpoint`` so its range
     is replanned smaller. The message names the transactional id, the timeout, the records
     and the measured publish time."""
+
+
+class ReadBackBlocked(CommitError):
+    """A shard's commit marker is missing and reading its committed output back cannot
+    decide which checkpoint it last published: a transaction stays open on the sink
+    partition and hides this pipeline's records beyond its start from ``read_committed``
+    readers. Deciding from what is visible could publish twice, so nothing was published;
+    the checkpoint stays PREPARED. The message names the partition, its last stable offset
+    and high watermark and how to find the open transaction's owner; retry the commit once
+    it has finished."""

@@ -15,6 +15,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from airflow_provider_eo import names
+from airflow_provider_eo.errors import CommitError, ReadBackBlocked
 from airflow_provider_eo.kafka import admin
 from airflow_provider_eo.kafka.client_config import librdkafka_config
 
@@ -108,6 +109,121 @@ def read_topic(
     return out
 
 
+def _checkpoint_of(msg: Any, pipeline_name: str, ident: str) -> int | None:
+    """The checkpoint id a record's provenance header names when the record is this
+    pipeline's (its name, and this identity or none: written before headers carried one)."""
+    prov = dict(msg.headers() or []).get(names.HEADER_PROVENANCE)
+    fields = names.parse_provenance(prov) if isinstance(prov, bytes) else None
+    parsed = names.parse_checkpoint_field(fields[0], pipeline_name) if fields else None
+    if parsed is not None and parsed[1] in (ident, None):
+        return parsed[0]
+    return None
+
+
+def _last_of_ours(
+    config: dict[str, Any],
+    tp: tuple[str, int],
+    start: int,
+    end: int,
+    pipeline_name: str,
+    ident: str,
+    deadline: float,
+) -> int | None:
+    """The offset of the last record of this pipeline in ``[start, end)`` of the log, read
+    uncommitted (records of open and aborted transactions included); ``None`` when there is
+    none. Raises :class:`TimeoutError` when ``deadline`` (monotonic) passes first."""
+    topic, partition = tp
+    consumer = Consumer(
+        {
+            **librdkafka_config(config),
+            "group.id": f"eo-readback-{uuid.uuid4().hex[:8]}",  # never commits
+            "isolation.level": "read_uncommitted",  # beyond the last stable offset too
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
+    last: int | None = None
+    try:
+        consumer.assign([TopicPartition(topic, partition, start)])
+        while time.monotonic() < deadline:
+            for msg in consumer.consume(1000, 0.5):
+                err = msg.error()
+                if err is not None:
+                    eof = err.code() == KafkaError._PARTITION_EOF
+                    if eof and consumer.position([TopicPartition(topic, partition)])[0].offset >= end:
+                        return last
+                    continue
+                offset = int(msg.offset() or 0)
+                if offset >= end:
+                    return last
+                if _checkpoint_of(msg, pipeline_name, ident) is not None:
+                    last = offset
+                if offset + 1 >= end:
+                    return last
+    finally:
+        consumer.close()
+    raise TimeoutError(f"could not read {topic}[{partition}] [{start}, {end}) uncommitted")
+
+
+def readback_end(
+    config: dict[str, Any],
+    topic: str,
+    partition: int,
+    pipeline_name: str,
+    identity: str,
+    *,
+    settle_s: float,
+    deadline: float,
+) -> int:
+    """The offset up to which a ``read_committed`` read of ``topic[partition]`` sees every
+    committed record of this pipeline: the end of the read-back.
+
+    A read_committed reader stops at the last stable offset (the start of the oldest open
+    transaction), so a record of ours committed beyond it is invisible and would read as
+    "not published". Cases:
+
+    1. Last stable offset = high watermark: nothing is open; read to it.
+    2. Something is open, and no record of ours lies at or beyond the last stable offset
+       (read uncommitted): everything of ours is below it; read to it at once. A foreign
+       transaction that opened after our records never holds the read-back up.
+    3. Records of ours lie beyond it (committed or aborted: a reader cannot tell which until
+       the transaction before them ends): wait up to ``settle_s`` for the last stable offset
+       to pass the last of them (right after a commit, its markers lag for a moment), then
+       read to it. Still blocked: :class:`ReadBackBlocked` naming the partition, never a
+       guess. No record of ours can appear meanwhile: the caller's ``init_transactions``
+       fenced every producer of the shard's transactional id.
+    """
+    tp = (topic, partition)
+    stable = admin.list_offsets(config, [tp], spec="latest")[tp]
+    high = high_watermarks(config, [tp])[tp]
+    if stable >= high:
+        return stable
+    ident = identity[: names.PROVENANCE_IDENTITY_CHARS]
+    last = _last_of_ours(config, tp, stable, high, pipeline_name, ident, deadline)
+    until = time.monotonic() + settle_s
+    while last is not None and stable <= last:
+        if time.monotonic() >= until:
+            raise ReadBackBlocked(
+                f"pipeline {pipeline_name!r}: cannot tell which checkpoint {topic}[{partition}] "
+                "last published (its commit marker is missing): a transaction that is not this "
+                f"shard's stays open on the partition. Its last stable offset {stable} is below "
+                f"its high watermark {high}, and records of this pipeline up to offset {last} "
+                "lie beyond it, undecided for read_committed readers, still after "
+                f"{settle_s:.0f} s. Deciding from what is visible could publish the checkpoint "
+                "twice. Nothing was published by this try; the checkpoint stays as it was. The "
+                f"open transaction began at offset {stable}: find its producer (id, epoch, "
+                "start offset) with `kafka-transactions.sh --bootstrap-server ... "
+                f"describe-producers --topic {topic} --partition {partition}` and its "
+                "transactional id with `kafka-transactions.sh --bootstrap-server ... list` (this "
+                "client cannot list transactions); let it finish or abort it "
+                f"(`kafka-transactions.sh --bootstrap-server ... abort --topic {topic} "
+                f"--partition {partition} --start-offset {stable}`), then retry the commit."
+            )
+        time.sleep(0.1)
+        stable = admin.list_offsets(config, [tp], spec="latest")[tp]
+    return stable
+
+
 def last_published_checkpoint(
     config: dict[str, Any],
     topic: str,
@@ -116,6 +232,7 @@ def last_published_checkpoint(
     identity: str,
     *,
     timeout_s: float = 120.0,
+    settle_s: float | None = None,
     first_window: int = 256,
 ) -> int:
     """The highest checkpoint id of pipeline ``pipeline_name`` (with ledger identity
@@ -128,14 +245,33 @@ def last_published_checkpoint(
     carried one: nothing newer of ours exists then). Records of the same pipeline name with
     another identity (another deployment) and records without our header are skipped.
     Commits are strictly ordered, so the latest record of ours carries the highest id.
-    Raises :class:`~airflow_provider_eo.errors.CommitError` when it cannot read back in
+
+    The read ends where every committed record of ours is visible (:func:`readback_end`):
+    records of ours beyond an open transaction's start are waited for up to ``settle_s``
+    (default: 15 s, at most a quarter of ``timeout_s``), then refused with
+    :class:`~airflow_provider_eo.errors.ReadBackBlocked`. Raises
+    :class:`~airflow_provider_eo.errors.CommitError` when it cannot read back in
     ``timeout_s`` (the caller must then not guess).
     """
-    from airflow_provider_eo.errors import CommitError
-
     ident = identity[: names.PROVENANCE_IDENTITY_CHARS]
     tp = (topic, partition)
-    end = settled_ends(config, [tp], settle_s=min(15.0, timeout_s / 4))[tp]
+    deadline = time.monotonic() + timeout_s
+
+    def unreadable(part: str) -> CommitError:
+        return CommitError(
+            f"pipeline {pipeline_name!r}: could not read back {topic}[{partition}] "
+            f"{part} within {timeout_s:.0f}s to find which checkpoint it "
+            "last published (its commit marker is missing). Nothing was published "
+            "by this try; retry the commit when the sink is readable."
+        )
+
+    settle = min(15.0, timeout_s / 4) if settle_s is None else settle_s
+    try:
+        end = readback_end(
+            config, topic, partition, pipeline_name, identity, settle_s=settle, deadline=deadline
+        )
+    except TimeoutError as exc:
+        raise unreadable("beyond its last stable offset") from exc
     log_start = admin.list_offsets(config, [tp], spec="earliest")[tp]
     consumer = Consumer(
         {
@@ -146,7 +282,6 @@ def last_published_checkpoint(
             "enable.partition.eof": True,
         }
     )
-    deadline = time.monotonic() + timeout_s
     window = first_window
     try:
         while end > log_start:
@@ -156,12 +291,7 @@ def last_published_checkpoint(
             done = False
             while not done:
                 if time.monotonic() >= deadline:
-                    raise CommitError(
-                        f"pipeline {pipeline_name!r}: could not read back {topic}[{partition}] "
-                        f"[{start}, {end}) within {timeout_s:.0f}s to find which checkpoint it "
-                        "last published (its commit marker is missing). Nothing was published "
-                        "by this try; retry the commit when the sink is readable."
-                    )
+                    raise unreadable(f"[{start}, {end})")
                 for msg in consumer.consume(1000, 0.5):
                     err = msg.error()
                     if err is not None:
@@ -173,11 +303,9 @@ def last_published_checkpoint(
                     if offset >= end:
                         done = True
                         continue
-                    prov = dict(msg.headers() or []).get(names.HEADER_PROVENANCE)
-                    fields = names.parse_provenance(prov) if isinstance(prov, bytes) else None
-                    parsed = names.parse_checkpoint_field(fields[0], pipeline_name) if fields else None
-                    if parsed is not None and parsed[1] in (ident, None):
-                        found = max(found, parsed[0])
+                    checkpoint = _checkpoint_of(msg, pipeline_name, ident)
+                    if checkpoint is not None:
+                        found = max(found, checkpoint)
                     done = done or offset + 1 >= end
             if found >= 0:
                 return found
