@@ -1,10 +1,19 @@
-"""The commit's rows: the commit lease of a PREPARED checkpoint, and one row per commit shard.
+"""The commit's rows: the commit lease of a PREPARED checkpoint, one row per commit shard, and
+the fence lease with the conditional abort it guards.
 
-The lease is not what keeps two committers from publishing twice: the pipeline's pinned
-transactional-id prefix is (every committer uses the same ids, so Kafka fences the older
-one). The lease only keeps two healthy committers from fencing each other in turn, and it
-compares times on the DATABASE's clock (:func:`database_now`), never a worker's: a worker
+The commit lease is not what keeps two committers from publishing twice: the pipeline's
+pinned transactional-id prefix is (every committer uses the same ids, so Kafka fences the
+older one). The lease only keeps two healthy committers from fencing each other in turn, and
+it compares times on the DATABASE's clock (:func:`database_now`), never a worker's: a worker
 whose clock runs ahead cannot see a held lease as expired.
+
+The fence lease is the same columns held by an abort or a recovery on EVERY unfinished
+checkpoint of the pipeline (:func:`acquire_fence_lease`): a pipeline's transactional ids are
+one per commit shard, shared by all its checkpoints, so fencing them for one checkpoint fences
+the committer of any other. It is refused while a committer holds a live lease; while it is
+held, no committer passes its lease check, so none begins a transaction that the fence would
+kill or that the abort's marker read would miss. :func:`abort` refuses the transition while a
+committer holds a live lease on what it aborts, or once one took the fence lease over.
 """
 
 from __future__ import annotations
@@ -12,7 +21,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from sqlalchemy import or_, text, update
+from sqlalchemy import ColumnElement, or_, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -22,11 +31,51 @@ from airflow_provider_eo.ledger.events import add_event
 from airflow_provider_eo.ledger.mapping import checkpoint_record_of
 from airflow_provider_eo.ledger.models import Checkpoint, CommitShard
 from airflow_provider_eo.ledger.reads import pipeline_row, require_checkpoint
-from airflow_provider_eo.ledger.records import CheckpointRecord
-from airflow_provider_eo.ledger.states import CheckpointState, ShardState
-from airflow_provider_eo.ledger.transitions import check_order, conflict
+from airflow_provider_eo.ledger.records import Actor, CheckpointRecord
+from airflow_provider_eo.ledger.states import UNFINISHED_STATES, CheckpointState, ShardState
+from airflow_provider_eo.ledger.transitions import check_order, conflict, record_aborted
 
 PREPARED = CheckpointState.PREPARED
+#: One equality seek per state on (pipeline_id, state, checkpoint_id) (see ledger/reads.py).
+_UNFINISHED = sorted(UNFINISHED_STATES, key=lambda state: state.value)
+
+
+class CommitInProgress(CommitLeaseHeld):
+    """A committer holds the commit lease of a checkpoint of the pipeline: aborting it, or
+    fencing the pipeline's transactional ids (shared by all its checkpoints), would let it
+    publish what the abort replans or kill it. Nothing was changed, no data is at risk: wait
+    for that commit to finish, or stop it first."""
+
+    def __init__(
+        self, message: str, *, pipeline: str, checkpoint_id: int, owner: str | None, until: dt.datetime | None
+    ) -> None:
+        super().__init__(message, owner=owner)
+        self.pipeline = pipeline
+        self.checkpoint_id = checkpoint_id
+        self.until = until
+
+
+def _in_progress(pipeline: str, row: Checkpoint, now: dt.datetime, refused: str) -> CommitInProgress:
+    """The refusal naming ``row``'s lease holder; ``refused`` says what it stops and why."""
+    until = row.commit_lease_until
+    if until is not None and until >= now:
+        held = f"until {until.isoformat()} ({(until - now).total_seconds():.1f}s left)"
+    else:  # took over a lease of ours that ran out: it may have begun since
+        held = f"until {until.isoformat() if until else '?'} (run out, but it may have begun since)"
+    return CommitInProgress(
+        f"pipeline '{pipeline}': checkpoint {row.checkpoint_id} is being committed by "
+        f"{row.commit_owner!r} {held}; wait, or stop it first. {refused} Nothing was changed.",
+        pipeline=pipeline,
+        checkpoint_id=row.checkpoint_id,
+        owner=row.commit_owner,
+        until=until,
+    )
+
+
+def _live(row: Checkpoint, now: dt.datetime) -> bool:
+    return (
+        row.commit_owner is not None and row.commit_lease_until is not None and row.commit_lease_until >= now
+    )
 
 
 def database_now(s: Session) -> dt.datetime:
@@ -180,3 +229,201 @@ def record_shard(
                 f"recorded COMMITTED and cannot go back to {state}; its transaction "
                 "is visible in Kafka, do not publish it again"
             )
+
+
+# -- the fence lease and the conditional abort ---------------------------------------------
+
+
+_FENCE_REFUSED = (
+    "The pipeline's transactional ids (one per commit shard) are shared by all its "
+    "checkpoints, so fencing them now would kill that committer."
+)
+
+
+def _unfinished_rows(s: Session, pid: int) -> list[Checkpoint]:
+    rows: list[Checkpoint] = []
+    for state in _UNFINISHED:
+        rows.extend(
+            s.execute(
+                select(Checkpoint)
+                .where(Checkpoint.pipeline_id == pid, Checkpoint.state == state)
+                .execution_options(populate_existing=True)
+            ).scalars()
+        )
+    return sorted(rows, key=lambda row: row.checkpoint_id)
+
+
+def _hold(
+    db: Database, pipeline: str, *, owner: str, ttl_s: float, take_over: bool, renew: bool
+) -> list[int]:
+    """Lease every unfinished checkpoint to ``owner`` until ``now + ttl_s``, all or nothing.
+
+    ``renew``: a row held by anyone else (live or not) refuses, since it was taken over from
+    ``owner``. Otherwise a row held live by anyone else refuses, unless ``take_over``."""
+    if not owner:
+        raise ValueError("owner must be non-empty")
+    if ttl_s <= 0:
+        raise ValueError(f"ttl_s must be > 0, got {ttl_s}")
+    with db.write() as s:
+        pid = pipeline_row(s, db, pipeline, lock=True).id
+        now = database_now(s)  # never this worker's clock: it may be skewed or paused
+        until = now + dt.timedelta(seconds=ttl_s)
+        rows = _unfinished_rows(s, pid)
+        for row in rows:
+            if row.commit_owner in (None, owner):
+                continue
+            if renew or (_live(row, now) and not take_over):
+                raise _in_progress(pipeline, row, now, _FENCE_REFUSED)
+        free: ColumnElement[bool] = or_(Checkpoint.commit_owner.is_(None), Checkpoint.commit_owner == owner)
+        if not renew and not take_over:
+            free = or_(free, Checkpoint.commit_lease_until.is_(None), Checkpoint.commit_lease_until < now)
+        held: list[int] = []
+        for row in rows:
+            previous_owner, previous_until = row.commit_owner, row.commit_lease_until
+            conditions = [
+                Checkpoint.pipeline_id == pid,
+                Checkpoint.checkpoint_id == row.checkpoint_id,
+                Checkpoint.state.in_(UNFINISHED_STATES),
+            ]
+            if not take_over:
+                conditions.append(free)
+            result = s.execute(
+                update(Checkpoint)
+                .where(*conditions)
+                .values(commit_owner=owner, commit_lease_until=until)
+                .execution_options(synchronize_session=False)
+            )
+            if rowcount(result) != 1:  # a committer won the row meanwhile (PostgreSQL), or it finished
+                fresh = require_checkpoint(s, db, pipeline, pid, row.checkpoint_id)
+                if fresh.state in UNFINISHED_STATES:
+                    raise _in_progress(pipeline, fresh, now, _FENCE_REFUSED)
+                continue
+            held.append(row.checkpoint_id)
+            if previous_owner != owner:
+                add_event(
+                    s,
+                    pid,
+                    row.checkpoint_id,
+                    "lease",
+                    details={
+                        "owner": owner,
+                        "ttl_s": ttl_s,
+                        "purpose": "fence",
+                        "previous_owner": previous_owner,
+                        "previous_until": previous_until.isoformat() if previous_until else None,
+                    },
+                    at=now,
+                )
+        return held
+
+
+def acquire_fence_lease(
+    db: Database, pipeline: str, *, owner: str, ttl_s: float, take_over: bool = False
+) -> list[int]:
+    """Hold the commit lease of every unfinished checkpoint of ``pipeline`` for ``owner`` until
+    ``now + ttl_s``: taken before an abort or a recovery fences the pipeline's transactional
+    ids, so no committer of any checkpoint begins a transaction meanwhile.
+
+    All or nothing, under the pipeline row's lock, on the database's clock. Refuses
+    (:class:`CommitInProgress`, nothing changed) while a committer holds a live lease on one of
+    them; a lease that ran out is taken over (its committer is dead or paused: the fence that
+    follows stops it). ``take_over``: take live leases too (a committer known to be dead).
+    Holding it again is a renewal; the heartbeat is :func:`renew_fence_lease`.
+
+    Returns the ids of the checkpoints now held, lowest first.
+    """
+    return _hold(db, pipeline, owner=owner, ttl_s=ttl_s, take_over=take_over, renew=False)
+
+
+def renew_fence_lease(db: Database, pipeline: str, *, owner: str, ttl_s: float) -> list[int]:
+    """The fence lease's heartbeat: every unfinished checkpoint still held by ``owner`` (even
+    when its time ran out: nobody took it) is held until ``now + ttl_s``, and a checkpoint
+    planned since is taken too.
+
+    Refuses (:class:`CommitInProgress`, nothing changed) once anyone else holds one of them,
+    live or not: a committer that took the lease over may have begun a transaction. Returns
+    the ids of the checkpoints held, lowest first.
+    """
+    return _hold(db, pipeline, owner=owner, ttl_s=ttl_s, take_over=False, renew=True)
+
+
+def release_fence_lease(db: Database, pipeline: str, *, owner: str) -> int:
+    """End ``owner``'s hold on the pipeline's unfinished checkpoints at once (committers go on
+    without waiting for it to run out); the number of checkpoints released."""
+    with db.write() as s:
+        pid = pipeline_row(s, db, pipeline).id
+        return _release(s, pid, owner)
+
+
+def _release(s: Session, pid: int, owner: str) -> int:
+    result = s.execute(
+        update(Checkpoint)
+        .where(
+            Checkpoint.pipeline_id == pid,
+            Checkpoint.commit_owner == owner,
+            Checkpoint.state.in_(UNFINISHED_STATES),
+        )
+        .values(commit_lease_until=None)
+        .execution_options(synchronize_session=False)
+    )
+    return rowcount(result)
+
+
+def abort(
+    db: Database,
+    pipeline: str,
+    checkpoint_id: int,
+    *,
+    reason: str,
+    actor: Actor | None = None,
+    lease_owner: str | None = None,
+) -> CheckpointRecord:
+    """PLANNED/PREPARED -> ABORTED, unless a committer may still publish it; the range is
+    replanned from the same start.
+
+    The conditional abort, one transaction under the pipeline row's lock (see
+    :func:`~airflow_provider_eo.ledger.transitions.record_aborted` for the transition and its
+    cascade to later unfinished checkpoints). Refused (:class:`CommitInProgress` naming the
+    pipeline, the checkpoint and the lease holder; nothing changed):
+
+    - without ``lease_owner``: while anyone holds a live commit lease on a checkpoint it
+      aborts;
+    - with ``lease_owner`` (the owner of the fence lease taken before fencing and reading the
+      markers, :func:`acquire_fence_lease`): once anyone else holds one of them, live or not,
+      since that committer may have begun a transaction after the markers were read. Then
+      ``lease_owner``'s leases on the checkpoints left unfinished are released.
+
+    Idempotent: aborting an ABORTED checkpoint does nothing. A COMMITTED checkpoint cannot be
+    aborted (CheckpointConflict). Only abort a PREPARED checkpoint after the commit markers
+    show that no shard published it.
+    """
+    refused = (
+        f"Aborting checkpoint {checkpoint_id} now would let that committer publish a range the abort replans."
+    )
+    with db.write() as s:
+        p = pipeline_row(s, db, pipeline, lock=True)
+        now = database_now(s)
+        if lease_owner is None:
+            unleased = or_(
+                Checkpoint.commit_owner.is_(None),
+                Checkpoint.commit_lease_until.is_(None),
+                Checkpoint.commit_lease_until < now,
+            )
+
+            def guard(row: Checkpoint) -> None:
+                if _live(row, now):
+                    raise _in_progress(pipeline, row, now, refused)
+
+        else:
+            unleased = or_(Checkpoint.commit_owner.is_(None), Checkpoint.commit_owner == lease_owner)
+
+            def guard(row: Checkpoint) -> None:
+                if row.commit_owner not in (None, lease_owner):
+                    raise _in_progress(pipeline, row, now, refused)
+
+        record = record_aborted(
+            s, db, pipeline, p, checkpoint_id, reason=reason, actor=actor, guard=guard, also=unleased
+        )
+        if lease_owner is not None:
+            _release(s, p.id, lease_owner)
+        return record

@@ -10,7 +10,8 @@ database (:func:`_delegate`: its signature and contract are written once, there)
 ``pipelines``          registration and the settings fingerprint
 ``reads``              row lookups and read-only queries
 ``transitions``        plan, prepare, commit, abort: each one conditional UPDATE
-``leases``             the commit lease and the commit shard rows
+``leases``             the commit lease, the commit shard rows, the fence lease and the
+                       abort it guards (refused while a committer holds a live lease)
 ``lineage``            partition heads and restore (a recorded lineage break)
 ``savepoints``         named, retained offsets
 ``backfill``           a time interval's committed ranges, backfill coverage and plan
@@ -141,12 +142,18 @@ class Ledger:
     freeze_commit_plan = _delegate(transitions.freeze_commit_plan)
     mark_prepared = _delegate(transitions.mark_prepared)
     mark_committed = _delegate(transitions.mark_committed)
-    abort = _delegate(transitions.abort)
+    abort = _delegate(leases.abort)
 
     # -- commit lease and shards -------------------------------------------------------------
 
     acquire_commit_lease = _delegate(leases.acquire_commit_lease)
     release_commit_lease = _delegate(leases.release_commit_lease)
+
+    # -- fence lease: an abort or a recovery holds every unfinished checkpoint ---------------
+
+    acquire_fence_lease = _delegate(leases.acquire_fence_lease)
+    renew_fence_lease = _delegate(leases.renew_fence_lease)
+    release_fence_lease = _delegate(leases.release_fence_lease)
 
     def record_shard(
         self,

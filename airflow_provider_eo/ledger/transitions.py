@@ -6,7 +6,9 @@ Every state change is ONE conditional UPDATE (:func:`_move`: ``... WHERE state =
 :class:`InvalidTransition` before the statement runs). Zero rows updated means another
 process won; the loser raises :class:`CheckpointConflict` naming what it expected and
 what it found. Planning hands out checkpoint ids with one compare-and-set on the
-pipeline row (:func:`_claim_checkpoint_id`).
+pipeline row (:func:`_claim_checkpoint_id`). The abort's transition is :func:`record_aborted`;
+the ledger's abort (``Ledger.abort``) is the one guarded by the commit leases
+(:func:`airflow_provider_eo.ledger.leases.abort`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import datetime as dt
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import String, cast, or_, select, update
+from sqlalchemy import ColumnElement, String, cast, or_, select, update
 from sqlalchemy.orm import Session
 
 from airflow_provider_eo.errors import PipelineStopped
@@ -59,16 +61,24 @@ def _move(
     source: CheckpointState,
     target: CheckpointState,
     values: Mapping[str, Any],
+    *,
+    also: ColumnElement[bool] | None = None,
 ) -> bool:
-    """``source -> target`` as one conditional UPDATE; True when this call moved the row."""
+    """``source -> target`` as one conditional UPDATE; True when this call moved the row.
+
+    :param also: a further condition the row must meet (the abort's: no committer's lease).
+    """
     check_transition(source, target, pipeline=pipeline, checkpoint_id=checkpoint_id)
+    conditions = [
+        Checkpoint.pipeline_id == pid,
+        Checkpoint.checkpoint_id == checkpoint_id,
+        Checkpoint.state == source,
+    ]
+    if also is not None:
+        conditions.append(also)
     result = s.execute(
         update(Checkpoint)
-        .where(
-            Checkpoint.pipeline_id == pid,
-            Checkpoint.checkpoint_id == checkpoint_id,
-            Checkpoint.state == source,
-        )
+        .where(*conditions)
         .values(state=target, **values)
         .execution_options(synchronize_session=False)
     )
@@ -493,75 +503,92 @@ def mark_committed(
         return checkpoint_record_of(s, pipeline, row)
 
 
-def abort(
-    db: Database, pipeline: str, checkpoint_id: int, *, reason: str, actor: Actor | None = None
+def record_aborted(
+    s: Session,
+    db: Database,
+    pipeline: str,
+    p: Pipeline,
+    checkpoint_id: int,
+    *,
+    reason: str,
+    actor: Actor | None = None,
+    guard: Callable[[Checkpoint], None],
+    also: ColumnElement[bool] | None = None,
 ) -> CheckpointRecord:
-    """PLANNED/PREPARED -> ABORTED; the range is replanned from the same start.
+    """PLANNED/PREPARED -> ABORTED in the caller's transaction, which holds the pipeline row
+    ``p`` locked: the one way a checkpoint is aborted (the conditional abort,
+    :func:`airflow_provider_eo.ledger.leases.abort`, calls it).
 
-    Idempotent: aborting an ABORTED checkpoint does nothing. A COMMITTED checkpoint
-    cannot be aborted (CheckpointConflict). Later unfinished checkpoints are aborted
-    with it (their ranges continue this one's, so they could never commit without a
-    gap). Only abort a PREPARED checkpoint after the commit markers show that no shard
-    published it.
+    Idempotent: an ABORTED checkpoint is returned as it is. A COMMITTED one cannot be aborted
+    (CheckpointConflict). Later unfinished checkpoints are aborted with it (their ranges
+    continue this one's, so they could never commit without a gap), and each partition's head
+    goes back to where the earliest aborted checkpoint started reading it.
+
+    :param guard: called with every row about to be aborted before anything is written;
+        raises to refuse (the caller's lease check). Called again with a fresh row when a
+        move matched nothing, so a refusal that raced the move is reported as such.
+    :param also: a further condition each row's UPDATE must meet (the same check, in SQL).
     """
-    with db.write() as s:
-        p = pipeline_row(s, db, pipeline, lock=True)
-        row = require_checkpoint(s, db, pipeline, p.id, checkpoint_id)
-        if row.state == ABORTED:
-            return checkpoint_record_of(s, pipeline, row)
-        if row.state == COMMITTED:
-            raise conflict(pipeline, row, "PLANNED or PREPARED", "abort")
-        later = (
-            s.execute(
-                select(Checkpoint)
-                .where(
-                    Checkpoint.pipeline_id == p.id,
-                    Checkpoint.checkpoint_id > checkpoint_id,
-                    Checkpoint.state.in_(UNFINISHED_STATES),
-                )
-                .order_by(Checkpoint.checkpoint_id)
-            )
-            .scalars()
-            .all()
-        )
-        now = utcnow()
-        targets = [(row.checkpoint_id, row.state)] + [(r.checkpoint_id, r.state) for r in later]
-        for cp, source in targets:
-            cascade = cp != checkpoint_id
-            why = reason if not cascade else f"checkpoint {checkpoint_id} aborted: {reason}"
-            values = {"aborted_at": now, "abort_reason": why, **actor_columns(actor)}
-            if not _move(s, pipeline, p.id, cp, source, ABORTED, values):
-                current = require_checkpoint(s, db, pipeline, p.id, cp)
-                raise conflict(pipeline, current, source.value, "abort")
-            add_event(
-                s,
-                p.id,
-                cp,
-                "transition",
-                from_state=source,
-                to_state=ABORTED,
-                actor=actor,
-                at=now,
-                details={"reason": why, **({"cascade_from": checkpoint_id} if cascade else {})},
-            )
-        # Replan from the same start: each partition's head goes back to the start of
-        # the earliest aborted checkpoint that reads it.
-        reverted: set[TopicPartition] = set()
-        for cp, _ in targets:
-            for rg in s.execute(
-                select(CheckpointRange).where(
-                    CheckpointRange.pipeline_id == p.id, CheckpointRange.checkpoint_id == cp
-                )
-            ).scalars():
-                key = (rg.topic, rg.partition)
-                if key in reverted:
-                    continue
-                reverted.add(key)
-                start = rg.skipped_from if rg.skipped_from is not None else rg.start_offset
-                set_head(s, p.id, key, start, row.lineage, None)
-        p.updated_at = now
-        row = require_checkpoint(s, db, pipeline, p.id, checkpoint_id)
+    row = require_checkpoint(s, db, pipeline, p.id, checkpoint_id)
+    if row.state == ABORTED:
         return checkpoint_record_of(s, pipeline, row)
+    if row.state == COMMITTED:
+        raise conflict(pipeline, row, "PLANNED or PREPARED", "abort")
+    later = (
+        s.execute(
+            select(Checkpoint)
+            .where(
+                Checkpoint.pipeline_id == p.id,
+                Checkpoint.checkpoint_id > checkpoint_id,
+                Checkpoint.state.in_(UNFINISHED_STATES),
+            )
+            .order_by(Checkpoint.checkpoint_id)
+        )
+        .scalars()
+        .all()
+    )
+    for each in (row, *later):
+        guard(each)
+    now = utcnow()
+    targets = [(row.checkpoint_id, row.state)] + [(r.checkpoint_id, r.state) for r in later]
+    for cp, source in targets:
+        cascade = cp != checkpoint_id
+        why = reason if not cascade else f"checkpoint {checkpoint_id} aborted: {reason}"
+        values = {"aborted_at": now, "abort_reason": why, **actor_columns(actor)}
+        if not _move(s, pipeline, p.id, cp, source, ABORTED, values, also=also):
+            current = require_checkpoint(s, db, pipeline, p.id, cp)
+            if current.state == source:
+                guard(current)  # the state is unchanged: the extra condition refused it
+            raise conflict(pipeline, current, source.value, "abort")
+        add_event(
+            s,
+            p.id,
+            cp,
+            "transition",
+            from_state=source,
+            to_state=ABORTED,
+            actor=actor,
+            at=now,
+            details={"reason": why, **({"cascade_from": checkpoint_id} if cascade else {})},
+        )
+    # Replan from the same start: each partition's head goes back to the start of
+    # the earliest aborted checkpoint that reads it.
+    reverted: set[TopicPartition] = set()
+    for cp, _ in targets:
+        for rg in s.execute(
+            select(CheckpointRange).where(
+                CheckpointRange.pipeline_id == p.id, CheckpointRange.checkpoint_id == cp
+            )
+        ).scalars():
+            key = (rg.topic, rg.partition)
+            if key in reverted:
+                continue
+            reverted.add(key)
+            start = rg.skipped_from if rg.skipped_from is not None else rg.start_offset
+            set_head(s, p.id, key, start, row.lineage, None)
+    p.updated_at = now
+    row = require_checkpoint(s, db, pipeline, p.id, checkpoint_id)
+    return checkpoint_record_of(s, pipeline, row)
 
 
 def freeze_commit_plan(
