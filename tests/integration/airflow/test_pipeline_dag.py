@@ -7,6 +7,7 @@ import uuid
 from typing import Any
 
 import pytest
+from eo_source_sink import assert_sink_is_source_exactly_once
 
 from airflow_provider_eo.core.audit import audit_pipeline
 from airflow_provider_eo.demo.sample import produce_sample
@@ -38,6 +39,7 @@ def test_three_runs_commit_three_checkpoints(airflow_env: Any, kafka_bootstrap: 
     checkpoints = _audit_clean(pipeline)
     assert [c.state for c in checkpoints] == [CheckpointState.COMMITTED] * 3
     assert sum(c.records or 0 for c in checkpoints) == committed
+    assert_sink_is_source_exactly_once(pipeline.kafka, pipeline, source_records=committed)
     # Airflow lineage in the ledger: each checkpoint names the run that planned it.
     assert [c.run_id for c in checkpoints] == [r["run_id"] for r in runs]
     assert sum(r["xcoms"]["eo.commit"]["published"] for r in runs) == committed
@@ -74,12 +76,15 @@ def test_prepare_fails_first_try_retry_prepares_same_checkpoint(
 def test_commit_killed_after_kafka_commit_retry_publishes_nothing(
     airflow_env: Any, kafka_bootstrap: str
 ) -> None:
+    """Run 1's commit dies after the Kafka commit (before the ledger update); its retry sends
+    nothing, and after the third run (the last of the input) every committed source record
+    is in the sink exactly once: none lost, none twice, nothing of the aborted input."""
     pipeline = airflow_env.pipeline()
-    committed, _ = produce_sample(kafka_bootstrap, pipeline.source_topics[0])
+    committed, aborted = produce_sample(kafka_bootstrap, pipeline.source_topics[0])
 
-    runs = airflow_env.run_dag_test("eo_pipeline", runs=2, commit_fault_runs="1")
+    runs = airflow_env.run_dag_test("eo_pipeline", runs=3, commit_fault_runs="1")
 
-    first, second = runs
+    first, *later = runs
     assert first["state"] == "success", first
     assert first["tis"]["eo.commit"]["try_number"] == 2, first
     assert "injected fault at commit.after_commit_txn" in airflow_env.log_text()
@@ -87,10 +92,15 @@ def test_commit_killed_after_kafka_commit_retry_publishes_nothing(
     # marker and sent nothing.
     assert first["xcoms"]["eo.commit"]["published"] == 0, first
     assert first["xcoms"]["eo.commit"]["shards_skipped"] >= 1, first
-    assert second["state"] == "success", second
+    for run in later:
+        assert run["state"] == "success", run
+        assert run["xcoms"]["eo.commit"]["state"] == "COMMITTED", run
     checkpoints = _audit_clean(pipeline)
-    assert [c.state for c in checkpoints] == [CheckpointState.COMMITTED] * 2
-    assert sum(c.records or 0 for c in checkpoints) <= committed
+    assert [c.state for c in checkpoints] == [CheckpointState.COMMITTED] * 3
+    # Counted against the source, by the source position each output carries.
+    report = assert_sink_is_source_exactly_once(pipeline.kafka, pipeline, source_records=committed)
+    assert report.sink == committed == 40 and aborted == 20, report.describe()
+    assert sum(c.records or 0 for c in checkpoints) == committed
 
 
 def test_plan_preflight_fails_the_run_naming_the_missing_sink(airflow_env: Any, kafka_bootstrap: str) -> None:
