@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -60,10 +61,17 @@ class StandaloneCluster:
         )
         return env
 
-    def _start(self, name: str, *args: str) -> None:
+    def _start(self, name: str, *args: str, private: tuple[Path, ...] = ()) -> None:
         log = (self.home / f"{name}.log").open("ab")
+        cmd = [str(spark_home() / "bin" / "spark-class"), *args]
+        if private:
+            # Its own mount namespace with an empty tmpfs over each folder: what it (and its
+            # executors) write there no other process sees, as on a second host's local disk.
+            mounts = " && ".join(f"mount -t tmpfs eo-private {shlex.quote(str(d))}" for d in private)
+            script = f'{mounts} && exec "$@"'
+            cmd = ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", *cmd]
         proc = subprocess.Popen(
-            [str(spark_home() / "bin" / "spark-class"), *args],
+            cmd,
             env=self._env(),
             stdin=subprocess.DEVNULL,
             stdout=log,
@@ -84,7 +92,9 @@ class StandaloneCluster:
         except OSError:
             return 0
 
-    def up(self, timeout_s: float = 120.0) -> None:
+    def up(self, timeout_s: float = 120.0, *, private: tuple[Path, ...] = ()) -> None:
+        """Start the master and the worker; ``private`` folders are the worker's own (see
+        :meth:`_start`: needs root and ``unshare``)."""
         (self.home / "logs").mkdir(parents=True, exist_ok=True)
         (self.home / "work").mkdir(parents=True, exist_ok=True)
         self._start(
@@ -97,6 +107,26 @@ class StandaloneCluster:
             "--webui-port",
             str(self.ui_port),
         )
+        self._start_worker(timeout_s, private)
+
+    def share_again(self, folder: Path) -> None:
+        """Remove the worker's private mount over ``folder``: from now on it (and every
+        executor it starts) sees the same folder as everyone else."""
+        worker = self.procs[-1]
+        subprocess.run(["nsenter", "-t", str(worker.pid), "-m", "umount", str(folder)], check=True)
+
+    def restart_worker(self, timeout_s: float = 120.0, *, private: tuple[Path, ...] = ()) -> None:
+        """Stop the worker (and its executors) and start a new one, sharing every folder
+        unless ``private`` says otherwise."""
+        worker = self.procs.pop()
+        if worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGTERM)
+            worker.wait(timeout=60)
+        wait_for(lambda: self._alive_workers() == 0, "the old worker to leave the master", timeout=timeout_s)
+        self.worker_ui_port = free_port()
+        self._start_worker(timeout_s, private)
+
+    def _start_worker(self, timeout_s: float, private: tuple[Path, ...]) -> None:
         self._start(
             "worker",
             "org.apache.spark.deploy.worker.Worker",
@@ -111,6 +141,7 @@ class StandaloneCluster:
             "--work-dir",
             str(self.home / "work"),
             self.master_url,
+            private=private,
         )
         try:
             wait_for(lambda: self._alive_workers() == 1, "the worker to register", timeout=timeout_s)
