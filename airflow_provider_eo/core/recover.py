@@ -5,10 +5,16 @@ An open transaction on a sink partition holds back every ``read_committed`` cons
 timeout aborts it. One of ours is left by a committer that died with its transaction open
 (a killed commit task, a zombie). Recovery, in order:
 
-1. The unfinished checkpoint, when PREPARED, is committed: :func:`commit_checkpoint` fences
-   each shard's transactional id (``init_transactions`` aborts what the dead committer left
-   open) and publishes only what the commit markers do not show yet — so nothing is
-   published twice. A live committer's lease is respected (its error is reported).
+0. The fence lease (core/fencing.py) is taken: refused while a committer of any checkpoint
+   holds a live commit lease ("checkpoint N is being committed by OWNER until T; wait, or stop
+   it first"), since the ids fenced below are that committer's too (one per commit shard,
+   shared by all checkpoints). While it is held no committer begins; it is renewed before
+   every id and by a heartbeat, and released at the end. A committer that died leaves its
+   lease running until it expires: wait for it, or pass ``force_live``.
+1. The unfinished checkpoint, when PREPARED, is committed under that lease:
+   :func:`commit_checkpoint` fences each shard's transactional id (``init_transactions``
+   aborts what the dead committer left open) and publishes only what the commit markers do
+   not show yet — so nothing is published twice.
 2. Every other transactional id this pipeline's commits ever used (the ledger's commit
    shards, plus the ids today's settings give) is fenced: an open transaction under one of
    them belongs to a zombie of an already finished checkpoint and is aborted; nothing in it
@@ -25,12 +31,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_provider_eo import names
-from airflow_provider_eo.core.abort import fence
 from airflow_provider_eo.core.commit import commit_checkpoint
+from airflow_provider_eo.core.fencing import FENCE_LEASE_S, FenceLease, fence, fence_owner
 from airflow_provider_eo.core.shard import REAL_KAFKA, KafkaClients
 from airflow_provider_eo.errors import RecoverError
 from airflow_provider_eo.kafka.client_config import librdkafka_config
 from airflow_provider_eo.ledger import Actor, CheckpointState, Ledger
+from airflow_provider_eo.ledger.leases import CommitInProgress
 from airflow_provider_eo.pipeline import Pipeline
 
 
@@ -73,12 +80,20 @@ def recover_pipeline(
     wait_s: float = 15.0,
     progress: Callable[[str], None] | None = None,
     clients: KafkaClients = REAL_KAFKA,
+    force_live: bool = False,
+    lease_ttl_s: float = FENCE_LEASE_S,
 ) -> RecoverResult:
     """Fence the pipeline's transactional ids, commit its PREPARED checkpoint by the
     markers, and report what stays open on the sink (see the module docstring).
 
+    Refuses (:class:`RecoverError`, nothing fenced) while a committer holds a live commit
+    lease on a checkpoint of the pipeline. Safe to repeat: fencing only aborts what was never
+    committed, and the commit publishes only what the markers lack.
+
     :param wait_s: how long to wait for the sink's last stable offsets to catch up after
         fencing (the broker writes the abort markers asynchronously).
+    :param force_live: take the lease from a committer known to be dead while it runs.
+    :param lease_ttl_s: how long each renewal of the fence lease lasts.
     """
     say = progress or (lambda _line: None)
     where = f"pipeline {pipeline.name!r}: "
@@ -89,30 +104,52 @@ def recover_pipeline(
     for p, (stable, high) in result.open_before.items():
         say(f"open transaction on {sink}[{p}]: last stable offset {stable} < high watermark {high}")
 
-    # 1. The PREPARED checkpoint: the commit fences its shards and publishes by the markers.
-    done: set[str] = set()
-    if unfinished is not None and unfinished.state is CheckpointState.PREPARED:
-        commit = commit_checkpoint(pipeline, ledger, unfinished.checkpoint_id, actor=actor, clients=clients)
-        result.committed, result.published = unfinished.checkpoint_id, commit.published
-        plan = commit.checkpoint.commit_plan
-        if plan is not None:
-            done = {names.plan_transactional_id(plan, pipeline.name, s) for s in range(plan.shards)}
-        say(
-            f"checkpoint {unfinished.checkpoint_id}: committed ({commit.published} records "
-            f"published, {commit.shards_skipped} shards already done by their markers)"
-        )
+    owner = fence_owner(actor)
+    try:
+        # 0. No committer of any checkpoint is live, and none begins until the end.
+        with FenceLease(ledger, pipeline.name, owner=owner, ttl_s=lease_ttl_s, take_over=force_live) as lease:
+            # 1. The PREPARED checkpoint: the commit fences its shards and publishes by the markers.
+            done: set[str] = set()
+            unfinished = ledger.unfinished(pipeline.name)
+            if unfinished is not None and unfinished.state is CheckpointState.PREPARED:
+                commit = commit_checkpoint(
+                    pipeline, ledger, unfinished.checkpoint_id, actor=actor, owner=owner, clients=clients
+                )
+                result.committed, result.published = unfinished.checkpoint_id, commit.published
+                plan = commit.checkpoint.commit_plan
+                if plan is not None:
+                    done = {names.plan_transactional_id(plan, pipeline.name, s) for s in range(plan.shards)}
+                say(
+                    f"checkpoint {unfinished.checkpoint_id}: committed ({commit.published} records "
+                    f"published, {commit.shards_skipped} shards already done by their markers)"
+                )
 
-    # 2. Every other id of ours: a zombie's open transaction is aborted.
-    today = names.commit_plan(pipeline, clients.partition_count(config, pipeline.sink_topic))
-    ids = set(ledger.transactional_ids(pipeline.name)) | {
-        names.plan_transactional_id(today, pipeline.name, s) for s in range(today.shards)
-    }
-    for txn_id in sorted(ids - done):
-        fence(
-            pipeline, [txn_id], where=where, refused=RecoverError, then="Retry `eo recover`.", clients=clients
-        )
-        result.fenced.append(txn_id)
-        say(f"fenced {txn_id}")
+            # 2. Every other id of ours: a zombie's open transaction is aborted.
+            today = names.commit_plan(pipeline, clients.partition_count(config, pipeline.sink_topic))
+            ids = set(ledger.transactional_ids(pipeline.name)) | {
+                names.plan_transactional_id(today, pipeline.name, s) for s in range(today.shards)
+            }
+            for txn_id in sorted(ids - done):
+                fence(
+                    pipeline,
+                    [txn_id],
+                    lease=lease,
+                    where=where,
+                    refused=RecoverError,
+                    then="Retry `eo recover`.",
+                    clients=clients,
+                )
+                result.fenced.append(txn_id)
+                say(f"fenced {txn_id}")
+    except CommitInProgress as held:
+        until = held.until.isoformat() if held.until else "?"
+        raise RecoverError(
+            f"{where}checkpoint {held.checkpoint_id} is being committed by {held.owner!r} until "
+            f"{until}; wait, or stop it first. `eo recover` fences the pipeline's transactional "
+            "ids (one per commit shard, shared by all its checkpoints), which would kill that "
+            f"committer; it stopped before that (fenced so far: {result.fenced or 'nothing'}). "
+            f"A committer that died holds its lease until then: retry after {until}."
+        ) from held
 
     # 3. What is still open is not ours.
     deadline = time.monotonic() + wait_s

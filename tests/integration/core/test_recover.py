@@ -101,6 +101,12 @@ def test_recover_commits_a_prepared_checkpoint_whose_committer_died(harness: Cal
     kill_child(committer)
     assert _open_partitions(h)
     assert h.ledger.get(h.pipeline.name, planned.checkpoint_id).state is CheckpointState.PREPARED
+    # While its lease runs, a dead committer looks like a live one: recover refuses to fence it.
+    rc, _summary, err = _recover(h)
+    assert rc == 1 and f"checkpoint {planned.checkpoint_id} is being committed by " in err, err
+    assert _open_partitions(h)  # nothing was fenced
+    # What its lease running out does.
+    h.ledger.release_commit_lease(h.pipeline.name, planned.checkpoint_id, owner=names.lease_owner(h.pipeline))
 
     rc, summary, err = _recover(h)
     assert rc == 0, err

@@ -1,6 +1,7 @@
 """abort_checkpoint (core/abort.py) on a real SQLite ledger and a fake Kafka: refused while a
 live committer holds the lease or once a shard published, every shard id fenced before the
-markers are read, idempotent."""
+markers are read, idempotent. The interleavings with committers of other checkpoints are in
+test_abort_safety.py."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from confluent_kafka import KafkaException
 from eo_fake_kafka import FakeBroker, FakeClients, prepared_checkpoint
 
 from airflow_provider_eo import names
-from airflow_provider_eo.core.abort import abort_checkpoint, abort_owner
+from airflow_provider_eo.core.abort import abort_checkpoint
 from airflow_provider_eo.core.commit import commit_checkpoint
+from airflow_provider_eo.core.fencing import fence_owner
 from airflow_provider_eo.errors import AbortRefused, PipelineIdentityMismatch
 from airflow_provider_eo.kafka import admin
 from airflow_provider_eo.kafka.publisher import ProducerLost
@@ -78,7 +80,11 @@ def test_refused_while_a_live_committer_holds_the_lease(
 ) -> None:
     cp = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=2)
     ledger.acquire_commit_lease("orders", cp.checkpoint_id, owner="eo.orders", ttl_s=300)
-    with pytest.raises(AbortRefused, match=r"while a live committer \('eo.orders', no shard recorded yet\)"):
+    with pytest.raises(
+        AbortRefused,
+        match=r"while a live committer \('eo.orders', no shard recorded yet\) holds its commit lease: "
+        r"checkpoint 1 is being committed by 'eo.orders' until .*; wait, or stop it first",
+    ):
         abort_checkpoint(pipeline, ledger, cp.checkpoint_id, reason="test", clients=FakeClients(broker))
     assert broker.calls == []  # nothing fenced: the committer is alive
     assert ledger.get("orders", cp.checkpoint_id).state is CheckpointState.PREPARED
@@ -110,7 +116,7 @@ def test_the_abort_holds_the_lease_so_no_committer_begins(
     abort_checkpoint(
         pipeline, ledger, cp.checkpoint_id, reason="test", actor=actor, clients=FakeClients(broker)
     )
-    assert owners == [abort_owner(actor)] * 2
+    assert owners == [fence_owner(actor)] * 2
 
 
 def test_refused_when_a_marker_shows_a_shard_published(
@@ -166,14 +172,14 @@ def test_committed_while_taking_the_lease_is_decided_again(
     pipeline: Pipeline, ledger: Ledger, broker: FakeBroker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cp = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=2)
-    take = ledger.acquire_commit_lease
+    take = ledger.acquire_fence_lease
 
     def committed_meanwhile(*args: Any, **kwargs: Any) -> Any:
-        if kwargs["owner"].startswith("abort:"):  # a committer finishes just before the abort
-            commit_checkpoint(pipeline, ledger, cp.checkpoint_id, clients=FakeClients(broker))
+        # a committer finishes just before the abort takes its lease
+        commit_checkpoint(pipeline, ledger, cp.checkpoint_id, clients=FakeClients(broker))
         return take(*args, **kwargs)
 
-    monkeypatch.setattr(ledger, "acquire_commit_lease", committed_meanwhile)
+    monkeypatch.setattr(ledger, "acquire_fence_lease", committed_meanwhile)
     with pytest.raises(AbortRefused, match="is COMMITTED"):
         abort_checkpoint(pipeline, ledger, cp.checkpoint_id, reason="test", clients=FakeClients(broker))
 
@@ -181,13 +187,15 @@ def test_committed_while_taking_the_lease_is_decided_again(
 def test_an_earlier_unfinished_checkpoint_does_not_stop_the_abort(
     pipeline: Pipeline, ledger: Ledger, broker: FakeBroker
 ) -> None:
-    """No committer can commit a checkpoint behind an unfinished one (the lease refuses with
-    InvariantViolation): the abort goes on to fence and read."""
+    """The earlier checkpoint has no live committer: the abort holds its lease too, fences and
+    reads, and lets it go again."""
     prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=2)
     later = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=2, start=10)
     done = abort_checkpoint(pipeline, ledger, later.checkpoint_id, reason="test", clients=FakeClients(broker))
     assert done.state is CheckpointState.ABORTED
     assert fenced_then_read(broker)[:2] == ["fence eo.orders.0", "fence eo.orders.1"]
+    earlier = ledger.get("orders", later.checkpoint_id - 1)
+    assert earlier.state is CheckpointState.PREPARED and earlier.commit_lease_until is None
 
 
 def test_a_planned_checkpoint_is_fenced_and_aborted(

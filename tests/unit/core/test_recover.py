@@ -5,6 +5,7 @@ fenced (a zombie's open transaction aborted), and what stays open is reported.""
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 
 import pytest
 from eo_fake_kafka import (
@@ -19,7 +20,7 @@ from airflow_provider_eo.core.commit import commit_checkpoint
 from airflow_provider_eo.core.recover import recover_pipeline
 from airflow_provider_eo.errors import RecoverError
 from airflow_provider_eo.kafka.publisher import ProducerLost
-from airflow_provider_eo.ledger import CheckpointState, Ledger, RangeSpec
+from airflow_provider_eo.ledger import CheckpointState, Ledger, RangeSpec, leases
 from airflow_provider_eo.pipeline import Pipeline
 
 OUT = "out"
@@ -56,6 +57,9 @@ def test_commits_the_prepared_checkpoint_and_fences_the_other_ids(
     with pytest.raises(Crash):
         commit_checkpoint(narrow, ledger, second.checkpoint_id, clients=clients)
     monkeypatch.setattr(shard_module, "fault_point", lambda step: None)
+    # the dead committer's lease runs out (recover refuses while it runs)
+    real_now = leases.database_now
+    monkeypatch.setattr(leases, "database_now", lambda s: real_now(s) + dt.timedelta(minutes=10))
 
     lines: list[str] = []
     result = recover_pipeline(narrow, ledger, wait_s=0, progress=lines.append, clients=clients)
