@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -80,7 +80,7 @@ def _behind(engine: Engine, hold: Callable[[Connection], None], call: Callable[[
 
 
 @pytest.fixture
-def prepared(make_ledger: LedgerFactory) -> tuple[Ledger, Engine]:
+def prepared(make_ledger: LedgerFactory) -> Iterator[tuple[Ledger, Engine]]:
     """A PostgreSQL ledger with checkpoint 1 PREPARED, and a plain engine on its database."""
     ledger = make_ledger("postgres", pipeline=P)
     ledger.plan(P, [RangeSpec("t", 0, 0, 10)])
