@@ -4,7 +4,9 @@ the commit plan it will be published with (frozen with it, docs/design.md §2)."
 from __future__ import annotations
 
 import logging
+import statistics
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from airflow_provider_eo import names
 from airflow_provider_eo.core.abort import abort_checkpoint
@@ -12,7 +14,15 @@ from airflow_provider_eo.core.markers import check_marker_identity
 from airflow_provider_eo.errors import ConfigError, DataLossError, PipelineStopped, SourceError
 from airflow_provider_eo.kafka import admin
 from airflow_provider_eo.kafka.client_config import librdkafka_config
-from airflow_provider_eo.ledger import Actor, CheckpointRecord, CheckpointState, CommitPlan, Ledger, RangeSpec
+from airflow_provider_eo.ledger import (
+    Actor,
+    CheckpointRecord,
+    CheckpointState,
+    CommitPlan,
+    Ledger,
+    RangeSpec,
+    ShardState,
+)
 from airflow_provider_eo.pipeline import Pipeline
 
 TP = tuple[str, int]
@@ -131,6 +141,103 @@ def cap_ranges(starts: Mapping[TP, int], ends: Mapping[TP, int], budget: int) ->
         take[tp] = min(avail[tp], share)
         remaining -= take[tp]
     return {tp: starts[tp] + take[tp] for tp in starts}
+
+
+# -- checkpoint sizing: a shard's publish stays well inside transaction.timeout.ms ----------
+
+#: The share of ``transaction.timeout.ms`` a checkpoint's publish may take by plan; the rest
+#: is margin (the seal and the commit, a slower moment of the broker or the host).
+PUBLISH_TIMEOUT_SHARE = 0.5
+#: Source offsets published per second assumed until the ledger has measured a commit of the
+#: pipeline. Low on purpose: a local broker takes 300k-500k small records/s from one commit,
+#: large records over a slow link far fewer. At the default 60 s timeout it allows 150,000
+#: offsets, more than the default ``max_records_per_checkpoint``.
+DEFAULT_PUBLISH_RATE = 5_000.0
+#: How many recent committed checkpoints the publish rate is measured from (their median).
+RATE_SAMPLES = 5
+
+
+@dataclass(frozen=True)
+class PublishRate:
+    """How fast a pipeline's commits publish, measured from its recent COMMITTED checkpoints
+    in the ledger."""
+
+    offsets_per_s: float  # source offsets per second, median over the samples
+    largest_share: float  # the largest commit shard's share of a checkpoint's records (max)
+    samples: int
+
+
+@dataclass(frozen=True)
+class CheckpointBudget:
+    """How many source offsets the next checkpoint may plan so that its largest shard's
+    publish takes at most :data:`PUBLISH_TIMEOUT_SHARE` of ``transaction.timeout.ms``."""
+
+    offsets: int
+    offsets_per_s: float
+    largest_share: float
+    measured: bool  # False: the default rate (nothing measured yet)
+
+
+def _publish_sample(ledger: Ledger, cp: CheckpointRecord) -> tuple[float, float] | None:
+    """(source offsets per second, largest shard share) of one checkpoint's commit, or None
+    when it says nothing about the rate (not committed, nothing published, no lease).
+
+    The commit's time runs from its first commit lease (taken right before the first
+    shard's ``begin_transaction``) to the last shard's COMMITTED row: every shard's publish,
+    seal and commit, one after another, plus their fixed costs. A retried commit counts from
+    its first try, so a retry only makes the rate look slower (smaller checkpoints, never
+    larger). Offsets, not records, because the plan caps offsets: a transform that writes
+    more (or fewer) records than it reads is accounted for.
+    """
+    if cp.state is not CheckpointState.COMMITTED or not cp.records:
+        return None
+    done = [s.updated_at for s in cp.shards if s.state is ShardState.COMMITTED]
+    offsets = sum(r.end - r.start for r in cp.ranges)
+    if not done or offsets <= 0:
+        return None
+    leases = [e.at for e in ledger.events(cp.pipeline, cp.checkpoint_id) if e.kind == "lease"]
+    if not leases:
+        return None
+    seconds = (max(done) - min(leases)).total_seconds()
+    if seconds <= 0:  # clocks apart (the lease uses the database's): no evidence
+        return None
+    counts = [n for n in cp.shard_counts.values() if n > 0]
+    share = max(counts) / sum(counts) if counts else 1.0
+    return offsets / seconds, share
+
+
+def measured_publish_rate(
+    ledger: Ledger, pipeline_name: str, *, samples: int = RATE_SAMPLES
+) -> PublishRate | None:
+    """The publish rate of the pipeline's latest ``samples`` commits that published (the
+    median, so one slow retry does not shrink every checkpoint); None before any."""
+    rates: list[float] = []
+    shares: list[float] = []
+    for cp in reversed(ledger.list_checkpoints(pipeline_name, limit=2 * samples)):
+        sample = _publish_sample(ledger, cp)
+        if sample is not None:
+            rates.append(sample[0])
+            shares.append(sample[1])
+            if len(rates) == samples:
+                break
+    if not rates:
+        return None
+    return PublishRate(statistics.median(rates), max(shares), len(rates))
+
+
+def checkpoint_budget(pipeline: Pipeline, ledger: Ledger) -> CheckpointBudget:
+    """The most source offsets the next checkpoint may plan so that its largest shard
+    publishes within :data:`PUBLISH_TIMEOUT_SHARE` of the pipeline's
+    ``transaction_timeout_ms``: measured rate x that time / the largest shard's share
+    (:data:`DEFAULT_PUBLISH_RATE` and one shard taking everything until a commit is
+    measured). A shard's transaction the broker would abort for its timeout can only fail
+    (:class:`~airflow_provider_eo.errors.TransactionTimedOut`), so plan keeps it out of reach.
+    """
+    rate = measured_publish_rate(ledger, pipeline.name)
+    per_s = rate.offsets_per_s if rate is not None else DEFAULT_PUBLISH_RATE
+    share = rate.largest_share if rate is not None else 1.0
+    seconds = pipeline.transaction_timeout_ms / 1000 * PUBLISH_TIMEOUT_SHARE
+    return CheckpointBudget(max(1, int(per_s * seconds / share)), per_s, share, rate is not None)
 
 
 def lost_ranges(pipeline: Pipeline, ranges: list[RangeSpec]) -> list[str]:
@@ -290,7 +397,15 @@ def plan_checkpoint(
                 )
             skipped[tp] = starts[tp]
             starts[tp] = log_start[tp]
-    capped = cap_ranges(starts, ends, pipeline.max_records_per_checkpoint)
+    budget = pipeline.max_records_per_checkpoint
+    sized: CheckpointBudget | None = None
+    waiting = sum(max(0, ends[tp] - starts[tp]) for tp in partitions)
+    if waiting > 0:
+        # Small enough that the commit's shards publish well inside transaction.timeout.ms
+        # (a bigger one would be aborted by the broker every time it is committed).
+        sized = checkpoint_budget(pipeline, ledger)
+        budget = min(budget, sized.offsets)
+    capped = cap_ranges(starts, ends, budget)
     has_data = any(capped[tp] > starts[tp] for tp in partitions)
     if not has_data and not new and not skipped:
         return None
@@ -309,6 +424,26 @@ def plan_checkpoint(
     }
     if discovered:  # recorded with the plan's event: where each new partition started
         details["discovered"] = discovered
+    if sized is not None and sized.offsets < min(waiting, pipeline.max_records_per_checkpoint):
+        # Cut by the transaction timeout, not by max_records_per_checkpoint: say why.
+        details["sized_to_transaction_timeout"] = {
+            "offsets": sized.offsets,
+            "offsets_per_s": round(sized.offsets_per_s, 1),
+            "largest_shard_share": round(sized.largest_share, 3),
+            "measured": sized.measured,
+            "transaction_timeout_ms": pipeline.transaction_timeout_ms,
+        }
+        log.info(
+            "pipeline %r: checkpoint capped at %d offsets (of %d waiting) so its commit publishes "
+            "within %.0f%% of transaction_timeout_ms=%d at %.0f offsets/s (%s)",
+            pipeline.name,
+            sized.offsets,
+            waiting,
+            PUBLISH_TIMEOUT_SHARE * 100,
+            pipeline.transaction_timeout_ms,
+            sized.offsets_per_s,
+            "measured" if sized.measured else "assumed until a commit is measured",
+        )
     # Frozen with the checkpoint: every commit try uses it, never the settings of the day.
     commit_plan = names.commit_plan(pipeline, sink_partitions, prefix)
     return ledger.plan(

@@ -35,6 +35,7 @@ from airflow_provider_eo.kafka.publisher import (
     Abortable,
     DeliveryFailures,
     ProducerLost,
+    Sent,
     connect,
     kafka_call,
     largest_record,
@@ -256,7 +257,7 @@ class ShardTransaction:
         self.failures = DeliveryFailures()
         self.producer: Any = None
         self.begun_at: float | None = None  # monotonic time of begin_transaction
-        self.sent = 0  # records handed to the producer in this transaction
+        self.sent = Sent()  # records handed to the producer in this transaction
 
     def fence(self) -> None:
         """A fresh producer on the shard's transactional id and ``init_transactions``: the
@@ -321,7 +322,7 @@ class ShardTransaction:
         produced = 0
         for partition, part in batches:
             produced += produce_staged(
-                self.producer, c.sink_topic, partition, self._counted(part), header, where=c.where
+                self.producer, c.sink_topic, partition, part, header, where=c.where, sent=self.sent
             )
             fault_point("commit.after_begin")
         # Acknowledged by the broker before the commit step (commit would flush anyway; this
@@ -330,12 +331,6 @@ class ShardTransaction:
         if self.failures:  # a refused record: the transaction can only be aborted now
             raise Abortable(self.failures.describe())
         return produced
-
-    def _counted(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        """``batches``, counting the records of each into :attr:`sent` once it was produced."""
-        for batch in batches:
-            yield batch
-            self.sent += batch.num_rows  # resumed: the whole batch was produced
 
     def open_seconds(self) -> float:
         """How long the transaction has been open (0 before ``begin_transaction``)."""
@@ -355,13 +350,18 @@ class ShardTransaction:
         publish time and what to change."""
         c = self.committable
         seconds = self.open_seconds()
-        rate = self.sent / seconds if seconds > 0 else 0.0
-        need = f"; all {c.records} would take about {c.records / rate:,.1f} s" if rate > 0 else ""
+        sent = self.sent.records
+        progress = f"It had sent none of the shard's {c.records} records by then"
+        if sent > 0 and seconds > 0:
+            rate = sent / seconds
+            progress = (
+                f"It had sent {sent} of the shard's {c.records} records by then ({rate:,.1f} "
+                f"records/s: all {c.records} take about {c.records / rate:,.1f} s)"
+            )
         return TransactionTimedOut(
             f"{c.where}the transaction of {c.transactional_id!r} was open {seconds:.1f} s, as long "
             f"as its transaction.timeout.ms ({c.transaction_timeout_ms} ms) or longer, so the "
-            f"broker aborted it ({_kafka_words(exc)}). It had sent {self.sent} of the shard's "
-            f"{c.records} records by then ({rate:,.1f} records/s{need}). Nothing of it is "
+            f"broker aborted it ({_kafka_words(exc)}). {progress}. Nothing of it is "
             "visible and the checkpoint stays PREPARED; a redo of the same size would time out "
             "again. Raise the pipeline's transaction_timeout_ms (up to the broker's "
             "transaction.max.timeout.ms, 15 minutes by default) and retry the commit, or abort "

@@ -46,6 +46,7 @@ def _classify(err: KafkaError) -> str:
     if err.code() == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED:
         return "unauthorized"
     if err.fatal() or err.code() in (
+        KafkaError._FATAL,  # produce() on a producer that already raised a fatal error
         KafkaError._FENCED,
         KafkaError.PRODUCER_FENCED,
         KafkaError.INVALID_PRODUCER_EPOCH,
@@ -353,6 +354,14 @@ def _produce_error(exc: KafkaException, where: str) -> Exception:
     return _sorted_error("produce", exc, where)
 
 
+class Sent:
+    """How many records a shard's transaction has handed to ``produce()`` so far (read when
+    the transaction fails: how far its publish got, and how fast)."""
+
+    def __init__(self) -> None:
+        self.records = 0
+
+
 def produce_staged(
     producer: Producer,
     topic: str,
@@ -360,9 +369,11 @@ def produce_staged(
     batches: Iterable[pa.RecordBatch],
     checkpoint_header: bytes,
     where: str = "",
+    sent: Sent | None = None,
 ) -> int:
     """Produce one sink partition's staged rows, in staged order, each with the provenance
-    header (checkpoint, position in the staged output, source position). Returns the count.
+    header (checkpoint, position in the staged output, source position). Returns the count;
+    ``sent`` (when given) counts them as they go, a failure included.
 
     The user's headers are kept; ``produce()`` is used because ``produce_batch`` drops
     headers. Columns become Python objects once per batch; the per-record work is one
@@ -383,20 +394,30 @@ def produce_staged(
         values = batch.column("value").to_pylist()
         user = batch.column("headers")
         user_headers = user.to_pylist() if user.null_count < n else None
-        for i in range(n):
-            hdrs = [(HEADER_PROVENANCE, prov[i])]
-            if user_headers is not None and user_headers[i]:
-                hdrs = [(h["key"], h["value"]) for h in user_headers[i]] + hdrs
-            try:  # positional: topic, value, key, partition (the hot loop of every commit)
-                send(topic, values[i], keys[i], partition, headers=hdrs)
-            except BufferError:  # local queue full: serve delivery reports, then block
-                serve("poll", producer.poll, 0.05, where=where)
-                try:
-                    produce(producer, topic, value=values[i], key=keys[i], partition=partition, headers=hdrs)
+        i = 0
+        try:
+            for i in range(n):
+                hdrs = [(HEADER_PROVENANCE, prov[i])]
+                if user_headers is not None and user_headers[i]:
+                    hdrs = [(h["key"], h["value"]) for h in user_headers[i]] + hdrs
+                try:  # positional: topic, value, key, partition (the hot loop of every commit)
+                    send(topic, values[i], keys[i], partition, headers=hdrs)
+                except BufferError:  # local queue full: serve delivery reports, then block
+                    serve("poll", producer.poll, 0.05, where=where)
+                    try:
+                        produce(
+                            producer, topic, value=values[i], key=keys[i], partition=partition, headers=hdrs
+                        )
+                    except KafkaException as exc:
+                        raise _produce_error(exc, where) from exc
                 except KafkaException as exc:
                     raise _produce_error(exc, where) from exc
-            except KafkaException as exc:
-                raise _produce_error(exc, where) from exc
+        except BaseException:
+            if sent is not None:
+                sent.records += i  # record i was not taken
+            raise
         index += n
+        if sent is not None:
+            sent.records += n
         serve("poll", producer.poll, 0, where=where)  # delivery reports: the local queue drains
     return index

@@ -3,25 +3,31 @@
 The broker aborts such a transaction and fences its producer; librdkafka then reports the
 producer as fenced "by a newer instance". The commit must say what really happened (the
 timeout, with the numbers and what to change) instead of blaming another committer, must not
-redo the same size in a loop, and nothing of the aborted transaction may be visible.
+redo the same size in a loop, and nothing of the aborted transaction may be visible. And plan
+must size checkpoints so that, at the publish rate the ledger measured, a commit never gets
+there.
 """
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 from eo_fake_kafka import write_staged
-from eo_harness import wait_for
+from eo_harness import Harness, wait_for
 
+from airflow_provider_eo.core.commit import commit_checkpoint
 from airflow_provider_eo.core.shard import REAL_KAFKA, RealKafka, ShardCommittable, commit_shard
 from airflow_provider_eo.errors import TransactionTimedOut
 from airflow_provider_eo.kafka import admin
 from airflow_provider_eo.kafka.audit import read_sink, read_topic
+from airflow_provider_eo.pipeline import Pipeline
+from airflow_provider_eo.stack.kafka import LocalKafka
 
 pytestmark = [pytest.mark.kafka]
 
@@ -132,3 +138,103 @@ def test_a_publish_past_the_transaction_timeout_fails_by_name_and_publishes_noth
     assert sorted(m.value() for m in read_sink(kafka_config, sink)) == sorted(
         f"v{i}".encode() for i in range(RECORDS)
     )
+
+
+# -- plan sizes checkpoints to the measured publish rate ----------------------------------------
+
+ROOT = Path(__file__).resolve().parents[3]
+LINK_RATE = 500  # records/s the throttled commit producers send
+TIMEOUT_MS = 2000
+
+
+class Paced:
+    """A producer held to ``rate`` records/s (a slow link to the sink)."""
+
+    def __init__(self, producer: Any, rate: float) -> None:
+        self._producer = producer
+        self._rate = rate
+        self._started: float | None = None
+        self._sent = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._producer, name)
+
+    def produce(self, *args: Any, **kwargs: Any) -> None:
+        if self._started is None:
+            self._started = time.monotonic()
+        self._producer.produce(*args, **kwargs)
+        self._sent += 1
+        ahead = self._sent / self._rate - (time.monotonic() - self._started)
+        if ahead > 0:
+            time.sleep(ahead)  # the link's pace, not a wait for another party
+
+
+class SlowLink(RealKafka):
+    """The real cluster behind a slow link (:class:`Paced` producers)."""
+
+    def producer(self, *args: Any, **kwargs: Any) -> Any:
+        return Paced(super().producer(*args, **kwargs), LINK_RATE)
+
+
+@pytest.fixture(scope="module")
+def prompt_abort_kafka() -> Iterator[dict[str, Any]]:
+    """A broker of our own that aborts a transaction past its timeout within half a second
+    (the default check runs every 10 s), so a commit too large for the timeout always fails."""
+    kafka = LocalKafka(
+        home=ROOT / ".eo" / "test-kafka" / f"{os.getpid()}-txn-timeout",
+        extra_config={"transaction.abort.timed.out.transaction.cleanup.interval.ms": "500"},
+    )
+    kafka.wipe()
+    info = kafka.up(timeout_s=120)
+    try:
+        yield {"bootstrap.servers": info.bootstrap}
+    finally:
+        kafka.wipe()
+
+
+@pytest.mark.spark
+def test_plan_sizes_checkpoints_so_a_slow_commit_fits_the_transaction_timeout(
+    prompt_abort_kafka: dict[str, Any], spark: Any, tmp_path: Path
+) -> None:
+    """A sink 500 records/s away and a 2 s transaction timeout. The first checkpoint (300
+    records) measures the rate; the 2,000 records then waiting would take 4 s in one
+    transaction (the broker aborts it at 2 s), so plan cuts them into checkpoints that each
+    publish within about 1 s, and every commit succeeds."""
+    config = prompt_abort_kafka
+    source, sink = f"src-{uuid.uuid4().hex[:8]}", f"sink-{uuid.uuid4().hex[:8]}"
+    admin.ensure_topic(config, source, partitions=1)
+    admin.ensure_topic(config, sink, partitions=1)
+    pipeline = Pipeline(
+        name=f"sized-{uuid.uuid4().hex[:8]}",
+        kafka=dict(config),
+        source_topics=[source],
+        sink_topic=sink,
+        transform="eo_test_transforms:identity",
+        ledger_url=f"sqlite:///{tmp_path / 'ledger.db'}",
+        staging_dir=str(tmp_path / "staging"),
+        transaction_timeout_ms=TIMEOUT_MS,
+    )
+    h = Harness(pipeline, dict(config), spark)
+    try:
+
+        def cycle() -> int:
+            """Plan, prepare and commit (over the slow link) one checkpoint: its offsets."""
+            cp = h.plan()
+            if cp is None:
+                return 0
+            h.prepare(cp.checkpoint_id)
+            commit_checkpoint(pipeline, h.ledger, cp.checkpoint_id, clients=SlowLink())
+            return sum(r.end - r.start for r in cp.ranges)
+
+        h.produce(300)
+        assert cycle() == 300  # nothing measured yet: 5,000 offsets/s assumed, 5,000 allowed
+        h.produce(2000, start=300)
+        sizes = []
+        while size := cycle():
+            sizes.append(size)
+        print(f"checkpoints after the first: {sizes}")
+        assert sum(sizes) == 2000 and len(sizes) >= 3
+        assert max(sizes) <= LINK_RATE * TIMEOUT_MS / 1000 * 0.5  # each within half the timeout
+        h.assert_exactly_once(expected_records=2300)
+    finally:
+        h.ledger.close()

@@ -388,6 +388,20 @@ def test_an_abortable_failure_after_the_timeout_is_the_timeout(
     assert values(broker) == []
 
 
+def test_a_produce_refused_as_fatal_after_the_timeout_is_the_timeout(
+    tmp_path: Path, broker: FakeBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fatal error can also reach a later produce() as _FATAL ("Unable to produce
+    message: Local: Fatal error"), without the fatal flag: it is sorted as fatal too."""
+    clock = FakeClock()
+    monkeypatch.setattr(shard_module, "monotonic", clock)
+    publish_takes(broker, clock, 12.5)
+    broker.fail("produce", None, None, None, kafka_error(KafkaError._FATAL))
+    with pytest.raises(TransactionTimedOut, match="_FATAL"):
+        commit_shard(committable(tmp_path), Hooks(), FakeClients(broker))
+    assert broker.count("begin_transaction") == 1 and values(broker) == []
+
+
 def test_a_fence_before_the_timeout_is_another_committer(
     tmp_path: Path, broker: FakeBroker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
