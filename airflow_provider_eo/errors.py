@@ -239,3 +239,20 @@ class ReadBackBlocked(CommitError):
     the checkpoint stays PREPARED. The message names the partition, its last stable offset
     and high watermark and how to find the open transaction's owner; retry the commit once
     it has finished."""
+
+
+class LedgerBehindSink(CommitError):
+    """The sink shows checkpoints of this pipeline (same ledger identity) that the ledger does
+    not have: the ledger was restored from an older copy (a backup, a VM snapshot). Planning
+    from it would re-issue checkpoint ids the sink already holds with other ranges (their
+    output skipped as published: silent loss) or publish again (duplicates), so nothing was
+    planned or published. Point the pipeline at its newest ledger; if this copy is all there
+    is, reset it to where the sink's output ends (the message names the offsets)."""
+
+
+class ForeignOutputInSink(CommitError):
+    """A new ledger found output of this pipeline name written by another ledger in the sink
+    (a re-created ledger whose commit markers expired, or a second deployment with the same
+    name and sink). Starting would publish that input again, so nothing was planned. The
+    message names what was found and the choices: reset to where that output ends, or use
+    another pipeline name."""

@@ -41,8 +41,10 @@ from dataclasses import dataclass
 from airflow_provider_eo import names, staging
 from airflow_provider_eo.core.abort import abort_checkpoint
 from airflow_provider_eo.core.fault_seam import fault_point
+from airflow_provider_eo.core.markers import decide_marker
 from airflow_provider_eo.core.plan import frozen_commit_plan
 from airflow_provider_eo.core.shard import REAL_KAFKA, KafkaClients, ShardCommittable, commit_shard
+from airflow_provider_eo.core.sink_guard import check_commit_markers
 from airflow_provider_eo.errors import NotPrepared, StagingError
 from airflow_provider_eo.kafka.client_config import librdkafka_config
 from airflow_provider_eo.ledger import Actor, CheckpointRecord, CheckpointState, CommitPlan, Ledger
@@ -227,7 +229,24 @@ def commit_checkpoint(
         )
         raise  # unreachable: the helper always raises
     owner = owner or names.lease_owner(pipeline)
-    identity = ledger.get_pipeline(pipeline.name).identity
+    registered = ledger.get_pipeline(pipeline.name)
+    identity = registered.identity
+    # A shard whose marker is already past this checkpoint: only a ledger older than the
+    # sink gets here (checkpoints commit in order); skipping it as published would lose it.
+    config = librdkafka_config(pipeline.kafka)
+    found = clients.committed_marks(config, plan.marker_group, [(plan.sink_topic, s) for s in range(shards)])
+    markers = {
+        s: decide_marker(
+            pipeline.name,
+            plan.marker_group,
+            plan.sink_topic,
+            s,
+            found.get((plan.sink_topic, s)),
+            identity=identity,
+        )
+        for s in range(shards)
+    }
+    check_commit_markers(pipeline, registered, checkpoint_id, markers)
     published = skipped = 0
     for shard in range(shards):
         topic_max = clients.topic_max_message_bytes(

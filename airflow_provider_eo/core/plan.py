@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from airflow_provider_eo import names
 from airflow_provider_eo.core.abort import abort_checkpoint
-from airflow_provider_eo.core.markers import check_marker_identity
+from airflow_provider_eo.core.sink_guard import check_sink
 from airflow_provider_eo.errors import ConfigError, DataLossError, PipelineStopped, SourceError
 from airflow_provider_eo.kafka import admin
 from airflow_provider_eo.kafka.client_config import librdkafka_config
@@ -326,7 +326,7 @@ def plan_checkpoint(
     :class:`PipelineStopped` even while earlier checkpoints are unfinished: they finish,
     nothing new starts.
     """
-    registered = ledger.ensure_pipeline(pipeline.name, pipeline.fingerprint())
+    ledger.ensure_pipeline(pipeline.name, pipeline.fingerprint())
     # One transactional-id namespace per pipeline: pinned by its first plan, then checked.
     prefix = ledger.pin_transactional_id_prefix(pipeline.name, pipeline.transactional_id_prefix)
     unfinished = None if next_only else ledger.unfinished(pipeline.name)
@@ -352,8 +352,9 @@ def plan_checkpoint(
             reason=current.stop_reason,
         )
     # Markers written by another ledger (re-created, or a second deployment with this name)
-    # are refused before anything is planned against them.
-    check_marker_identity(pipeline, registered.identity)
+    # are refused before anything is planned against them, and so is a ledger older than
+    # the sink (restored from a backup): markers, or the newest output when none is left.
+    check_sink(pipeline, current)
     config = librdkafka_config(pipeline.kafka)
     topics = admin.partitions_of(config, pipeline.source_topics)
     sink_partitions = admin.partition_count(config, pipeline.sink_topic)  # a missing sink fails here

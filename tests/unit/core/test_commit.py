@@ -200,6 +200,7 @@ def test_fault_points_sit_where_the_fault_tests_expect_them(
     monkeypatch.setattr(commit_module, "fault_point", point)
     commit_checkpoint(pipeline, ledger, cp.checkpoint_id, clients=FakeClients(broker))
     assert [call for _tid, call in broker.calls] == [
+        "committed_marks",  # every shard's marker, once, before any producer (ledger behind sink?)
         "new_producer",
         "metadata",
         "metadata",
@@ -286,3 +287,22 @@ def test_the_transactional_id_prefix_is_the_pinned_one(
     with pytest.raises(Exception, match="prefix"):
         commit_checkpoint(moved, ledger, cp.checkpoint_id, clients=FakeClients(broker))
     assert broker.calls == []
+
+
+def test_a_marker_past_the_checkpoint_means_an_older_ledger_and_is_refused(
+    pipeline: Pipeline, ledger: Ledger, broker: FakeBroker
+) -> None:
+    """Checkpoints commit in order, so a shard marker already at checkpoint 3 while this
+    ledger commits checkpoint 1 means the ledger was restored from an older copy: the shard
+    used to be skipped as published (its records lost). Now nothing is published."""
+    from airflow_provider_eo.errors import LedgerBehindSink
+
+    cp = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=SINK_PARTITIONS)
+    identity = ledger.get_pipeline(pipeline.name).identity
+    broker.marks[(names.marker_group(pipeline), OUT, 1)] = (3, names.marker_metadata(identity))
+    with pytest.raises(LedgerBehindSink, match="shard 1 at checkpoint 3") as refused:
+        commit_checkpoint(pipeline, ledger, cp.checkpoint_id, clients=FakeClients(broker))
+    assert "the ledger is older than the sink" in str(refused.value)
+    assert all(broker.visible(OUT, p) == 0 for p in range(SINK_PARTITIONS))
+    assert broker.count("begin_transaction") == 0
+    assert ledger.get(pipeline.name, cp.checkpoint_id).state is CheckpointState.PREPARED
