@@ -124,6 +124,14 @@ class StagingUnreadable(EoError):
     """
 
 
+class StagingNotVisible(StagingUnreadable):
+    """The checkpoint's manifest is not visible from this process: absent is not corrupt (the
+    staged output may be intact where it was written, e.g. a local ``staging_dir`` on another
+    host). Nothing was published and nothing was aborted; run the commit where the staging
+    location is visible, or abort the checkpoint on purpose (``eo abort``) if its staged
+    output is really gone (its range is replanned)."""
+
+
 class PrepareError(EoError):
     """The prepare job refused the checkpoint (bad transform output, oversized record, ...).
 

@@ -14,10 +14,20 @@ from typing import Any
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from airflow_provider_eo.errors import StagingError, StagingUnreadable
+from airflow_provider_eo.errors import StagingError, StagingNotVisible, StagingUnreadable
 from airflow_provider_eo.names import MANIFEST
 
 MANIFEST_VERSION = 1
+
+
+def resolve_location(staging_dir: str) -> tuple[str, bool]:
+    """``staging_dir`` as an absolute location (a URI is taken as it is, a local path made
+    absolute against this working folder) and whether it was relative."""
+    if "://" in staging_dir:
+        return staging_dir.rstrip("/"), False
+    import os
+
+    return os.path.abspath(staging_dir), not os.path.isabs(staging_dir)
 
 
 def _fs(path: str) -> tuple[pafs.FileSystem, str]:
@@ -148,16 +158,26 @@ def write_manifest(attempt_path: str, manifest: Manifest) -> None:
 def read_manifest(attempt_path: str) -> Manifest:
     """Read an attempt's manifest.
 
-    A missing or unparsable manifest is a :class:`StagingError` (the staged output is lost
-    or corrupt: the checkpoint must be aborted); any other I/O error is
-    :class:`StagingUnreadable` (the storage did not answer: retry, abort nothing).
+    An unparsable manifest is a :class:`StagingError` (corrupt: the checkpoint must be
+    aborted); a missing one is :class:`StagingNotVisible` (absent here is not corrupt: the
+    output may be intact where it was written; retry, abort nothing); any other I/O error
+    is :class:`StagingUnreadable` (the storage did not answer: retry, abort nothing).
     """
     fs, root = _fs(attempt_path)
     try:
         with fs.open_input_stream(f"{root}/{MANIFEST}") as stream:
             text = stream.read().decode()
     except FileNotFoundError as exc:
-        raise StagingError(f"the manifest of {attempt_path} is missing: {exc}") from exc
+        import socket
+
+        raise StagingNotVisible(
+            f"the manifest of {attempt_path} is not visible from this process (host "
+            f"{socket.gethostname()}, looked at {root}/{MANIFEST}). The staged output may be "
+            "intact where it was written: nothing was published and nothing aborted. Run the "
+            "commit where the staging location is visible (staging_dir must be shared by the "
+            "Spark driver, the executors and the committer); if the staged output is really "
+            "gone, abort the checkpoint with `eo abort` (its range is replanned)."
+        ) from exc
     except OSError as exc:
         raise StagingUnreadable(
             f"the manifest of {attempt_path} could not be read: {exc}. Nothing was published "

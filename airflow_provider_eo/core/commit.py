@@ -45,9 +45,10 @@ from airflow_provider_eo.core.markers import decide_marker
 from airflow_provider_eo.core.plan import frozen_commit_plan
 from airflow_provider_eo.core.shard import REAL_KAFKA, KafkaClients, ShardCommittable, commit_shard
 from airflow_provider_eo.core.sink_guard import check_commit_markers
-from airflow_provider_eo.errors import NotPrepared, StagingError
+from airflow_provider_eo.errors import NotPrepared, StagingError, StagingUnreadable
 from airflow_provider_eo.kafka.client_config import librdkafka_config
 from airflow_provider_eo.ledger import Actor, CheckpointRecord, CheckpointState, CommitPlan, Ledger
+from airflow_provider_eo.ledger.errors import CheckpointNotFound
 from airflow_provider_eo.pipeline import Pipeline
 
 
@@ -158,15 +159,23 @@ def _staged_partitions(cp: CheckpointRecord) -> int | None:
     verification below then decides)."""
     try:
         return staging.read_manifest(cp.staging_location or "").sink_partitions
-    except (StagingError, OSError):
+    except (StagingError, StagingUnreadable, OSError):
         return None
 
 
-def cleanup_staging(pipeline: Pipeline, cp: CheckpointRecord) -> None:
-    """Remove staging of committed checkpoints beyond ``keep_committed_staging``."""
+def cleanup_staging(pipeline: Pipeline, ledger: Ledger, cp: CheckpointRecord) -> None:
+    """Remove the staged output of the committed checkpoint ``keep_committed_staging``
+    before ``cp``: only the attempt folder this ledger recorded for it (a folder another
+    deployment of the same name staged beside it is not this ledger's to delete)."""
     old = cp.checkpoint_id - pipeline.keep_committed_staging
-    if old >= 1:
-        staging.remove(names.checkpoint_dir(pipeline, old))
+    if old < 1:
+        return
+    try:
+        location = ledger.get(pipeline.name, old).staging_location
+    except CheckpointNotFound:
+        return
+    if location:
+        staging.remove(location)
 
 
 def commit_checkpoint(
@@ -260,5 +269,5 @@ def commit_checkpoint(
         skipped += int(result.skipped)
     fault_point("commit.before_ledger")
     cp = ledger.mark_committed(pipeline.name, checkpoint_id, actor=actor)
-    cleanup_staging(pipeline, cp)
+    cleanup_staging(pipeline, ledger, cp)
     return CommitResult(cp, published, skipped, time.monotonic() - started)

@@ -11,6 +11,7 @@ or :func:`~airflow_provider_eo.core.stream.run_stream`.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from collections.abc import Mapping
@@ -258,7 +259,11 @@ def prepare_checkpoint(
     # The broker's limit, or the pipeline's setting when describing the topic is refused.
     max_bytes = admin.topic_max_message_bytes(config, pipeline.sink_topic, pipeline.sink_max_message_bytes)
     attempt = attempt or new_attempt()
-    path = names.attempt_dir(pipeline, checkpoint_id, attempt)
+    # The staging location is resolved once and pinned in the ledger: a relative staging_dir
+    # in a process started elsewhere stages (and the commit reads) where the first one did.
+    location, relative = staging.resolve_location(pipeline.staging_dir)
+    pinned = ledger.pin_staging_dir(pipeline.name, location, relative=relative)
+    path = names.attempt_dir(dataclasses.replace(pipeline, staging_dir=pinned), checkpoint_id, attempt)
 
     # 2. The engine reads exactly the planned ranges, transforms, and writes the staged files
     #    under the fresh attempt folder (it removes the folder itself when it fails).

@@ -227,3 +227,32 @@ def resume_pipeline(
             )
         s.flush()
         return pipeline_record(_fresh(s, p.id))
+
+
+def pin_staging_dir(db: Database, name: str, location: str, *, relative: bool) -> str:
+    """The pipeline's staging location: pinned by its first prepare, then used by every
+    process, whatever its working folder.
+
+    ``location`` is this process's absolute resolution of the pipeline's ``staging_dir``;
+    ``relative`` says it was configured relative (resolved against this working folder).
+    Unpinned: pin ``location``. Pinned elsewhere: a relative setting takes the pinned
+    location (it was resolved once, where the pipeline started); an absolute path or URI
+    moves the pin (an event records it: checkpoints keep their own staging location).
+    Returns the location to stage under.
+    """
+    with db.write() as s:
+        row = pipeline_row(s, db, name, lock=True)
+        if row.staging_dir == location:
+            return location
+        if row.staging_dir is not None and relative:
+            return row.staging_dir
+        add_event(
+            s,
+            row.id,
+            None,
+            "staging_pinned" if row.staging_dir is None else "staging_moved",
+            details={"staging_dir": location, "previous": row.staging_dir},
+        )
+        row.staging_dir = location
+        row.updated_at = utcnow()
+        return location

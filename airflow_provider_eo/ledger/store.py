@@ -116,6 +116,7 @@ class Ledger:
 
     ensure_pipeline = _delegate(pipelines.ensure_pipeline)
     pin_transactional_id_prefix = _delegate(pipelines.pin_transactional_id_prefix)
+    pin_staging_dir = _delegate(pipelines.pin_staging_dir)
     get_pipeline = _delegate(reads.get_pipeline)
     list_pipelines = _delegate(reads.list_pipelines)
 

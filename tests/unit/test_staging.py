@@ -51,5 +51,8 @@ def test_missing_file_and_manifest_are_refused(tmp_path: Path) -> None:
     next((tmp_path / "data").rglob("*.parquet")).unlink()
     with pytest.raises(StagingError, match="is missing"):
         staging.verify(path, manifest)
-    with pytest.raises(StagingError, match=r"manifest of .* is missing"):
+    from airflow_provider_eo.errors import StagingNotVisible
+
+    with pytest.raises(StagingNotVisible, match=r"manifest of .* is not visible from this process") as absent:
         staging.read_manifest(str(tmp_path / "nowhere"))
+    assert not isinstance(absent.value, StagingError)  # absent is not corrupt: nothing aborts

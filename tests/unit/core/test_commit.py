@@ -306,3 +306,25 @@ def test_a_marker_past_the_checkpoint_means_an_older_ledger_and_is_refused(
     assert all(broker.visible(OUT, p) == 0 for p in range(SINK_PARTITIONS))
     assert broker.count("begin_transaction") == 0
     assert ledger.get(pipeline.name, cp.checkpoint_id).state is CheckpointState.PREPARED
+
+
+def test_a_manifest_not_visible_here_is_retried_never_aborted(
+    pipeline: Pipeline, ledger: Ledger, broker: FakeBroker
+) -> None:
+    """Absent is not corrupt: a commit run where the staging folder is not visible (another
+    host, a relative staging_dir resolved elsewhere) used to abort the checkpoint; now it
+    fails retryably, saying where it looked, and the checkpoint stays PREPARED."""
+    from airflow_provider_eo.errors import StagingNotVisible
+
+    cp = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=SINK_PARTITIONS)
+    manifest = Path(cp.staging_location or "") / names.MANIFEST
+    hidden = manifest.with_name("elsewhere.json")
+    manifest.rename(hidden)
+    with pytest.raises(StagingNotVisible, match="not visible from this process") as absent:
+        commit_checkpoint(pipeline, ledger, cp.checkpoint_id, clients=FakeClients(broker))
+    assert str(manifest) in str(absent.value) and "eo abort" in str(absent.value)
+    assert ledger.get(pipeline.name, cp.checkpoint_id).state is CheckpointState.PREPARED
+    assert all(broker.visible(OUT, p) == 0 for p in range(SINK_PARTITIONS))
+    hidden.rename(manifest)  # visible again (the commit runs where the folder is): published once
+    commit_checkpoint(pipeline, ledger, cp.checkpoint_id, clients=FakeClients(broker))
+    assert sorted(broker.values(OUT)) == sorted(v for vs in OUTPUT.values() for v in vs)

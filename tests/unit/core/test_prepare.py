@@ -314,3 +314,29 @@ def test_the_transforms_dropped_and_created_records_are_counted(pipeline: Pipeli
     assert (manifest.records_read, manifest.dropped, manifest.created) == (11, 3, 1)
     got = ledger.get(pipeline.name, cp.checkpoint_id)
     assert (got.records_dropped, got.records_created) == (3, 1)
+
+
+def test_a_relative_staging_dir_is_resolved_once_and_pinned(
+    pipeline: Pipeline, ledger: Ledger, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A relative staging_dir used to be resolved against each process's working folder: a
+    commit started elsewhere found no manifest. The first prepare pins the absolute
+    location; a prepare started in another folder stages there too."""
+    import dataclasses
+
+    relative = dataclasses.replace(pipeline, staging_dir="staging-rel")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    cp = planned(relative, ledger)
+    first = prepare_checkpoint(relative, ledger, cp.checkpoint_id, stager=FakeStager(), attempt="a1")
+    pinned = str(tmp_path / "a" / "staging-rel")
+    assert first.checkpoint.staging_location == os.path.join(pinned, "orders", "cp-0000000001", "attempt-a1")
+    assert ledger.get_pipeline("orders").staging_dir == pinned
+
+    ledger.abort("orders", cp.checkpoint_id, reason="test: replanned from another folder")
+    monkeypatch.chdir(tmp_path / "b")
+    cp2 = planned(relative, ledger)
+    second = prepare_checkpoint(relative, ledger, cp2.checkpoint_id, stager=FakeStager(), attempt="a2")
+    assert (second.checkpoint.staging_location or "").startswith(pinned + os.sep)
+    assert not (tmp_path / "b" / "staging-rel").exists()
