@@ -1,5 +1,6 @@
 """Streaming mode on real Kafka and Spark: ``eo stream`` as a child process under
-continuous input, killed and restarted, stopped by SIGTERM, and held by back-pressure."""
+continuous input, killed (inside a commit too) and restarted, stopped by SIGTERM, and held by
+back-pressure."""
 
 from __future__ import annotations
 
@@ -10,12 +11,15 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from confluent_kafka import Producer
 from eo_harness import Child, wait_for
+from eo_source_sink import assert_sink_is_source_exactly_once, sink_records_per_checkpoint
 
+from airflow_provider_eo import names
 from airflow_provider_eo.kafka import admin
 from airflow_provider_eo.ledger import CheckpointState
 
@@ -89,27 +93,86 @@ def caught_up(h: Any) -> bool:
     return all(done.get(tp, 0) >= end for tp, end in ends.items())
 
 
+@dataclass(frozen=True)
+class InFlight:
+    """A commit a kill cut short, as the ledger and the sink show it afterwards."""
+
+    checkpoint_id: int
+    records: int  # the checkpoint's staged records
+    owner: str | None  # the commit lease's holder
+    shard_states: tuple[str, ...]  # ledger rows of the shards whose transaction had begun
+    visible: int  # of its records, how many a read_committed consumer of the sink sees
+
+
+def commit_in_flight(h: Any) -> InFlight | None:
+    """The PREPARED checkpoint whose commit had begun when the stream died: a committer
+    writes a shard's row (and takes the lease) before ``begin_transaction``, so a PREPARED
+    checkpoint with shard rows is a commit that did not reach the ledger's COMMITTED."""
+    for cp in h.ledger.list_checkpoints(h.pipeline.name):
+        if cp.state is not PREPARED:
+            continue
+        row = h.ledger.get(h.pipeline.name, cp.checkpoint_id)
+        if not row.shards:
+            continue
+        visible = sink_records_per_checkpoint(h.config, h.pipeline.sink_topic, h.pipeline.name)
+        return InFlight(
+            cp.checkpoint_id,
+            row.records or 0,
+            row.commit_owner,
+            tuple(str(s.state.value) for s in row.shards),
+            visible[cp.checkpoint_id],
+        )
+    return None
+
+
 def test_stream_under_continuous_input_survives_sigkills_and_stops_on_sigterm(
-    harness: Callable[..., Any],
+    harness: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """--interval 2 with a producer running throughout: three SIGKILLs at random moments
-    (each restart resumes what the killed run left), then SIGTERM while the stream is busy
-    catching up exits 0 with nothing unfinished; every committed record exactly once, per-key
-    order kept, group offsets = ledger."""
+    """--interval 2 with a producer running throughout, three SIGKILLs, each restart resuming
+    what the killed run left: one inside a commit's open Kafka transaction, one after the
+    Kafka commit but before the ledger's (both at fault points, and shown so by the ledger
+    and the sink afterwards), one at a random moment. Then SIGTERM while the stream is busy
+    catching up exits 0 with nothing unfinished. After a last drain every source record is
+    in the sink exactly once (by source position), per-key order kept, group offsets =
+    ledger."""
     h = harness(source_partitions=3, sink_partitions=2, max_pending=2, max_records_per_checkpoint=2000)
     rng = random.Random()
     feed = Feed(h)
     feed.start()
-    kills = []
+    owner = names.lease_owner(h.pipeline)
+    kills: list[tuple[str, InFlight | None]] = []
+
+    def killed_at(step: str, hit: int) -> InFlight | None:
+        """A stream that SIGKILLs itself the ``hit``-th time it reaches ``step``."""
+        with monkeypatch.context() as m:
+            m.setenv("EO_FAULT_HIT", str(hit))
+            child = h.cli("stream", "--interval", "2", fault=step, action="kill", wait=False)
+        wait_for(lambda: child.poll() is not None, f"the stream to die at {step}", timeout=240)
+        _out, err = child.communicate(timeout=60)
+        assert child.returncode == -signal.SIGKILL, err.decode()[-3000:]
+        assert f"injected fault at {step}: kill" in err.decode(), err.decode()[-3000:]
+        return commit_in_flight(h)
+
     try:
-        for _ in range(3):
-            child = h.cli("stream", "--interval", "2", wait=False)
-            target = committed_count(h) + 1
-            wait_for(lambda t=target: committed_count(h) >= t, "a commit", timeout=180, child=child)
-            time.sleep(rng.uniform(0.0, 2.0))  # the kill's random moment (not a synchronisation)
-            kills.append([c.state.value for c in h.ledger.list_checkpoints(h.pipeline.name)][-2:])
-            child.send_signal(signal.SIGKILL)
-            child.communicate(timeout=60)
+        # 1. Inside the commit: the transaction is open and records were produced.
+        site = killed_at("commit.after_begin", hit=3)
+        kills.append(("commit.after_begin", site))
+        assert site is not None and site.owner == owner, site
+        assert site.shard_states == ("PENDING",) and site.visible == 0 < site.records, site
+        # 2. Kafka committed the checkpoint's transaction, the ledger has not: its output is
+        #    visible while the ledger still says PREPARED (hit 1 is the resumed checkpoint).
+        site = killed_at("commit.after_commit_txn", hit=2)
+        kills.append(("commit.after_commit_txn", site))
+        assert site is not None and site.owner == owner, site
+        assert site.visible == site.records > 0, site
+        # 3. A random moment after a commit.
+        child = h.cli("stream", "--interval", "2", wait=False)
+        target = committed_count(h) + 1
+        wait_for(lambda t=target: committed_count(h) >= t, "a commit", timeout=180, child=child)
+        time.sleep(rng.uniform(0.0, 2.0))  # the kill's random moment (not a synchronisation)
+        child.send_signal(signal.SIGKILL)
+        child.communicate(timeout=60)
+        kills.append(("random", commit_in_flight(h)))
         child = h.cli("stream", "--interval", "2", wait=False)
         target = committed_count(h) + 2
         wait_for(lambda: committed_count(h) >= target, "the restart to commit", timeout=180, child=child)
@@ -126,13 +189,18 @@ def test_stream_under_continuous_input_survives_sigkills_and_stops_on_sigterm(
     assert h.ledger.unfinished(h.pipeline.name) is None
     cps = h.ledger.list_checkpoints(h.pipeline.name)
     assert {c.state for c in cps} == {CheckpointState.COMMITTED}, [c.state for c in cps]
-    committed = sum(r.end - r.start for c in cps for r in c.ranges)
-    assert 0 < committed <= total
-    h.assert_exactly_once(expected_records=committed)  # also: group offsets equal the ledger
-    assert_order_per_key(h, committed)
+    by_stream = sum(r.end - r.start for c in cps for r in c.ranges)
+    assert 0 < by_stream <= total
+    # The input SIGTERM left unread: one drain, then the sink is the source.
+    h.drain()
+    assert caught_up(h)
+    report = assert_sink_is_source_exactly_once(h.config, h.pipeline, source_records=total)
+    h.assert_exactly_once(expected_records=total)  # also: group offsets equal the ledger
+    assert_order_per_key(h, total)
     print(
-        f"stream: {len(cps)} checkpoints, {committed} of {total} records committed, "
-        f"states at the kills: {kills}, last id at SIGTERM: {unfinished_at_term}"
+        f"stream: {len(cps)} checkpoints, {by_stream} of {total} records committed by the stream, "
+        f"the rest by the drain; sink {report.sink} = source {report.source}; kills: {kills}; "
+        f"last id at SIGTERM: {unfinished_at_term}"
     )
 
 
