@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -65,6 +66,9 @@ class Manifest:
     dropped: int | None = None
     #: Output records without a source position (the transform made them).
     created: int = 0
+    #: The ledger identity of the pipeline that staged it (None: written before manifests
+    #: named it). Cleanup removes only its own ledger's attempts.
+    identity: str | None = None
 
     @property
     def records(self) -> int:
@@ -94,6 +98,7 @@ class Manifest:
                 "ranges": self.ranges,
                 "dropped": self.dropped,
                 "created": self.created,
+                "identity": self.identity,
                 "files": {str(p): [f.__dict__ for f in fs] for p, fs in sorted(self.files.items())},
             },
             indent=1,
@@ -114,6 +119,7 @@ class Manifest:
             ranges=list(doc["ranges"]),
             dropped=None if doc.get("dropped") is None else int(doc["dropped"]),
             created=int(doc.get("created") or 0),
+            identity=doc.get("identity"),
         )
 
 
@@ -230,6 +236,39 @@ def iter_batches(attempt_path: str, files: list[StagedFile], batch_size: int = 8
     for f in files:
         pf = pq.ParquetFile(fs.open_input_file(f"{root}/{f.path}"))
         yield from pf.iter_batches(batch_size=batch_size)
+
+
+def remove_checkpoint_attempts(checkpoint_dir: str, identity: str, recorded: str | None) -> None:
+    """Remove a committed checkpoint's staging that belongs to ledger ``identity``: the
+    ``recorded`` attempt folder, attempts whose manifest names this identity (or none: older
+    manifests), and attempts that never wrote a manifest (killed prepares). An attempt whose
+    manifest names another identity (a same-name deployment staging beside this one) is
+    left alone. The checkpoint folder goes once it is empty."""
+    fs, root = _fs(checkpoint_dir)
+    try:
+        entries = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
+    except OSError:
+        return
+    kept = 0
+    for entry in entries:
+        if entry.type != pafs.FileType.Directory:
+            kept += 1
+            continue
+        path = f"{checkpoint_dir.rstrip('/')}/{entry.base_name}"
+        if recorded is None or os.path.normpath(path) != os.path.normpath(recorded):
+            try:
+                owner = read_manifest(path).identity
+            except StagingNotVisible:
+                owner = None  # never finished: garbage of a killed attempt
+            except (StagingError, StagingUnreadable):
+                kept += 1
+                continue
+            if owner not in (None, identity):
+                kept += 1
+                continue
+        remove(path)
+    if not kept:
+        remove(checkpoint_dir)
 
 
 def remove(path: str) -> None:

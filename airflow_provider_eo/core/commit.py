@@ -35,6 +35,7 @@ Committing a COMMITTED checkpoint does nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -164,9 +165,9 @@ def _staged_partitions(cp: CheckpointRecord) -> int | None:
 
 
 def cleanup_staging(pipeline: Pipeline, ledger: Ledger, cp: CheckpointRecord) -> None:
-    """Remove the staged output of the committed checkpoint ``keep_committed_staging``
-    before ``cp``: only the attempt folder this ledger recorded for it (a folder another
-    deployment of the same name staged beside it is not this ledger's to delete)."""
+    """Remove the staging of the committed checkpoint ``keep_committed_staging`` before
+    ``cp``: this ledger's attempts of it (the recorded one, killed ones, any whose manifest
+    names this identity), never an attempt a same-name deployment staged beside it."""
     old = cp.checkpoint_id - pipeline.keep_committed_staging
     if old < 1:
         return
@@ -174,8 +175,9 @@ def cleanup_staging(pipeline: Pipeline, ledger: Ledger, cp: CheckpointRecord) ->
         location = ledger.get(pipeline.name, old).staging_location
     except CheckpointNotFound:
         return
-    if location:
-        staging.remove(location)
+    registered = ledger.get_pipeline(pipeline.name)
+    root = dataclasses.replace(pipeline, staging_dir=registered.staging_dir or pipeline.staging_dir)
+    staging.remove_checkpoint_attempts(names.checkpoint_dir(root, old), registered.identity, location)
 
 
 def commit_checkpoint(

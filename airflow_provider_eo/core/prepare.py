@@ -298,6 +298,7 @@ def prepare_checkpoint(
         ranges=staged.manifest_ranges(),
         dropped=staged.dropped,
         created=staged.created,
+        identity=ledger.get_pipeline(pipeline.name).identity,
     )
     staging.write_manifest(path, manifest)
     fault_point("prepare.before_ledger")

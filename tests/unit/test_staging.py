@@ -56,3 +56,25 @@ def test_missing_file_and_manifest_are_refused(tmp_path: Path) -> None:
     with pytest.raises(StagingNotVisible, match=r"manifest of .* is not visible from this process") as absent:
         staging.read_manifest(str(tmp_path / "nowhere"))
     assert not isinstance(absent.value, StagingError)  # absent is not corrupt: nothing aborts
+
+
+def test_cleanup_removes_this_ledgers_attempts_only(tmp_path: Path) -> None:
+    """A committed checkpoint's folder: the recorded attempt, a killed attempt (no manifest)
+    and an older attempt of this ledger go; an attempt a same-name deployment with another
+    ledger staged beside them (shared staging_dir) stays, and so does the folder."""
+    import dataclasses
+
+    cp_dir = tmp_path / "orders" / "cp-0000000007"
+    paths = {name: str(cp_dir / f"attempt-{name}") for name in ("recorded", "killed", "ours", "theirs")}
+    for name, path in paths.items():
+        Path(path).mkdir(parents=True)
+        _attempt(Path(path))
+        if name in ("ours", "theirs"):
+            owner = "our-identity" if name == "ours" else "their-identity"
+            staging.write_manifest(path, dataclasses.replace(_manifest(path), identity=owner))
+    staging.remove_checkpoint_attempts(str(cp_dir), "our-identity", paths["recorded"])
+    assert sorted(p.name for p in cp_dir.iterdir()) == ["attempt-theirs"]
+    staging.read_manifest(paths["theirs"])  # intact
+
+    staging.remove_checkpoint_attempts(str(cp_dir), "their-identity", None)
+    assert not cp_dir.exists()
