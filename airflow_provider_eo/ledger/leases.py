@@ -81,9 +81,12 @@ def _live(row: Checkpoint, now: dt.datetime) -> bool:
 def database_now(s: Session) -> dt.datetime:
     """The database server's current time (aware, UTC), read in the caller's transaction.
 
-    SQLite's clock is the host of the ledger file (``strftime(... 'now')`` is UTC, with
-    milliseconds); PostgreSQL's is the server's (``CURRENT_TIMESTAMP``: the transaction's
-    start, so every comparison in one transaction sees one instant).
+    SQLite has no server: ``strftime(... 'now')`` (UTC, with milliseconds) is read by the
+    process that runs the statement, so a lease on SQLite is only as good as the calling
+    host's clock (one host in practice: a SQLite ledger is refused on network filesystems).
+    PostgreSQL's is the server's (``CURRENT_TIMESTAMP``: the transaction's start, so every
+    comparison in one transaction sees one instant): a worker with a skewed clock cannot
+    take over a lease still held.
     """
     if s.get_bind().dialect.name == "sqlite":
         raw = s.execute(text("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')")).scalar_one()
