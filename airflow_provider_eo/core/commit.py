@@ -244,8 +244,13 @@ def commit_checkpoint(
     identity = registered.identity
     # A shard whose marker is already past this checkpoint: only a ledger older than the
     # sink gets here (checkpoints commit in order); skipping it as published would lose it.
+    # Checked for every shard before anything is published; a marker partition with an
+    # open transaction (a killed committer's, aborted by the shard's fence below) is not
+    # read here (a stable read would wait for it): commit_shard checks it after the fence.
     config = librdkafka_config(pipeline.kafka)
-    found = clients.committed_marks(config, plan.marker_group, [(plan.sink_topic, s) for s in range(shards)])
+    busy = clients.open_transactions(config, plan.sink_topic)
+    readable = [(plan.sink_topic, s) for s in range(shards) if s not in busy]
+    found = clients.committed_marks(config, plan.marker_group, readable) if readable else {}
     markers = {
         s: decide_marker(
             pipeline.name,
@@ -255,7 +260,7 @@ def commit_checkpoint(
             found.get((plan.sink_topic, s)),
             identity=identity,
         )
-        for s in range(shards)
+        for _topic, s in readable
     }
     check_commit_markers(pipeline, registered, checkpoint_id, markers)
     published = skipped = 0

@@ -30,7 +30,7 @@ from confluent_kafka import KafkaException
 from airflow_provider_eo import names, staging
 from airflow_provider_eo.core.fault_seam import fault_point, fault_triggered
 from airflow_provider_eo.core.markers import NO_MARKER, decide_marker
-from airflow_provider_eo.errors import CommitError, CommitFenced, TransactionTimedOut
+from airflow_provider_eo.errors import CommitError, CommitFenced, LedgerBehindSink, TransactionTimedOut
 from airflow_provider_eo.kafka.publisher import (
     Abortable,
     DeliveryFailures,
@@ -474,7 +474,16 @@ def commit_shard(
         txn = ShardTransaction(c, clients)
         try:
             txn.fence()
-            if txn.committed_through(hooks) >= c.checkpoint_id:
+            done = txn.committed_through(hooks)
+            if done > c.checkpoint_id:
+                raise LedgerBehindSink(
+                    f"pipeline {c.pipeline!r}: the ledger is older than the sink. Committing "
+                    f"checkpoint {c.checkpoint_id}, shard {c.shard}'s commit marker (or output) "
+                    f"already shows checkpoint {done}: checkpoints commit in order, so this "
+                    "ledger was restored from an older copy. Nothing more was published by this "
+                    "shard. Point ledger_url at the newest ledger of this pipeline."
+                )
+            if done >= c.checkpoint_id:
                 hooks.committed(c.records)
                 return ShardResult(c.shard, 0, True, round_)
             hooks.before_begin()

@@ -328,3 +328,22 @@ def test_a_manifest_not_visible_here_is_retried_never_aborted(
     hidden.rename(manifest)  # visible again (the commit runs where the folder is): published once
     commit_checkpoint(pipeline, ledger, cp.checkpoint_id, clients=FakeClients(broker))
     assert sorted(broker.values(OUT)) == sorted(v for vs in OUTPUT.values() for v in vs)
+
+
+def test_a_marker_behind_an_open_transaction_is_checked_after_the_fence(
+    pipeline: Pipeline, ledger: Ledger, broker: FakeBroker
+) -> None:
+    """A marker partition with an open transaction (a killed committer's) is not read up
+    front (a stable read would wait for the broker to abort it); the shard checks its
+    marker after its fence and refuses there."""
+    from airflow_provider_eo.errors import LedgerBehindSink
+
+    cp = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=SINK_PARTITIONS)
+    identity = ledger.get_pipeline(pipeline.name).identity
+    broker.marks[(names.marker_group(pipeline), OUT, 1)] = (3, names.marker_metadata(identity))
+    clients = FakeClients(broker)
+    clients.open = {OUT: {1: (0, 1)}}
+    with pytest.raises(LedgerBehindSink, match="shard 1's commit marker"):
+        commit_checkpoint(pipeline, ledger, cp.checkpoint_id, clients=clients)
+    assert broker.visible(OUT, 1) == 0
+    assert ledger.get(pipeline.name, cp.checkpoint_id).state is CheckpointState.PREPARED
