@@ -39,6 +39,8 @@ import dataclasses
 import time
 from dataclasses import dataclass
 
+from confluent_kafka import KafkaException
+
 from airflow_provider_eo import names, staging
 from airflow_provider_eo.core.abort import abort_checkpoint
 from airflow_provider_eo.core.fault_seam import fault_point
@@ -46,7 +48,7 @@ from airflow_provider_eo.core.markers import decide_marker
 from airflow_provider_eo.core.plan import frozen_commit_plan
 from airflow_provider_eo.core.shard import REAL_KAFKA, KafkaClients, ShardCommittable, commit_shard
 from airflow_provider_eo.core.sink_guard import check_commit_markers
-from airflow_provider_eo.errors import NotPrepared, StagingError, StagingUnreadable
+from airflow_provider_eo.errors import EoError, NotPrepared, StagingError, StagingUnreadable
 from airflow_provider_eo.kafka.client_config import librdkafka_config
 from airflow_provider_eo.ledger import Actor, CheckpointRecord, CheckpointState, CommitPlan, Ledger
 from airflow_provider_eo.ledger.errors import CheckpointNotFound
@@ -248,9 +250,14 @@ def commit_checkpoint(
     # open transaction (a killed committer's, aborted by the shard's fence below) is not
     # read here (a stable read would wait for it): commit_shard checks it after the fence.
     config = librdkafka_config(pipeline.kafka)
-    busy = clients.open_transactions(config, plan.sink_topic)
-    readable = [(plan.sink_topic, s) for s in range(shards) if s not in busy]
-    found = clients.committed_marks(config, plan.marker_group, readable) if readable else {}
+    try:
+        busy = clients.open_transactions(config, plan.sink_topic)
+        readable = [(plan.sink_topic, s) for s in range(shards) if s not in busy]
+        found = clients.committed_marks(config, plan.marker_group, readable) if readable else {}
+    except (EoError, KafkaException, TimeoutError):
+        # Best effort (a broker down, a leader being elected): each shard checks its own
+        # marker after its fence anyway.
+        readable, found = [], {}
     markers = {
         s: decide_marker(
             pipeline.name,

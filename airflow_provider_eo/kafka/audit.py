@@ -196,6 +196,14 @@ def readback_end(
     tp = (topic, partition)
     stable = admin.list_offsets(config, [tp], spec="latest")[tp]
     high = high_watermarks(config, [tp])[tp]
+    # A partition without a leader (one is being elected after a broker died) answers with
+    # no offset (OFFSET_INVALID, -1001): ask again until it has one.
+    while stable < 0 or high < 0:
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"{topic}[{partition}] reported no offsets (stable {stable}, high {high})")
+        time.sleep(0.5)
+        stable = admin.list_offsets(config, [tp], spec="latest")[tp]
+        high = high_watermarks(config, [tp])[tp]
     if stable >= high:
         return stable
     ident = identity[: names.PROVENANCE_IDENTITY_CHARS]
@@ -220,7 +228,7 @@ def readback_end(
                 f"--partition {partition} --start-offset {stable}`), then retry the commit."
             )
         time.sleep(0.1)
-        stable = admin.list_offsets(config, [tp], spec="latest")[tp]
+        stable = max(stable, admin.list_offsets(config, [tp], spec="latest")[tp])
     return stable
 
 

@@ -79,6 +79,9 @@ def _kill_during_commit(
         h.commit(planned.checkpoint_id)  # the task retry: resumes the same checkpoint
     final = h.ledger.get(h.pipeline.name, planned.checkpoint_id).state
     assert final is CheckpointState.COMMITTED, err[-2000:]
+    # Plan may have sized the checkpoint below the input (the rate measured from a commit
+    # that met a dying broker is low): the rest goes in the next checkpoints.
+    h.drain()
     h.assert_exactly_once(expected_records=expected)  # with the broker still down
 
     cluster.restart(victim)
