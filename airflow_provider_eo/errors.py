@@ -98,7 +98,9 @@ class NotPrepared(CommitError):
 class AbortRefused(CommitError):
     """An abort was refused: the checkpoint is COMMITTED, a live committer may still publish
     it, or a shard already published it. Nothing was aborted; the message says whether
-    data is at risk and what to do."""
+    data is at risk and what to do. While a committer's lease runs, that is: wait until the
+    time it names, or, only if that committer is known to be dead, ``eo abort --force-live``
+    (a live committer would be fenced)."""
 
 
 class PipelineIdentityMismatch(CommitError):
@@ -162,7 +164,9 @@ class BackfillRefused(EoError):
 class RecoverError(EoError):
     """``eo recover`` could not fence the pipeline's transactional ids or finish its
     unfinished checkpoint. Fencing only aborts what was never committed and a commit
-    publishes only what the markers lack, so a retry is always safe."""
+    publishes only what the markers lack, so a retry is always safe. Refused while a
+    committer's lease runs: wait until the time it names, or, only if that committer is
+    known to be dead, ``eo recover --force-live`` (a live committer would be fenced)."""
 
 
 class ControlSignal(Exception):

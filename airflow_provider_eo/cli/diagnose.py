@@ -11,6 +11,19 @@ import typer
 from airflow_provider_eo.cli._common import JsonFlag, PipelineRef, emit, load, opened
 from airflow_provider_eo.cli.errors import EXIT_AUDIT_FAILED, err, fail, reported
 
+ForceLive = Annotated[
+    bool,
+    typer.Option(
+        "--force-live",
+        help=(
+            "Take the commit lease from a committer whose lease still runs. Only when that "
+            "committer is known to be dead (its process gone, not paused or slow): a live "
+            "committer is fenced and its commit fails. Without it, the command is refused until "
+            "the lease runs out (the message names the time)."
+        ),
+    ),
+]
+
 
 def audit_cmd(ref: PipelineRef, as_json: JsonFlag = False) -> None:
     """Read the sink with read_committed and check every committed checkpoint's records."""
@@ -49,18 +62,25 @@ def recover_cmd(
     wait: Annotated[
         float, typer.Option("--wait", help="Seconds to wait for the sink's stable offsets after fencing.")
     ] = 15.0,
+    force_live: ForceLive = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Resolve open transactions of this pipeline safely: commit its PREPARED checkpoint by
     the markers, fence every transactional id it used (aborting a zombie's open
     transaction), then check the sink. Exits 0 when no transaction is left open on the
-    sink, 1 when one is (not ours: the message says how to find its owner)."""
+    sink, 1 when one is (not ours: the message says how to find its owner). Refused while a
+    committer holds a live commit lease, unless --force-live."""
     from airflow_provider_eo.core.recover import recover_pipeline
     from airflow_provider_eo.ledger import Actor
 
     with reported(), opened(ref) as (pipeline, ledger):
         result = recover_pipeline(
-            pipeline, ledger, actor=Actor.here(), wait_s=wait, progress=lambda line: err.print(line)
+            pipeline,
+            ledger,
+            actor=Actor.here(),
+            wait_s=wait,
+            progress=lambda line: err.print(line),
+            force_live=force_live,
         )
     emit(result.summary(), as_json)
     if not result.clean:
@@ -77,15 +97,19 @@ def abort_cmd(
     ref: PipelineRef,
     checkpoint: Annotated[int, typer.Argument(help="Id of the unfinished checkpoint to abort.")],
     reason: Annotated[str, typer.Option("--reason", help="Why (recorded in the ledger).")],
+    force_live: ForceLive = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Abort an unfinished checkpoint so its range is replanned: fences every commit shard
-    first, refused while a committer is live or when a shard already published it."""
+    first, refused while a committer holds a live lease (unless --force-live) or when a shard
+    already published it."""
     from airflow_provider_eo.core.abort import abort_checkpoint
     from airflow_provider_eo.ledger import Actor
 
     if not reason.strip():
         fail("--reason must not be empty: it is recorded with the abort")
     with reported(), opened(ref) as (pipeline, ledger):
-        cp = abort_checkpoint(pipeline, ledger, checkpoint, reason=reason, actor=Actor.here())
+        cp = abort_checkpoint(
+            pipeline, ledger, checkpoint, reason=reason, actor=Actor.here(), force_live=force_live
+        )
     emit(cp.summary(), as_json)

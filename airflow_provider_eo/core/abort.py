@@ -37,7 +37,7 @@ from airflow_provider_eo.core.shard import REAL_KAFKA, KafkaClients
 from airflow_provider_eo.errors import AbortRefused
 from airflow_provider_eo.kafka.client_config import librdkafka_config
 from airflow_provider_eo.ledger import Actor, CheckpointRecord, CheckpointState, Ledger, ShardState
-from airflow_provider_eo.ledger.leases import CommitInProgress
+from airflow_provider_eo.ledger.leases import FORCE_LIVE_HINT, CommitInProgress
 from airflow_provider_eo.pipeline import Pipeline
 
 
@@ -62,18 +62,19 @@ def _refusal(pipeline: Pipeline, ledger: Ledger, checkpoint_id: int, held: Commi
     cp = ledger.get(pipeline.name, checkpoint_id)
     until = held.until.isoformat() if held.until else "?"
     committing = f"checkpoint {held.checkpoint_id} is being committed by {held.owner!r} until {until}"
+    way_out = "" if held.lost else f" {FORCE_LIVE_HINT}"
     if held.checkpoint_id == checkpoint_id:
         return AbortRefused(
             f"{where}cannot be aborted while a live committer ({held.owner!r}, {_pending_note(cp)}) "
             f"holds its commit lease: {committing}; wait, or stop it first. It may still publish. "
             f"Nothing was aborted; the checkpoint stays {cp.state.value}. Once that lease ran "
-            "out, the abort fences the committer."
+            f"out, the abort fences the committer.{way_out}"
         )
     return AbortRefused(
         f"{where}cannot be aborted now: {committing}; wait, or stop it first. A pipeline's "
         "transactional ids are one per commit shard, shared by all its checkpoints, so fencing "
         "them for this abort would kill that committer. Nothing was aborted; checkpoint "
-        f"{checkpoint_id} stays {cp.state.value}."
+        f"{checkpoint_id} stays {cp.state.value}.{way_out}"
     )
 
 

@@ -10,7 +10,10 @@ committer of checkpoint N as well. An abort or ``eo recover`` therefore fences o
 1. Taken before the first fence: the commit lease of every unfinished checkpoint of the
    pipeline, for this fencer. Refused while a committer holds a live lease on any of them
    ("checkpoint N is being committed by OWNER until T; wait, or stop it first"); while held,
-   no committer passes its lease check, so none begins a transaction meanwhile.
+   no committer passes its lease check, so none begins a transaction meanwhile. A committer
+   that died holds its lease until T; only when it is known to be dead may the fencer take
+   that lease at once (``take_over``: ``--force-live`` of ``eo abort`` and ``eo recover``),
+   since a live committer would be fenced mid-commit.
 2. Renewed before each id is fenced and by a heartbeat thread while one
    ``init_transactions`` takes long (never a fixed time: one fence may take up to the
    transaction timeout per id). A renewal finds out when a committer took the lease over

@@ -10,7 +10,8 @@ timeout aborts it. One of ours is left by a committer that died with its transac
    it first"), since the ids fenced below are that committer's too (one per commit shard,
    shared by all checkpoints). While it is held no committer begins; it is renewed before
    every id and by a heartbeat, and released at the end. A committer that died leaves its
-   lease running until it expires: wait for it, or pass ``force_live``.
+   lease running until it expires: wait for it, or, only when it is known to be dead, pass
+   ``force_live`` (``eo recover --force-live``; a live committer would be fenced).
 1. The unfinished checkpoint, when PREPARED, is committed under that lease:
    :func:`commit_checkpoint` fences each shard's transactional id (``init_transactions``
    aborts what the dead committer left open) and publishes only what the commit markers do
@@ -37,7 +38,7 @@ from airflow_provider_eo.core.shard import REAL_KAFKA, KafkaClients
 from airflow_provider_eo.errors import RecoverError
 from airflow_provider_eo.kafka.client_config import librdkafka_config
 from airflow_provider_eo.ledger import Actor, CheckpointState, Ledger
-from airflow_provider_eo.ledger.leases import CommitInProgress
+from airflow_provider_eo.ledger.leases import FORCE_LIVE_HINT, CommitInProgress
 from airflow_provider_eo.pipeline import Pipeline
 
 
@@ -143,12 +144,13 @@ def recover_pipeline(
                 say(f"fenced {txn_id}")
     except CommitInProgress as held:
         until = held.until.isoformat() if held.until else "?"
+        dead = "" if held.lost else f" {FORCE_LIVE_HINT}"
         raise RecoverError(
             f"{where}checkpoint {held.checkpoint_id} is being committed by {held.owner!r} until "
             f"{until}; wait, or stop it first. `eo recover` fences the pipeline's transactional "
             "ids (one per commit shard, shared by all its checkpoints), which would kill that "
             f"committer; it stopped before that (fenced so far: {result.fenced or 'nothing'}). "
-            f"A committer that died holds its lease until then: retry after {until}."
+            f"A committer that died holds its lease until then: retry after {until}.{dead}"
         ) from held
 
     # 3. What is still open is not ours.

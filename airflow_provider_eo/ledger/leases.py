@@ -40,35 +40,60 @@ PREPARED = CheckpointState.PREPARED
 _UNFINISHED = sorted(UNFINISHED_STATES, key=lambda state: state.value)
 
 
+#: The way out of a refusal while the lease holder is known to be dead (its lease still runs).
+FORCE_LIVE_HINT = (
+    "Only if that committer is known to be dead (its process gone, not paused or slow), "
+    "`eo abort … --force-live` or `eo recover --force-live` takes its lease now; a live "
+    "committer would be fenced and its commit would fail."
+)
+
+
 class CommitInProgress(CommitLeaseHeld):
     """A committer holds the commit lease of a checkpoint of the pipeline: aborting it, or
     fencing the pipeline's transactional ids (shared by all its checkpoints), would let it
     publish what the abort replans or kill it. Nothing was changed, no data is at risk: wait
-    for that commit to finish, or stop it first."""
+    until its lease runs out (``until``) or for that commit to finish, or stop it first; when
+    that committer is known to be dead, ``--force-live`` (``force_live=True``) takes its lease
+    at once. ``lost``: the refused fencer had held the lease and a committer took it over, so
+    that committer is alive and ``--force-live`` is no way out."""
 
     def __init__(
-        self, message: str, *, pipeline: str, checkpoint_id: int, owner: str | None, until: dt.datetime | None
+        self,
+        message: str,
+        *,
+        pipeline: str,
+        checkpoint_id: int,
+        owner: str | None,
+        until: dt.datetime | None,
+        lost: bool = False,
     ) -> None:
         super().__init__(message, owner=owner)
         self.pipeline = pipeline
         self.checkpoint_id = checkpoint_id
         self.until = until
+        self.lost = lost
 
 
-def _in_progress(pipeline: str, row: Checkpoint, now: dt.datetime, refused: str) -> CommitInProgress:
-    """The refusal naming ``row``'s lease holder; ``refused`` says what it stops and why."""
+def _in_progress(
+    pipeline: str, row: Checkpoint, now: dt.datetime, refused: str, *, lost: bool = False
+) -> CommitInProgress:
+    """The refusal naming ``row``'s lease holder; ``refused`` says what it stops and why;
+    ``lost``: the caller's own lease was taken over by that holder (so it is alive)."""
     until = row.commit_lease_until
     if until is not None and until >= now:
         held = f"until {until.isoformat()} ({(until - now).total_seconds():.1f}s left)"
     else:  # took over a lease of ours that ran out: it may have begun since
         held = f"until {until.isoformat() if until else '?'} (run out, but it may have begun since)"
+    way_out = "" if lost else f" {FORCE_LIVE_HINT}"
     return CommitInProgress(
         f"pipeline '{pipeline}': checkpoint {row.checkpoint_id} is being committed by "
-        f"{row.commit_owner!r} {held}; wait, or stop it first. {refused} Nothing was changed.",
+        f"{row.commit_owner!r} {held}; wait, or stop it first. {refused} Nothing was changed."
+        f"{way_out}",
         pipeline=pipeline,
         checkpoint_id=row.checkpoint_id,
         owner=row.commit_owner,
         until=until,
+        lost=lost,
     )
 
 
@@ -276,7 +301,7 @@ def _hold(
             if row.commit_owner in (None, owner):
                 continue
             if renew or (_live(row, now) and not take_over):
-                raise _in_progress(pipeline, row, now, _FENCE_REFUSED)
+                raise _in_progress(pipeline, row, now, _FENCE_REFUSED, lost=renew)
         free: ColumnElement[bool] = or_(Checkpoint.commit_owner.is_(None), Checkpoint.commit_owner == owner)
         if not renew and not take_over:
             free = or_(free, Checkpoint.commit_lease_until.is_(None), Checkpoint.commit_lease_until < now)
@@ -299,7 +324,7 @@ def _hold(
             if rowcount(result) != 1:  # a committer won the row meanwhile (PostgreSQL), or it finished
                 fresh = require_checkpoint(s, db, pipeline, pid, row.checkpoint_id)
                 if fresh.state in UNFINISHED_STATES:
-                    raise _in_progress(pipeline, fresh, now, _FENCE_REFUSED)
+                    raise _in_progress(pipeline, fresh, now, _FENCE_REFUSED, lost=renew)
                 continue
             held.append(row.checkpoint_id)
             if previous_owner != owner:
@@ -421,8 +446,8 @@ def abort(
             unleased = or_(Checkpoint.commit_owner.is_(None), Checkpoint.commit_owner == lease_owner)
 
             def guard(row: Checkpoint) -> None:
-                if row.commit_owner not in (None, lease_owner):
-                    raise _in_progress(pipeline, row, now, refused)
+                if row.commit_owner not in (None, lease_owner):  # took the fence lease over
+                    raise _in_progress(pipeline, row, now, refused, lost=True)
 
         record = record_aborted(
             s, db, pipeline, p, checkpoint_id, reason=reason, actor=actor, guard=guard, also=unleased

@@ -344,8 +344,9 @@ def test_an_abort_whose_lease_was_taken_over_while_it_fenced_stops(
     broker.on_call["init_transactions"] = stalled
     with pytest.raises(
         AbortRefused, match=f"checkpoint {cp.checkpoint_id} is being committed by {COMMITTER!r}"
-    ):
+    ) as refused:
         abort_checkpoint(pipeline, ledger, cp.checkpoint_id, reason="test", clients=FakeClients(broker))
+    assert "--force-live" not in str(refused.value)  # that committer just took the lease: alive
     assert outcomes == ["leased"]
     assert broker.count("init_transactions") == 1 and broker.count("committed_marks") == 0
     assert ledger.get("orders", cp.checkpoint_id).state is CheckpointState.PREPARED
