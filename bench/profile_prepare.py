@@ -72,6 +72,7 @@ def main() -> int:
     if unknown:
         ap.error(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}")
 
+    from e2e import one_checkpoint_timeout_ms
     from stream import TRANSFORM, produce_backlog  # bench/ is the script's folder
 
     from airflow_provider_eo.core.commit import commit_checkpoint
@@ -116,6 +117,8 @@ def main() -> int:
                 ledger_url=f"sqlite:///{work / 'ledger.db'}",
                 staging_dir=str(work / "staging"),
                 max_records_per_checkpoint=args.records,
+                # Every pipeline is new: its one checkpoint may plan all the records.
+                transaction_timeout_ms=one_checkpoint_timeout_ms(args.records),
             )
 
         base = pipeline()
@@ -140,6 +143,12 @@ def main() -> int:
             p = pipeline()
             cp = plan_checkpoint(p, ledger)
             assert cp is not None
+            planned = sum(r.end - r.start for r in cp.ranges)
+            if planned != args.records:  # every variant must read the same records
+                raise SystemExit(
+                    f"the plan sized the checkpoint to {planned:,} of {args.records:,} records (its "
+                    "commit must fit the transaction timeout): run with fewer --records"
+                )
             prepare_checkpoint(p, ledger, cp.checkpoint_id, stager=SparkStager(spark))
             prepared.append((p, cp.checkpoint_id))
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaException
@@ -100,14 +101,20 @@ def shard_committable(
 
 class LedgerShardHooks:
     """The ledger's part of one shard's transaction in a local commit: the lease and the
-    PENDING row before ``begin_transaction``, the COMMITTED row after."""
+    PENDING row before ``begin_transaction``, the COMMITTED row after, with the seconds the
+    transaction that published took (from its own ``before_begin``: a failed round before it
+    does not count; the plan sizes checkpoints from these, core/plan.py)."""
+
+    #: The clock the publish time is measured with (unit tests move it by hand).
+    clock: Callable[[], float] = staticmethod(time.monotonic)
 
     def __init__(self, ledger: Ledger, committable: ShardCommittable, *, owner: str) -> None:
         self.ledger = ledger
         self.c = committable
         self.owner = owner
+        self._began: float | None = None  # the clock at this process's latest before_begin
 
-    def _record(self, *, state: str, records: int) -> None:
+    def _record(self, *, state: str, records: int, publish_s: float | None = None) -> None:
         self.ledger.record_shard(
             self.c.pipeline,
             self.c.checkpoint_id,
@@ -117,6 +124,7 @@ class LedgerShardHooks:
             producer_epoch=None,
             state=state,
             records=records,
+            publish_s=publish_s,
         )
 
     def may_have_published(self) -> bool:
@@ -129,14 +137,17 @@ class LedgerShardHooks:
 
         Every committer uses the pinned prefix, so the fence before this already stopped any
         other; the lease only keeps live committers from taking turns."""
+        self._began = self.clock()
         self.ledger.acquire_commit_lease(
             self.c.pipeline, self.c.checkpoint_id, owner=self.owner, ttl_s=2 * self.c.timeout_s + 30
         )
         self._record(state="PENDING", records=self.c.records)
 
     def committed(self, records: int) -> None:
-        """Record the shard COMMITTED."""
-        self._record(state="COMMITTED", records=records)
+        """Record the shard COMMITTED, with its publish time when this process published it
+        (none when a marker showed an earlier process's transaction)."""
+        seconds = None if self._began is None else max(0.0, self.clock() - self._began)
+        self._record(state="COMMITTED", records=records, publish_s=seconds)
 
 
 def _abort_if_unpublished(

@@ -21,7 +21,6 @@ from airflow_provider_eo.ledger import (
     CommitPlan,
     Ledger,
     RangeSpec,
-    ShardState,
 )
 from airflow_provider_eo.pipeline import Pipeline
 
@@ -178,43 +177,56 @@ class CheckpointBudget:
     measured: bool  # False: the default rate (nothing measured yet)
 
 
-def _publish_sample(ledger: Ledger, cp: CheckpointRecord) -> tuple[float, float] | None:
+def _publish_sample(ledger: Ledger, cp: CheckpointRecord, timeout_s: float) -> tuple[float, float] | None:
     """(source offsets per second, largest shard share) of one checkpoint's commit, or None
-    when it says nothing about the rate (not committed, nothing published, no lease).
+    when it says nothing about the rate (not committed, nothing published, no publish time
+    recorded: every shard was published by a process that died before recording it).
 
-    The commit's time runs from its first commit lease (taken right before the first
-    shard's ``begin_transaction``) to the last shard's COMMITTED row: every shard's publish,
-    seal and commit, one after another, plus their fixed costs. A retried commit counts from
-    its first try, so a retry only makes the rate look slower (smaller checkpoints, never
-    larger). Offsets, not records, because the plan caps offsets: a transform that writes
-    more (or fewer) records than it reads is accounted for.
+    Only the transactions that published count: each shard's ``publish`` event holds the
+    seconds from its successful try's commit lease (right before ``begin_transaction``) to
+    its commit, so a failed, fenced or aborted try before it, a broker that was down in
+    between and the wait for a retry are not in the rate. The shards commit one after
+    another, so the checkpoint's rate is its published offsets over the sum of their times.
+    Each shard's time counts at most ``timeout_s`` (the transaction timeout): a transaction
+    the broker let commit was not open longer, so the rest was spent outside it (a slow
+    ledger write, a re-fence after an ambiguous commit). That is the floor: one slow sample
+    never sizes the next checkpoint below its own offsets / (2 x its commit shards), where
+    an unbounded time could cut it to a handful of offsets. Offsets, not records, because
+    the plan caps offsets: a transform that writes more (or fewer) records than it reads is
+    accounted for.
     """
     if cp.state is not CheckpointState.COMMITTED or not cp.records:
         return None
-    done = [s.updated_at for s in cp.shards if s.state is ShardState.COMMITTED]
     offsets = sum(r.end - r.start for r in cp.ranges)
-    if not done or offsets <= 0:
+    if offsets <= 0:
         return None
-    leases = [e.at for e in ledger.events(cp.pipeline, cp.checkpoint_id) if e.kind == "lease"]
-    if not leases:
-        return None
-    seconds = (max(done) - min(leases)).total_seconds()
-    if seconds <= 0:  # clocks apart (the lease uses the database's): no evidence
+    timed: dict[int, tuple[int, float]] = {}  # shard -> (records, seconds), the last try's
+    for event in ledger.events(cp.pipeline, cp.checkpoint_id):
+        if event.kind == "publish":
+            details = event.details
+            timed[int(details["shard"])] = (int(details["records"]), float(details["seconds"]))
+    records = min(cp.records, sum(n for n, _ in timed.values()))
+    seconds = sum(min(t, timeout_s) for _, t in timed.values())
+    if records <= 0 or seconds <= 0:
         return None
     counts = [n for n in cp.shard_counts.values() if n > 0]
     share = max(counts) / sum(counts) if counts else 1.0
-    return offsets / seconds, share
+    return offsets * (records / cp.records) / seconds, share
 
 
 def measured_publish_rate(
-    ledger: Ledger, pipeline_name: str, *, samples: int = RATE_SAMPLES
+    ledger: Ledger, pipeline_name: str, *, timeout_s: float, samples: int = RATE_SAMPLES
 ) -> PublishRate | None:
     """The publish rate of the pipeline's latest ``samples`` commits that published (the
-    median, so one slow retry does not shrink every checkpoint); None before any."""
+    median, so one slow commit does not shrink every checkpoint); None before any.
+
+    :param timeout_s: the pipeline's transaction timeout, the longest a shard's publish
+        can count (see :func:`_publish_sample`).
+    """
     rates: list[float] = []
     shares: list[float] = []
     for cp in reversed(ledger.list_checkpoints(pipeline_name, limit=2 * samples)):
-        sample = _publish_sample(ledger, cp)
+        sample = _publish_sample(ledger, cp, timeout_s)
         if sample is not None:
             rates.append(sample[0])
             shares.append(sample[1])
@@ -233,11 +245,21 @@ def checkpoint_budget(pipeline: Pipeline, ledger: Ledger) -> CheckpointBudget:
     measured). A shard's transaction the broker would abort for its timeout can only fail
     (:class:`~airflow_provider_eo.errors.TransactionTimedOut`), so plan keeps it out of reach.
     """
-    rate = measured_publish_rate(ledger, pipeline.name)
+    timeout_s = pipeline.transaction_timeout_ms / 1000
+    rate = measured_publish_rate(ledger, pipeline.name, timeout_s=timeout_s)
     per_s = rate.offsets_per_s if rate is not None else DEFAULT_PUBLISH_RATE
     share = rate.largest_share if rate is not None else 1.0
-    seconds = pipeline.transaction_timeout_ms / 1000 * PUBLISH_TIMEOUT_SHARE
+    seconds = timeout_s * PUBLISH_TIMEOUT_SHARE
     return CheckpointBudget(max(1, int(per_s * seconds / share)), per_s, share, rate is not None)
+
+
+def sized_to_transaction_timeout(ledger: Ledger, cp: CheckpointRecord) -> bool:
+    """Whether the plan of ``cp`` was cut by :func:`checkpoint_budget` (more input was
+    waiting than its commit could publish in time), as its plan event records."""
+    return any(
+        event.to_state is CheckpointState.PLANNED and "sized_to_transaction_timeout" in event.details
+        for event in ledger.events(cp.pipeline, cp.checkpoint_id)
+    )
 
 
 def lost_ranges(pipeline: Pipeline, ranges: list[RangeSpec]) -> list[str]:

@@ -15,9 +15,10 @@ SparkSession, and hands it on:
 Back-pressure: never more than the pipeline's ``max_pending`` unfinished checkpoints; when
 that many are PLANNED or PREPARED, the driver waits instead of planning.
 
-Catch-up: a plan cut by ``max_records_per_checkpoint`` means input is waiting, so the next
-plan does not wait for the interval (only for ``max_pending``): a backlog is carried as fast
-as prepare and commit go, not at ``max_records_per_checkpoint`` per interval.
+Catch-up: a plan cut by ``max_records_per_checkpoint``, or by the size whose commit fits the
+transaction timeout (core/plan.py), means input is waiting, so the next plan does not wait
+for the interval (only for ``max_pending``): a backlog is carried as fast as prepare and
+commit go, not one capped checkpoint per interval.
 
 Start, stop and crash (the numbered cases are what a restart can find):
 
@@ -144,8 +145,9 @@ class StreamSteps:
     pass fakes). ``plan_next`` plans the next checkpoint even while earlier ones are
     unfinished (``None``: nothing new); ``prepare`` returns (records, seconds); ``commit``
     returns seconds; ``unfinished`` lists the PLANNED/PREPARED checkpoints in id order;
-    ``state`` reads one checkpoint's state; ``full`` tells whether a plan was cut by the
-    pipeline's ``max_records_per_checkpoint`` (more input is waiting)."""
+    ``state`` reads one checkpoint's state; ``full`` tells whether a plan was cut (by the
+    pipeline's ``max_records_per_checkpoint``, or to a size whose commit fits the transaction
+    timeout): more input is waiting."""
 
     plan_next: Callable[[], CheckpointRecord | None]
     prepare: Callable[[int], tuple[int, float]]
@@ -168,7 +170,11 @@ def unfinished_checkpoints(ledger: Ledger, pipeline: str) -> list[CheckpointReco
 def default_steps(pipeline: Pipeline, ledger: Ledger, stager: Stager, actor: Actor) -> StreamSteps:
     """The real steps: core.plan (next_only), core.prepare with ``stager``, core.commit."""
     from airflow_provider_eo.core.commit import commit_checkpoint
-    from airflow_provider_eo.core.plan import plan_checkpoint, resume_or_drop_lost
+    from airflow_provider_eo.core.plan import (
+        plan_checkpoint,
+        resume_or_drop_lost,
+        sized_to_transaction_timeout,
+    )
 
     def prepare(cid: int) -> tuple[int, float]:
         result = prepare_checkpoint(pipeline, ledger, cid, stager=stager, actor=actor)
@@ -184,7 +190,10 @@ def default_steps(pipeline: Pipeline, ledger: Ledger, stager: Stager, actor: Act
         unfinished=lambda: unfinished_checkpoints(ledger, pipeline.name),
         state=lambda cid: ledger.get(pipeline.name, cid).state,
         resume_planned=lambda cp: resume_or_drop_lost(pipeline, ledger, cp, actor=actor),
-        full=lambda cp: planned_records(cp) >= pipeline.max_records_per_checkpoint,
+        full=lambda cp: (
+            planned_records(cp) >= pipeline.max_records_per_checkpoint
+            or sized_to_transaction_timeout(ledger, cp)
+        ),
     )
 
 

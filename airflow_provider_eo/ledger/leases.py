@@ -222,8 +222,11 @@ def record_shard(
     producer_epoch: int | None,
     state: ShardState,
     records: int,
+    publish_s: float | None = None,
 ) -> None:
-    """Upsert one shard row, never COMMITTED -> PENDING; see :meth:`Ledger.record_shard`."""
+    """Upsert one shard row, never COMMITTED -> PENDING; see :meth:`Ledger.record_shard`.
+    ``publish_s`` (COMMITTED only): how long the transaction that published the shard took,
+    recorded as a ``publish`` event (the plan measures the publish rate from these)."""
     with db.write() as s:
         pid = pipeline_row(s, db, pipeline).id
         row = require_checkpoint(s, db, pipeline, pid, checkpoint_id)
@@ -256,6 +259,14 @@ def record_shard(
                 f"pipeline '{pipeline}', checkpoint {checkpoint_id}: shard {shard} is "
                 f"recorded COMMITTED and cannot go back to {state}; its transaction "
                 "is visible in Kafka, do not publish it again"
+            )
+        if publish_s is not None and state == ShardState.COMMITTED:
+            add_event(
+                s,
+                pid,
+                checkpoint_id,
+                "publish",
+                details={"shard": shard, "records": records, "seconds": round(publish_s, 6)},
             )
 
 

@@ -167,10 +167,12 @@ class Ledger:
         producer_epoch: int | None,
         state: ShardState | str,
         records: int,
+        publish_s: float | None = None,
     ) -> None:
         """Upsert one commit shard's progress. A COMMITTED shard never goes back to PENDING
         (InvariantViolation); recording the same thing twice is a no-op. ``state`` is a
-        :class:`ShardState` or its value (ValueError for anything else)."""
+        :class:`ShardState` or its value (ValueError for anything else). ``publish_s``, with
+        COMMITTED: the seconds the transaction that published it took (a ``publish`` event)."""
         leases.record_shard(
             self._db,
             pipeline,
@@ -181,6 +183,7 @@ class Ledger:
             producer_epoch=producer_epoch,
             state=ShardState(state),
             records=records,
+            publish_s=publish_s,
         )
 
     # -- savepoints and restore --------------------------------------------------------------
