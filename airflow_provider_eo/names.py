@@ -127,6 +127,22 @@ def parse_provenance(value: bytes) -> tuple[bytes, bytes, bytes] | None:
     return parts[0], parts[1], parts[2]
 
 
+DEAD_LETTERS_DIR = "dead"
+"""The folder of an attempt holding its dead letters (Parquet), beside ``data``."""
+
+# Headers of a record on the dead-letter topic, beside the source record's own headers: why
+# it is there, where it came from, and which checkpoint of which pipeline (and ledger
+# identity, as in ``eo.prov``) sent it. The audit counts a source record found here, under
+# this pipeline's identity, as a dead letter.
+HEADER_DLQ_ERROR = "eo.error"
+HEADER_DLQ_TOPIC = "eo.source.topic"
+HEADER_DLQ_PARTITION = "eo.source.partition"
+HEADER_DLQ_OFFSET = "eo.source.offset"
+HEADER_DLQ_PIPELINE = "eo.pipeline"
+HEADER_DLQ_CHECKPOINT = "eo.checkpoint"
+HEADER_DLQ_IDENTITY = "eo.identity"
+
+
 def shard_count(pipeline: Pipeline, sink_partitions: int) -> int:
     """Commit shards actually used: at most one per sink partition (a shard's marker lives
     on the sink partition with its number)."""

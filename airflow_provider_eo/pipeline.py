@@ -94,6 +94,14 @@ class Pipeline:
         from the broker (records larger than this are refused at prepare time).
     :param keep_committed_staging: how many committed checkpoints' staging folders to keep.
     :param max_pending: how many checkpoints may be unfinished (PLANNED or PREPARED) at once.
+    :param dead_letter_topic: topic that takes the source records the transform fails on,
+        or whose output the sink refuses as too large (``max.message.bytes``): each is
+        published there in the same Kafka transaction as the checkpoint's output, with
+        headers naming the error, the source position, the pipeline and the checkpoint.
+        Used only when ``max_dead_letters_per_checkpoint`` is above 0.
+    :param max_dead_letters_per_checkpoint: how many source records one checkpoint may send
+        to ``dead_letter_topic``; one more fails the prepare with the error naming the
+        record (0, the default: the first such record fails the prepare).
     :param backfill_of: set only on a backfill pipeline (derived by
         :func:`airflow_provider_eo.core.backfill.backfill_pipeline`): the name of the live
         pipeline whose COMMITTED ranges it re-processes.
@@ -117,6 +125,8 @@ class Pipeline:
     sink_max_message_bytes: int = 1_048_588
     keep_committed_staging: int = 0
     max_pending: int = 1
+    dead_letter_topic: str | None = None
+    max_dead_letters_per_checkpoint: int = 0
     backfill_of: str | None = None
 
     def __post_init__(self) -> None:
@@ -149,6 +159,7 @@ class Pipeline:
             raise PipelineConfigError(f"pipeline {self.name!r}: commit_shards must be >= 1")
         if self.max_pending < 1:
             raise PipelineConfigError(f"pipeline {self.name!r}: max_pending must be >= 1")
+        self._check_dead_letters()
         if not 1_000 <= self.transaction_timeout_ms <= BROKER_MAX_TRANSACTION_TIMEOUT_MS:
             raise PipelineConfigError(
                 f"pipeline {self.name!r}: transaction_timeout_ms={self.transaction_timeout_ms} "
@@ -167,6 +178,28 @@ class Pipeline:
             raise PipelineConfigError(
                 f"pipeline {self.name!r}: transform {self.transform!r} must be 'module:function'"
             )
+
+    def _check_dead_letters(self) -> None:
+        if self.max_dead_letters_per_checkpoint < 0:
+            raise PipelineConfigError(
+                f"pipeline {self.name!r}: max_dead_letters_per_checkpoint must be >= 0 (0 sends none)"
+            )
+        if self.max_dead_letters_per_checkpoint and not self.dead_letter_topic:
+            raise PipelineConfigError(
+                f"pipeline {self.name!r}: max_dead_letters_per_checkpoint="
+                f"{self.max_dead_letters_per_checkpoint} needs dead_letter_topic=<topic>"
+            )
+        topic = self.dead_letter_topic
+        if topic is not None and (topic == self.sink_topic or topic in self.source_topics):
+            raise PipelineConfigError(
+                f"pipeline {self.name!r}: dead_letter_topic {topic!r} must be a topic of its own, "
+                "neither the sink nor a source topic"
+            )
+
+    @property
+    def dead_letters_enabled(self) -> bool:
+        """Whether records may go to :attr:`dead_letter_topic` (a topic and a budget above 0)."""
+        return self.dead_letter_topic is not None and self.max_dead_letters_per_checkpoint > 0
 
     @property
     def group_id(self) -> str:
@@ -213,6 +246,8 @@ class Pipeline:
             "sink_max_message_bytes": self.sink_max_message_bytes,
             "keep_committed_staging": self.keep_committed_staging,
             "max_pending": self.max_pending,
+            "dead_letter_topic": self.dead_letter_topic,
+            "max_dead_letters_per_checkpoint": self.max_dead_letters_per_checkpoint,
             "backfill_of": self.backfill_of,
         }
         return json.dumps(doc)

@@ -48,12 +48,13 @@ _STATE_STYLE = {"PLANNED": "cyan", "PREPARED": "yellow", "COMMITTED": "green", "
 
 
 def checkpoints_table(records: Sequence[CheckpointRecord], *, title: str | None = None) -> Table:
-    """A rich table of checkpoints: id, state, lineage, records, ranges, durations."""
+    """A rich table of checkpoints: id, state, lineage, records, dead letters, ranges, durations."""
     table = Table(title=title, header_style="bold")
     table.add_column("id", justify="right")
     table.add_column("state")
     table.add_column("lineage", justify="right")
     table.add_column("records", justify="right")
+    table.add_column("dead letters", justify="right")
     table.add_column("ranges")
     table.add_column("plan→prepare", justify="right")
     table.add_column("prepare→commit", justify="right")
@@ -64,6 +65,7 @@ def checkpoints_table(records: Sequence[CheckpointRecord], *, title: str | None 
             f"[{style}]{r.state.value}[/]" if style else r.state.value,
             str(r.lineage),
             "-" if r.records is None else str(r.records),
+            "-" if r.dead_letters is None else str(r.dead_letters),
             ", ".join(rg.compact() for rg in r.ranges),
             _duration(r.planned_at, r.prepared_at),
             _duration(r.prepared_at, r.committed_at),

@@ -9,14 +9,14 @@ import hashlib
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from airflow_provider_eo.errors import StagingError, StagingNotVisible, StagingUnreadable
-from airflow_provider_eo.names import MANIFEST
+from airflow_provider_eo.names import DEAD_LETTERS_DIR, MANIFEST
 
 MANIFEST_VERSION = 1
 
@@ -69,6 +69,16 @@ class Manifest:
     #: The ledger identity of the pipeline that staged it (None: written before manifests
     #: named it). Cleanup removes only its own ledger's attempts.
     identity: str | None = None
+    #: Source records sent to the dead-letter topic, as Parquet files (``dead/*.parquet``);
+    #: the commit's shard that moves the consumer group publishes them in its transaction.
+    dead_letters: list[StagedFile] = field(default_factory=list)
+    #: The topic they go to (frozen here: a later settings change does not move them).
+    dead_letter_topic: str | None = None
+
+    @property
+    def dead_letter_count(self) -> int:
+        """Source records staged for the dead-letter topic."""
+        return sum(f.records for f in self.dead_letters)
 
     @property
     def records(self) -> int:
@@ -99,6 +109,8 @@ class Manifest:
                 "dropped": self.dropped,
                 "created": self.created,
                 "identity": self.identity,
+                "dead_letters": [f.__dict__ for f in self.dead_letters],
+                "dead_letter_topic": self.dead_letter_topic,
                 "files": {str(p): [f.__dict__ for f in fs] for p, fs in sorted(self.files.items())},
             },
             indent=1,
@@ -120,6 +132,8 @@ class Manifest:
             dropped=None if doc.get("dropped") is None else int(doc["dropped"]),
             created=int(doc.get("created") or 0),
             identity=doc.get("identity"),
+            dead_letters=[StagedFile(**f) for f in doc.get("dead_letters") or []],
+            dead_letter_topic=doc.get("dead_letter_topic"),
         )
 
 
@@ -149,6 +163,21 @@ def describe_attempt(attempt_path: str) -> dict[int, list[StagedFile]]:
         out.setdefault(partition, []).append(
             StagedFile(path=rel, records=records, bytes=info.size, sha256=sha256_of(fs, info.path))
         )
+    return out
+
+
+def describe_dead_letters(attempt_path: str) -> list[StagedFile]:
+    """List the dead-letter Parquet files of an attempt (``dead/*.parquet``) with counts,
+    sizes and checksums, in publish order (empty when there are none)."""
+    fs, root = _fs(attempt_path)
+    infos = fs.get_file_info(pafs.FileSelector(f"{root}/{DEAD_LETTERS_DIR}", allow_not_found=True))
+    out = []
+    for info in sorted(infos, key=lambda i: i.path):
+        if info.type != pafs.FileType.File or not info.path.endswith(".parquet"):
+            continue
+        records = pq.ParquetFile(fs.open_input_file(info.path)).metadata.num_rows
+        rel = info.path[len(root) + 1 :]
+        out.append(StagedFile(path=rel, records=records, bytes=info.size, sha256=sha256_of(fs, info.path)))
     return out
 
 
@@ -202,7 +231,11 @@ def verify(attempt_path: str, manifest: Manifest) -> None:
     an I/O error while checking is :class:`StagingUnreadable` (nothing is decided).
     """
     fs, root = _fs(attempt_path)
-    for partition, files in manifest.files.items():
+    groups: list[tuple[int | str, list[StagedFile]]] = list(manifest.files.items())
+    if manifest.dead_letters:
+        groups.append(("dead letters", manifest.dead_letters))
+    for partition, files in groups:
+        label = f"sink partition {partition}" if isinstance(partition, int) else str(partition)
         for f in files:
             full = f"{root}/{f.path}"
             try:
@@ -210,7 +243,7 @@ def verify(attempt_path: str, manifest: Manifest) -> None:
                 if info.type != pafs.FileType.File:
                     raise StagingError(
                         f"checkpoint {manifest.checkpoint_id} of pipeline {manifest.pipeline!r}: "
-                        f"staged file {f.path} (sink partition {partition}) is missing"
+                        f"staged file {f.path} ({label}) is missing"
                     )
                 matches = info.size == f.bytes and sha256_of(fs, full) == f.sha256
             except StagingError:
@@ -218,14 +251,14 @@ def verify(attempt_path: str, manifest: Manifest) -> None:
             except OSError as exc:
                 raise StagingUnreadable(
                     f"checkpoint {manifest.checkpoint_id} of pipeline {manifest.pipeline!r}: "
-                    f"staged file {f.path} (sink partition {partition}) could not be read: "
+                    f"staged file {f.path} ({label}) could not be read: "
                     f"{exc}. Nothing was published and nothing aborted; retry the commit once "
                     "the storage answers."
                 ) from exc
             if not matches:
                 raise StagingError(
                     f"checkpoint {manifest.checkpoint_id} of pipeline {manifest.pipeline!r}: "
-                    f"staged file {f.path} (sink partition {partition}) does not match its "
+                    f"staged file {f.path} ({label}) does not match its "
                     f"manifest (size {info.size} vs {f.bytes} or checksum differs)"
                 )
 

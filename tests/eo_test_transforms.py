@@ -96,3 +96,18 @@ def drop_and_explode(df: Any) -> Any:
     kept = df.where(n % 10 != 0)
     copies = F.when(n % 5 == 0, F.array(F.lit(1), F.lit(2))).otherwise(F.array(F.lit(1)))
     return kept.withColumn("copy", F.explode(copies))
+
+
+def poison_or_big(df: Any) -> Any:
+    """Raises (a Python UDF) on a value starting with b'POISON'; a value starting with b'BIG'
+    becomes 5000 bytes (over a small max.message.bytes); any other value is kept."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import BinaryType
+
+    def check(v: bytes) -> bytes:
+        v = bytes(v)
+        if v.startswith(b"POISON"):
+            raise ValueError(f"cannot parse record: {v.decode()}")
+        return b"x" * 5000 if v.startswith(b"BIG") else v
+
+    return df.withColumn("value", F.udf(check, BinaryType())(F.col("value")))

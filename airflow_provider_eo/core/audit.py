@@ -5,8 +5,10 @@ Two checks per committed checkpoint:
 
 1. Against the source: every record of its planned ranges (read back from the source
    topic, read_committed, as the prepare read it) is named by an output record's
-   provenance, or was dropped by the transform, or went to the dead-letter topic (both
-   counted by the prepare and kept in the ledger). Anything else is ``missing``. This
+   provenance, or was dropped by the transform (counted by the prepare, kept in the
+   ledger), or is on the dead-letter topic (read back: its ``eo.*`` headers name the
+   source position, this pipeline and its ledger identity). Anything else is
+   ``missing``. This
    does not trust our own manifests: a checkpoint committed with fewer records than it
    read shows up here.
 2. Against the staged output: every staged position (sink partition and index) is seen
@@ -46,7 +48,8 @@ class CheckpointAudit:
     source_records: int = 0  # records in the planned ranges, read back from the source
     source_published: int = 0  # of those, named by an output record's provenance
     dropped: int | None = None  # counted by the prepare; None: prepared before it counted
-    dead_letters: int = 0
+    dead_letters: int = 0  # of the source records, found on the dead-letter topic
+    dead_letters_recorded: int = 0  # what the prepare staged as dead letters (the ledger)
     source_missing: int = 0  # read, not published, not dropped, not a dead letter
     source_expired: int = 0  # planned offsets already deleted by retention: not checkable
 
@@ -146,6 +149,10 @@ def audit_pipeline(pipeline: Pipeline, ledger: Ledger) -> AuditReport:
         positions[cid][position] += 1
         if src != b"-":
             source_seen[src].add(cid)
+    dead = _dead_letters(config, pipeline, ident) if any(c.dead_letters for c in checkpoints.values()) else {}
+    for src, cids in dead.items():  # a dead letter sent twice, or also published
+        if len(cids) > 1 or src in source_seen:
+            report.sources_duplicated += len(cids) - (0 if src in source_seen else 1)
     committed = [cp for _cid, cp in sorted(checkpoints.items()) if cp.state is CheckpointState.COMMITTED]
     rows = {
         cp.checkpoint_id: CheckpointAudit(cp.checkpoint_id, cp.state.value, expected=cp.records or 0)
@@ -162,7 +169,7 @@ def audit_pipeline(pipeline: Pipeline, ledger: Ledger) -> AuditReport:
         row.duplicates = sum(n - 1 for n in seen.values() if n > 1)
         row.missing_staged = max(0, row.expected - len(seen))
         report.checkpoints.append(row)
-    _check_against_source(config, committed, rows, source_seen)
+    _check_against_source(config, committed, rows, source_seen, dead)
     report.unexpected += sum(sum(c.values()) for cid, c in positions.items() if cid not in checkpoints)
     report.sources_duplicated = sum(1 for cids in source_seen.values() if len(cids) > 1)
     return report
@@ -173,9 +180,11 @@ def _check_against_source(
     committed: list[CheckpointRecord],
     rows: dict[int, CheckpointAudit],
     source_seen: dict[bytes, set[int]],
+    dead: dict[bytes, list[int]],
 ) -> None:
     """Fill each committed checkpoint's source columns: read its planned ranges back from
-    the source and find every record's position among the published provenance."""
+    the source and find every record's position among the published provenance, else on
+    the dead-letter topic."""
     by_partition: dict[tuple[str, int], list[tuple[int, int, CheckpointRecord]]] = defaultdict(list)
     for cp in committed:
         for r in cp.ranges:
@@ -198,12 +207,39 @@ def _check_against_source(
                 if cp.time_filter is not None and not cp.time_filter[0] <= timestamp < cp.time_filter[1]:
                     continue  # a backfill checkpoint reads only its time interval
                 row.source_records += 1
-                if f"{topic}:{partition}:{offset}".encode() in source_seen:
+                position = f"{topic}:{partition}:{offset}".encode()
+                if position in source_seen:
                     row.source_published += 1
+                elif position in dead:
+                    row.dead_letters += 1
                 else:
                     unseen[cp.checkpoint_id] += 1
     for cp in committed:
         row = rows[cp.checkpoint_id]
         row.dropped = cp.records_dropped
-        row.dead_letters = cp.dead_letters or 0
-        row.source_missing = max(0, unseen[cp.checkpoint_id] - (cp.records_dropped or 0) - row.dead_letters)
+        row.dead_letters_recorded = cp.dead_letters or 0
+        row.source_missing = max(0, unseen[cp.checkpoint_id] - (cp.records_dropped or 0))
+
+
+def _dead_letters(config: dict[str, Any], pipeline: Pipeline, ident: str | None) -> dict[bytes, list[int]]:
+    """Source position (``topic:partition:offset``) -> checkpoints that sent it to the
+    pipeline's dead-letter topic, from the ``eo.*`` headers of its committed records (this
+    pipeline under this ledger identity only)."""
+    found: dict[bytes, list[int]] = defaultdict(list)
+    if pipeline.dead_letter_topic is None or ident is None:
+        return found
+    for msg in read_sink(config, pipeline.dead_letter_topic):
+        h = dict(msg.headers() or [])
+        if h.get(names.HEADER_DLQ_PIPELINE) != pipeline.name.encode():
+            continue
+        if h.get(names.HEADER_DLQ_IDENTITY) != ident.encode():
+            continue
+        try:
+            cid = int(h[names.HEADER_DLQ_CHECKPOINT])
+            position = b":".join(
+                (h[names.HEADER_DLQ_TOPIC], h[names.HEADER_DLQ_PARTITION], h[names.HEADER_DLQ_OFFSET])
+            )
+        except (KeyError, ValueError):
+            continue
+        found[position].append(cid)
+    return found

@@ -79,7 +79,7 @@ def shard_committable(
 ) -> ShardCommittable:
     """The frozen committable of one shard of ``cp``: the plan's transactional id, sink and
     marker group, the shard's staged files, and (the plan's last shard only) the pipeline
-    group's offsets at the checkpoint's ends."""
+    group's offsets at the checkpoint's ends and the checkpoint's dead letters."""
     last = shard == plan.shards - 1  # the plan's last shard also moves the pipeline's group
     return ShardCommittable(
         pipeline=pipeline.name,
@@ -96,6 +96,8 @@ def shard_committable(
         kafka=tuple(sorted(librdkafka_config(pipeline.kafka).items())),
         transaction_timeout_ms=pipeline.transaction_timeout_ms,
         topic_max_bytes=topic_max_bytes,
+        dead_letter_topic=manifest.dead_letter_topic if last else None,
+        dead_letters=tuple(manifest.dead_letters) if last else (),
     )
 
 
@@ -232,11 +234,15 @@ def commit_checkpoint(
     shards = plan.shards
     try:
         manifest = staging.read_manifest(cp.staging_location or "")
-        if manifest.checkpoint_id != checkpoint_id or manifest.records != (cp.records or 0):
+        if (
+            manifest.checkpoint_id != checkpoint_id
+            or manifest.records != (cp.records or 0)
+            or manifest.dead_letter_count != (cp.dead_letters or 0)
+        ):
             raise StagingError(
                 f"manifest at {cp.staging_location} is for checkpoint {manifest.checkpoint_id} "
-                f"with {manifest.records} records, the ledger expects {checkpoint_id} with "
-                f"{cp.records}"
+                f"with {manifest.records} records and {manifest.dead_letter_count} dead letters, "
+                f"the ledger expects {checkpoint_id} with {cp.records} and {cp.dead_letters or 0}"
             )
         if manifest.sink_partitions != sink_partitions:
             raise StagingError(

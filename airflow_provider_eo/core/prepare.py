@@ -111,6 +111,10 @@ class StageResult:
     :param sources_kept: distinct source positions among the output records: the records
         read minus this is what the transform dropped (``None``: not counted).
     :param created: output records without a source position (made by the transform).
+    :param dead_letters: the dead-letter files written (source records the transform
+        failed on, or whose output the sink would refuse), as this process lists them.
+    :param dead_letters_written: the dead letters the engine wrote (checked against the
+        listed files like ``rows_written``).
     """
 
     files: dict[int, list[StagedFile]]
@@ -119,6 +123,8 @@ class StageResult:
     rows_written: dict[int, int] | None = None
     sources_kept: int | None = None
     created: int = 0
+    dead_letters: tuple[StagedFile, ...] = ()
+    dead_letters_written: int = 0
 
     @property
     def records_read(self) -> int:
@@ -138,7 +144,12 @@ class StageResult:
         """Source records the transform dropped (read, but no output record names them)."""
         if self.sources_kept is None:
             return None
-        return max(0, self.records_read - self.sources_kept)
+        return max(0, self.records_read - self.sources_kept - self.dead_letter_count)
+
+    @property
+    def dead_letter_count(self) -> int:
+        """Source records staged for the dead-letter topic."""
+        return sum(f.records for f in self.dead_letters)
 
 
 def check_staged_visible(request: StageRequest, staged: StageResult) -> None:
@@ -149,6 +160,13 @@ def check_staged_visible(request: StageRequest, staged: StageResult) -> None:
 
     :raises StagingError: naming the pipeline, checkpoint, ``staging_dir`` and the counts.
     """
+    if staged.dead_letters_written != staged.dead_letter_count:
+        raise StagingError(
+            f"{request.where}: the Spark job wrote {staged.dead_letters_written} dead letters but "
+            f"this process sees {staged.dead_letter_count} under {request.path}. staging_dir "
+            f"{request.pipeline.staging_dir!r} must be one location shared by the Spark driver, "
+            "every executor and the committer. Nothing was published; the checkpoint stays PLANNED."
+        )
     if staged.rows_written is None:
         return
     written = {p: n for p, n in staged.rows_written.items() if n}
@@ -299,6 +317,8 @@ def prepare_checkpoint(
         dropped=staged.dropped,
         created=staged.created,
         identity=ledger.get_pipeline(pipeline.name).identity,
+        dead_letters=list(staged.dead_letters),
+        dead_letter_topic=pipeline.dead_letter_topic if staged.dead_letters else None,
     )
     staging.write_manifest(path, manifest)
     fault_point("prepare.before_ledger")
@@ -319,6 +339,7 @@ def prepare_checkpoint(
             records_read=staged.records_read,
             records_dropped=staged.dropped,
             records_created=staged.created,
+            dead_letters=staged.dead_letter_count,
         )
     except CheckpointConflict:
         staging.remove(path)

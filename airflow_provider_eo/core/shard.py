@@ -40,6 +40,7 @@ from airflow_provider_eo.kafka.publisher import (
     kafka_call,
     largest_record,
     offsets,
+    produce_dead_letters,
     produce_staged,
     serve,
 )
@@ -185,6 +186,10 @@ class ShardCommittable:
     kafka: tuple[tuple[str, Any], ...]  # librdkafka client config
     transaction_timeout_ms: int
     topic_max_bytes: int | None = None
+    # The checkpoint's dead letters (the shard that moves the group publishes them) and
+    # their topic.
+    dead_letter_topic: str | None = None
+    dead_letters: tuple[staging.StagedFile, ...] = ()
 
     @property
     def config(self) -> dict[str, Any]:
@@ -304,6 +309,8 @@ class ShardTransaction:
             return NO_MARKER
         staged = [p for p, files in c.parts if sum(f.records for f in files) > 0]
         if not staged:
+            # Nothing in the sink can prove it. A shard holding only dead letters is redone
+            # (they may appear twice on the dead-letter topic, the sink never).
             return NO_MARKER
         return self.clients.last_published_checkpoint(
             c.config, c.sink_topic, staged[0], c.pipeline, c.identity
@@ -325,6 +332,19 @@ class ShardTransaction:
                 self.producer, c.sink_topic, partition, part, header, where=c.where, sent=self.sent
             )
             fault_point("commit.after_begin")
+        if c.dead_letters and c.dead_letter_topic:
+            # In the same transaction as the output and the group's offsets: a source record
+            # is either published, or a dead letter, never both or neither.
+            produce_dead_letters(
+                self.producer,
+                c.dead_letter_topic,
+                staging.iter_batches(c.staging_location, list(c.dead_letters)),
+                pipeline=c.pipeline,
+                checkpoint_id=c.checkpoint_id,
+                identity=c.identity,
+                where=c.where,
+                sent=self.sent,
+            )
         # Acknowledged by the broker before the commit step (commit would flush anyway; this
         # makes the crash point before the commit well-defined).
         serve("flush", self.producer.flush, c.timeout_s, where=c.where)

@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
+from airflow_provider_eo import names
 from airflow_provider_eo.errors import CommitError, CommitFenced, ControlSignal, TransactionalIdUnauthorized
 from airflow_provider_eo.names import HEADER_PROVENANCE
 
@@ -421,3 +422,41 @@ def produce_staged(
             sent.records += n
         serve("poll", producer.poll, 0, where=where)  # delivery reports: the local queue drains
     return index
+
+
+def produce_dead_letters(
+    producer: Producer,
+    topic: str,
+    batches: Iterable[pa.RecordBatch],
+    *,
+    pipeline: str,
+    checkpoint_id: int,
+    identity: str,
+    where: str = "",
+    sent: Sent | None = None,
+) -> int:
+    """Produce a checkpoint's dead letters (staged by the prepare: the source record's key,
+    value and headers, its position and the error) to the dead-letter ``topic``, each with
+    the ``eo.*`` headers that say why and where from (:data:`names.HEADER_DLQ_ERROR` ...).
+    The partition is the client's choice (by key). Returns the count."""
+    produced = 0
+    for batch in batches:
+        for row in batch.to_pylist():
+            hdrs = [(h["key"], h["value"]) for h in row["headers"] or []] + [
+                (names.HEADER_DLQ_ERROR, str(row["error"]).encode()),
+                (names.HEADER_DLQ_TOPIC, str(row["src_topic"]).encode()),
+                (names.HEADER_DLQ_PARTITION, str(row["src_partition"]).encode()),
+                (names.HEADER_DLQ_OFFSET, str(row["src_offset"]).encode()),
+                (names.HEADER_DLQ_PIPELINE, pipeline.encode()),
+                (names.HEADER_DLQ_CHECKPOINT, str(checkpoint_id).encode()),
+                (names.HEADER_DLQ_IDENTITY, identity[: names.PROVENANCE_IDENTITY_CHARS].encode()),
+            ]
+            try:
+                produce(producer, topic, value=row["value"], key=row["key"], headers=hdrs)
+            except KafkaException as exc:
+                raise _produce_error(exc, where) from exc
+            produced += 1
+            if sent is not None:
+                sent.records += 1
+        serve("poll", producer.poll, 0, where=where)
+    return produced

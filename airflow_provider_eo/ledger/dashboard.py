@@ -227,6 +227,7 @@ def checkpoint_page(db: Database, name: str, *, limit: int = 50, before: int | N
                     "state": row.state.value,
                     "lineage": row.lineage,
                     "records": row.records,
+                    "dead_letters": row.dead_letters,
                     "records_planned": sum(r["end"] - r["start"] for r in rs),
                     "bytes": row.bytes,
                     "planned_at": _iso(row.planned_at),

@@ -344,14 +344,16 @@ def mark_prepared(
     records_read: int | None = None,
     records_dropped: int | None = None,
     records_created: int | None = None,
+    dead_letters: int | None = None,
 ) -> CheckpointRecord:
     """PLANNED -> PREPARED, naming the attempt whose staged output wins.
 
     Idempotent for the winning attempt: preparing again with the same ``attempt``
     returns the record; any other attempt gets :class:`CheckpointConflict`.
-    ``records_read``/``records_dropped``/``records_created`` are the source accounting the
-    audit checks the sink against (source records read, dropped by the transform, output
-    records without a source position).
+    ``records_read``/``records_dropped``/``records_created``/``dead_letters`` are the source
+    accounting the audit checks the sink against (source records read, dropped by the
+    transform, output records without a source position, source records staged for the
+    dead-letter topic).
     """
     if records < 0 or bytes_ < 0 or any(v < 0 for v in shard_counts.values()):
         raise ValueError("records, bytes_ and shard counts must be >= 0")
@@ -376,6 +378,7 @@ def mark_prepared(
                 "records_read": records_read,
                 "records_dropped": records_dropped,
                 "records_created": records_created,
+                "dead_letters": dead_letters,
                 **actor_columns(actor),
             },
         )

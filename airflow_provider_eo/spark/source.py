@@ -8,6 +8,7 @@ during the job that writes the output, so the source is never read twice.
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_eo.core.prepare import RangeRead
@@ -124,6 +125,23 @@ def read_ranges(
     start_ms, end_ms = time_filter
     stamp = F.unix_millis(F.col("timestamp"))
     return frame.where((stamp >= F.lit(start_ms)) & (stamp < F.lit(end_ms)))
+
+
+def without_positions(source: DataFrame, positions: Collection[tuple[str, int, int]]) -> DataFrame:
+    """``source`` without the records at ``positions`` ((topic, partition, offset): the
+    checkpoint's dead letters, which the transform never sees again)."""
+    if not positions:
+        return source
+    from pyspark.sql import functions as F
+
+    keep = F.lit(True)
+    by_partition: dict[tuple[str, int], list[int]] = {}
+    for topic, partition, offset in positions:
+        by_partition.setdefault((topic, partition), []).append(offset)
+    for (topic, partition), offsets in sorted(by_partition.items()):
+        hit = (F.col("topic") == topic) & (F.col("partition") == partition) & F.col("offset").isin(offsets)
+        keep = keep & ~hit
+    return source.where(keep)
 
 
 def with_provenance(source: DataFrame) -> DataFrame:

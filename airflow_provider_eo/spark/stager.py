@@ -9,14 +9,16 @@ plan) is :func:`airflow_provider_eo.core.prepare.prepare_checkpoint`. Never impo
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from airflow_provider_eo import names, staging
 from airflow_provider_eo.core.prepare import StageRequest, StageResult
 from airflow_provider_eo.pipeline import Pipeline
-from airflow_provider_eo.spark import shape, source, write
-from airflow_provider_eo.spark.transform import apply_transform, job_failure, load_transform
+from airflow_provider_eo.spark import dead_letters, shape, source, write
+from airflow_provider_eo.spark.transform import Transform, apply_transform, job_failure, load_transform
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -70,28 +72,64 @@ class SparkStager:
         A failed job removes the attempt folder and raises
         :func:`~airflow_provider_eo.spark.transform.job_failure`'s error; a record over the
         sink's ``max.message.bytes`` or aimed at a partition it lacks removes it and raises
-        :func:`~airflow_provider_eo.spark.shape.limits_error`'s.
+        :func:`~airflow_provider_eo.spark.shape.limits_error`'s. With dead letters enabled, a
+        source record the transform fails on (or whose output is over the limit) is left
+        out of the next write instead, up to the pipeline's budget, and written with its
+        error under ``{request.path}/dead`` (:mod:`.dead_letters`).
         """
+        pipeline = request.pipeline
+        spark = self.session(pipeline)
+        name = f"eo-{pipeline.name}-{request.checkpoint_id}-{request.attempt}"
+        where, path = request.where, request.path
+        transform = load_transform(pipeline.transform)
+        exclude: dict[dead_letters.Position, str] = {}  # this checkpoint's dead letters
+        outcome: StageResult | None = None
+        for round_ in itertools.count():
+            written = self._write(request, transform, exclude, f"{name}-{round_}" if round_ else name)
+            if isinstance(written, StageResult):
+                outcome = written
+                break
+            # Dead letters found: the next round leaves them out (its own fresh data folder).
+            dead_letters.admit(exclude, written, pipeline, where)
+            staging.remove(f"{path}/data")
+        assert outcome is not None
+        if not exclude:
+            return outcome
+        count = dead_letters.write_dead_letters(spark, pipeline, exclude, path, name)
+        return dataclasses.replace(
+            outcome,
+            dead_letters=tuple(staging.describe_dead_letters(path)),
+            dead_letters_written=count,
+        )
+
+    def _write(
+        self,
+        request: StageRequest,
+        transform: Transform,
+        exclude: dict[dead_letters.Position, str],
+        name: str,
+    ) -> StageResult | dict[dead_letters.Position, str]:
+        """One write of the checkpoint's output without the ``exclude`` records: the
+        :class:`StageResult`, or the source records that must become dead letters first (a
+        record the transform fails on, outputs over the sink's limit)."""
         from pyspark.sql import Observation
 
         pipeline = request.pipeline
         spark = self.session(pipeline)
-        name = f"eo-{pipeline.name}-{request.checkpoint_id}-{request.attempt}"
         where, path, sink_partitions = request.where, request.path, request.sink_partitions
         ranges = list(request.ranges)
         live = source.live_ranges(ranges)
 
         # 1. Bounded read of exactly the planned ranges; per-range counts and timestamps are
-        #    observed during the write (no second read).
+        #    observed during the write (no second read), dead letters included.
         frame = source.read_ranges(spark, pipeline, ranges, time_filter=request.time_filter)
         observation = Observation(name)
         metrics = source.range_metrics(live)
         if metrics:
             frame = frame.observe(observation, *metrics)
-        frame = source.with_provenance(frame)
+        frame = source.with_provenance(source.without_positions(frame, exclude))
 
         # 2. The user's transform.
-        transform = load_transform(pipeline.transform)
         out = apply_transform(transform, frame, ref=pipeline.transform, where=where)
 
         # 3. Shape: columns, sink partition, limits counted during the write.
@@ -103,9 +141,27 @@ class SparkStager:
         try:
             write.write_staged(staged, f"{path}/data", sink_partitions)
         except Exception as exc:
+            found = dead_letters.failing_record(
+                exc,
+                spark=spark,
+                pipeline=pipeline,
+                transform=transform,
+                live=live,
+                exclude=exclude,
+                time_filter=request.time_filter,
+            )
+            if found is not None:
+                return dict([found])
             staging.remove(path)
             raise job_failure(
-                exc, spark=spark, pipeline=pipeline, transform=transform, live=live, where=where
+                exc,
+                spark=spark,
+                pipeline=pipeline,
+                transform=transform,
+                live=live,
+                where=where,
+                exclude=exclude,
+                time_filter=request.time_filter,
             ) from exc
         # The counts Spark took while writing, whatever this process can list: a staging
         # folder the driver does not share lists nothing, and core.prepare refuses that.
@@ -113,6 +169,11 @@ class SparkStager:
         files = staging.describe_attempt(path)
         sources_kept: int | None = 0
         if files:
+            if seen.get("oversize") and pipeline.dead_letters_enabled:
+                written = spark.read.parquet(f"{path}/data")
+                oversize = dead_letters.oversize_records(written, request.max_message_bytes)
+                if oversize:
+                    return oversize
             refused = shape.limits_error(
                 lambda: spark.read.parquet(f"{path}/data"),
                 seen,

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import importlib
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
 from airflow_provider_eo.errors import PrepareError, SparkEnvironmentError, TransformError
 from airflow_provider_eo.ledger import RangeSpec
 from airflow_provider_eo.pipeline import Pipeline
-from airflow_provider_eo.spark.source import kafka_source, with_provenance
+from airflow_provider_eo.spark.source import with_provenance
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -151,11 +151,32 @@ def locate_poison(
     transform: Transform,
     ranges: list[RangeSpec],
     max_jobs: int = MAX_POISON_JOBS,
+    *,
+    exclude: Collection[tuple[str, int, int]] = (),
+    time_filter: tuple[int, int] | None = None,
 ) -> tuple[str, int, int] | None:
     """The first record the transform fails on, found with bounded Spark jobs (None when the
-    failure does not reproduce on a sub-range or the job budget runs out)."""
+    failure does not reproduce on a sub-range or the job budget runs out). Records at the
+    ``exclude`` positions (dead letters already found) are left out of every job."""
 
-    return first_failing_offset(ranges, lambda r: _job_fails(spark, pipeline, transform, r), max_jobs)
+    return first_failing_offset(
+        ranges,
+        lambda r: _job_error(spark, pipeline, transform, r, exclude, time_filter) is not None,
+        max_jobs,
+    )
+
+
+def record_error(
+    spark: SparkSession,
+    pipeline: Pipeline,
+    transform: Transform,
+    position: tuple[str, int, int],
+) -> str:
+    """The transform's error on the one record at ``position`` (its telling line), for the
+    dead letter's ``eo.error`` header."""
+    topic, partition, offset = position
+    exc = _job_error(spark, pipeline, transform, RangeSpec(topic, partition, offset, offset + 1))
+    return short_error(exc) if exc is not None else "the transform failed on this record"
 
 
 def job_failure(
@@ -166,6 +187,8 @@ def job_failure(
     transform: Transform,
     live: list[RangeSpec],
     where: str,
+    exclude: Collection[tuple[str, int, int]] = (),
+    time_filter: tuple[int, int] | None = None,
 ) -> PrepareError:
     """The error to raise for a failed Spark job: a :class:`SparkEnvironmentError` when the
     executors' environment failed (no record searched for or blamed), a
@@ -180,8 +203,8 @@ def job_failure(
             f"{message}. Nothing was published; {advice}, then retry the prepare."
         )
     if is_transform_failure(exc):
-        poison = locate_poison(spark, pipeline, transform, live)
-        if poison is not None and _fails_on_last_too(spark, pipeline, transform, live, poison):
+        poison = locate_poison(spark, pipeline, transform, live, exclude=exclude, time_filter=time_filter)
+        if poison is not None and fails_on_last_too(spark, pipeline, transform, live, poison):
             last = live[-1]
             return TransformError(
                 f"{where}: transform {pipeline.transform!r} fails on the first record "
@@ -198,7 +221,7 @@ def job_failure(
     return PrepareError(f"{where}: the Spark job failed: {message}")
 
 
-def _fails_on_last_too(
+def fails_on_last_too(
     spark: SparkSession,
     pipeline: Pipeline,
     transform: Transform,
@@ -214,14 +237,26 @@ def _fails_on_last_too(
     if (last.topic, last.partition, last.end - 1) == poison:
         return False  # one record only: nothing else to compare with
     probe = RangeSpec(last.topic, last.partition, last.end - 1, last.end)
-    return first_failing_offset([probe], lambda r: _job_fails(spark, pipeline, transform, r)) is not None
+    failing = first_failing_offset([probe], lambda r: _job_error(spark, pipeline, transform, r) is not None)
+    return failing is not None
 
 
-def _job_fails(spark: SparkSession, pipeline: Pipeline, transform: Transform, r: RangeSpec) -> bool:
-    """Whether the transform fails on the records of ``r`` (one bounded Spark job)."""
-    src = with_provenance(kafka_source(spark, pipeline, [r]))
+def _job_error(
+    spark: SparkSession,
+    pipeline: Pipeline,
+    transform: Transform,
+    r: RangeSpec,
+    exclude: Collection[tuple[str, int, int]] = (),
+    time_filter: tuple[int, int] | None = None,
+) -> Exception | None:
+    """The transform's failure on the records of ``r`` (one bounded Spark job), None when it
+    succeeds."""
+    from airflow_provider_eo.spark.source import read_ranges, without_positions
+
+    src = read_ranges(spark, pipeline, [r], time_filter=time_filter)
+    src = with_provenance(without_positions(src, [p for p in exclude if p[:2] == (r.topic, r.partition)]))
     try:
         transform(src).write.format("noop").mode("overwrite").save()
-    except Exception:
-        return True
-    return False
+    except Exception as exc:
+        return exc
+    return None

@@ -1,0 +1,158 @@
+"""Dead letters: source records the transform fails on, or whose output the sink refuses as
+too large, go to the dead-letter topic in the same transaction as the checkpoint's output;
+counted in the ledger and by the audit against the source."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+from eo_harness import EO
+
+from airflow_provider_eo import names
+from airflow_provider_eo.errors import TransformError
+from airflow_provider_eo.kafka.audit import read_sink
+from airflow_provider_eo.ledger import CheckpointState
+
+pytestmark = [pytest.mark.kafka, pytest.mark.spark]
+
+# (partition, index among that partition's records) -> value; everything else is "ok-<p>-<i>"
+SPECIAL = {
+    (0, 5): b"POISON-a",
+    (0, 31): b"BIG-a",
+    (1, 0): b"POISON-b",
+    (1, 17): b"POISON-c",
+    (1, 39): b"BIG-b",
+}
+PER_PARTITION = 40
+
+
+def _feed(h: Any) -> dict[tuple[int, int], bytes]:
+    """40 records into each of the source's 2 partitions (offsets 0..39), SPECIAL included."""
+    topic = h.pipeline.source_topics[0]
+    producer = Producer(h.config)
+    sent = {}
+    for p in (0, 1):
+        for i in range(PER_PARTITION):
+            value = SPECIAL.get((p, i), f"ok-{p}-{i}".encode())
+            producer.produce(
+                topic, key=f"k{i}".encode(), value=value, partition=p, headers=[("h", b"%d" % i)]
+            )
+            sent[(p, i)] = value
+    assert producer.flush(30) == 0
+    return sent
+
+
+def _dead_letter_harness(harness: Callable[..., Any], make_topic: Callable[..., str], budget: int) -> Any:
+    return harness(
+        source_partitions=2,
+        sink_partitions=2,
+        commit_shards=2,
+        transform="eo_test_transforms:poison_or_big",
+        sink_config={"max.message.bytes": "3000"},
+        dead_letter_topic=make_topic("dlq", partitions=2),
+        max_dead_letters_per_checkpoint=budget,
+    )
+
+
+def _headers(msg: Any) -> dict[str, bytes]:
+    return dict(msg.headers() or [])
+
+
+def test_dead_letters_go_out_with_the_checkpoint(
+    harness: Callable[..., Any], make_topic: Callable[..., str]
+) -> None:
+    h = _dead_letter_harness(harness, make_topic, budget=5)
+    sent = _feed(h)
+    topic = h.pipeline.source_topics[0]
+    (result,) = h.drain()
+    cp = h.ledger.get(h.pipeline.name, result.checkpoint.checkpoint_id)
+    assert cp.state is CheckpointState.COMMITTED
+    assert (cp.records_read, cp.dead_letters, cp.records) == (80, 5, 75)
+
+    # The sink: every other source record, once (counted against what was produced).
+    published = sorted(bytes(m.value()) for m in h.sink_records())
+    expected = sorted(v for pos, v in sent.items() if pos not in SPECIAL)
+    assert published == expected
+
+    # The dead-letter topic: the 5 source records as they were, with the eo.* headers.
+    dead = read_sink(h.config, h.pipeline.dead_letter_topic)
+    assert len(dead) == 5
+    by_position = {}
+    for m in dead:
+        hd = _headers(m)
+        assert hd[names.HEADER_DLQ_TOPIC] == topic.encode()
+        assert hd[names.HEADER_DLQ_PIPELINE] == h.pipeline.name.encode()
+        assert hd[names.HEADER_DLQ_CHECKPOINT] == str(cp.checkpoint_id).encode()
+        assert hd["h"] == hd[names.HEADER_DLQ_OFFSET]  # the source record's own header kept
+        position = (int(hd[names.HEADER_DLQ_PARTITION]), int(hd[names.HEADER_DLQ_OFFSET]))
+        by_position[position] = (bytes(m.value()), hd[names.HEADER_DLQ_ERROR].decode())
+    assert set(by_position) == set(SPECIAL)
+    for position, (value, error) in by_position.items():
+        assert value == SPECIAL[position]
+        if value.startswith(b"POISON"):
+            assert f"cannot parse record: {value.decode()}" in error
+        else:
+            assert "exceeds the sink topic's max.message.bytes=3000" in error
+
+    # The audit finds them on the dead-letter topic; nothing is missing against the source.
+    report = h.assert_exactly_once(expected_records=75)
+    assert (report.source_records, report.dead_letters, report.missing) == (80, 5, 0)
+
+    # An audit that cannot find them there (another dead-letter topic) calls them missing:
+    # it reads the topic, it does not trust the ledger's count.
+    elsewhere = h.with_(dead_letter_topic=make_topic("dlq-empty"))
+    assert elsewhere.audit().missing == 5
+
+    # `eo checkpoints` shows the count.
+    out = subprocess.run(
+        [EO, "checkpoints", h.pipeline.name, "--ledger-url", h.pipeline.ledger_url],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert out.returncode == 0, out.stderr
+    assert "dead letters" in out.stdout
+    assert re.search(rf"│\s+{cp.checkpoint_id}\s+│\s+COMMITTED\s+│\s+1\s+│\s+75\s+│\s+5\s+│", out.stdout), (
+        out.stdout
+    )
+
+
+def test_more_than_the_budget_fails_naming_the_record(
+    harness: Callable[..., Any], make_topic: Callable[..., str]
+) -> None:
+    h = _dead_letter_harness(harness, make_topic, budget=2)
+    _feed(h)
+    with pytest.raises(TransformError, match=r"more than max_dead_letters_per_checkpoint=2 .* offset \d+"):
+        h.run_once()
+    assert h.ledger.get(h.pipeline.name, 1).state is CheckpointState.PLANNED
+    assert read_sink(h.config, h.pipeline.sink_topic) == []
+    assert read_sink(h.config, h.pipeline.dead_letter_topic) == []
+
+
+def test_killed_commit_never_sends_a_dead_letter_twice(
+    harness: Callable[..., Any], make_topic: Callable[..., str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The dead letters travel in the transaction of the shard that moves the group: a
+    committer killed with that transaction open leaves nothing visible, the retry sends
+    them once."""
+    h = _dead_letter_harness(harness, make_topic, budget=5)
+    _feed(h)
+    planned = h.plan()
+    h.prepare(planned.checkpoint_id)
+    monkeypatch.setenv("EO_FAULT_HIT", "2")  # killed in the second (last) shard's transaction
+    killed = h.cli("commit", fault="commit.before_commit_txn")
+    assert killed.returncode != 0
+    cp = h.ledger.get(h.pipeline.name, planned.checkpoint_id)
+    assert cp.state is CheckpointState.PREPARED
+    assert {s.shard: s.state.value for s in cp.shards}[0] == "COMMITTED"
+    assert read_sink(h.config, h.pipeline.dead_letter_topic) == []
+    h.commit(planned.checkpoint_id)
+    assert len(read_sink(h.config, h.pipeline.dead_letter_topic)) == 5
+    h.assert_exactly_once(expected_records=75)
