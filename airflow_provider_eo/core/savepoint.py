@@ -2,14 +2,18 @@
 
 A savepoint names the end offsets of a COMMITTED checkpoint: the newest one at or below the
 highest checkpoint in flight when it was asked for (so it waits for that one to finish, and
-never for a checkpoint planned after the request). Taking one never changes output.
+never for a checkpoint planned after the request). After a restore or reset, until the new
+lineage commits its first checkpoint, it names the offsets that restore or reset started
+from instead, with no checkpoint id (messages say "before the first checkpoint"). Taking one
+never changes output.
 
 Stop-with-savepoint, in this order:
 
 1. mark the pipeline stopped (plan refuses new checkpoints from now on, under the pipeline
    row's lock, so no plan can slip in after the stop);
 2. wait until every checkpoint that was in flight is COMMITTED or ABORTED;
-3. record the savepoint at the newest COMMITTED checkpoint at or below them.
+3. record the savepoint at the newest COMMITTED checkpoint at or below them (or at the
+   lineage's start, as above).
 
 A timeout leaves the stop in place (and says so): the pipeline stays quiet while the
 operator looks at the stuck checkpoint.
@@ -89,8 +93,8 @@ def take_savepoint(
         existing = ledger.get_savepoint(pipeline.name, name)
         raise InvariantViolation(
             f"pipeline {pipeline.name!r}: savepoint {name!r} already exists (created "
-            f"{existing.created_at.isoformat()} by {existing.created_by or 'unknown'}, checkpoint "
-            f"{existing.checkpoint_id}); nothing was changed. Pick another name, or delete it "
+            f"{existing.created_at.isoformat()} by {existing.created_by or 'unknown'}, "
+            f"{existing.position}); nothing was changed. Pick another name, or delete it "
             f"first with `eo savepoint delete MODULE:ATTR {name}`."
         )
     if ledger.unfinished(pipeline.name) is None and ledger.last_committed(pipeline.name) is None:

@@ -297,6 +297,13 @@ class SavepointRecord:
     dag_id: str | None = None
     run_id: str | None = None
 
+    @property
+    def position(self) -> str:
+        """Where it points, for messages: ``at checkpoint 7``; with no checkpoint id (taken
+        after a restore or reset, before the new lineage committed anything) the offsets that
+        restore or reset started from."""
+        return savepoint_position(self.checkpoint_id)
+
     def summary(self) -> dict[str, Any]:
         """JSON-ready description (``eo savepoint ... --json``, XCom)."""
         return {
@@ -311,6 +318,13 @@ class SavepointRecord:
             "dag_id": self.dag_id,
             "run_id": self.run_id,
         }
+
+
+def savepoint_position(checkpoint_id: int | None) -> str:
+    """See :attr:`SavepointRecord.position`."""
+    if checkpoint_id is not None:
+        return f"at checkpoint {checkpoint_id}"
+    return "before the first checkpoint, at the offsets a restore or reset started from"
 
 
 @dataclass(frozen=True)

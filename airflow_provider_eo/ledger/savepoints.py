@@ -15,7 +15,7 @@ from airflow_provider_eo.ledger.events import add_event
 from airflow_provider_eo.ledger.mapping import actor_columns, savepoint_record
 from airflow_provider_eo.ledger.models import Checkpoint, CheckpointRange, Lineage, Savepoint
 from airflow_provider_eo.ledger.reads import pipeline_row, require_checkpoint
-from airflow_provider_eo.ledger.records import Actor, SavepointRecord
+from airflow_provider_eo.ledger.records import Actor, SavepointRecord, savepoint_position
 from airflow_provider_eo.ledger.states import CheckpointState
 
 
@@ -28,7 +28,7 @@ class NothingCommitted(LedgerError):
 def _exists(pipeline: str, row: Savepoint) -> InvariantViolation:
     return InvariantViolation(
         f"pipeline '{pipeline}': savepoint '{row.name}' already exists (created "
-        f"{row.created_at.isoformat()}, checkpoint {row.checkpoint_id}); pick another name"
+        f"{row.created_at.isoformat()}, {savepoint_position(row.checkpoint_id)}); pick another name"
     )
 
 

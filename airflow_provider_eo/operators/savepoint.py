@@ -60,7 +60,9 @@ def created_by_for(context: Context | dict[str, Any]) -> str:
 
 class EoSavepointOperator(PipelineTaskMixin, BaseOperator):
     """Take a named savepoint of a pipeline: the end offsets of its newest COMMITTED
-    checkpoint, or of the checkpoint in flight when the task starts, once it commits.
+    checkpoint, or of the checkpoint in flight when the task starts, once it commits (right
+    after a restore or reset, before anything committed since: the offsets it started from,
+    with no ``checkpoint_id``).
 
     Calls :func:`airflow_provider_eo.core.savepoint.take_savepoint`. With ``stop=True``
     the pipeline is marked stopped first, so its DAG's next runs skip while the in-flight
@@ -167,10 +169,10 @@ class EoSavepointOperator(PipelineTaskMixin, BaseOperator):
             )
         summary = record.summary()
         self.log.info(
-            "pipeline %s: savepoint %r at checkpoint %s%s: %s",
+            "pipeline %s: savepoint %r %s%s: %s",
             pipeline.name,
             name,
-            record.checkpoint_id,
+            record.position,
             " (pipeline stopped: `eo resume` to continue)" if stop else "",
             summary["offsets"],
         )

@@ -90,3 +90,20 @@ def test_stop_resume_and_who(ledger: Ledger) -> None:
     p = stop_pipeline(PIPE, ledger, reason="maintenance", actor=airflow)
     assert p.stopped and p.stopped_by is not None and p.stopped_by.startswith("eo_savepoint/manual__1")
     assert not resume_pipeline(PIPE, ledger).stopped
+
+
+def test_a_savepoint_after_a_restore_says_it_is_before_the_first_checkpoint(ledger: Ledger) -> None:
+    """Nothing committed since the restore: the savepoint names the restore's offsets and no
+    checkpoint, and messages say so (never "checkpoint None")."""
+    _cp(ledger, 0, 10)
+    ledger.restore("orders", {("in", 0): 5}, reason="replay")
+    sp = take_savepoint(PIPE, ledger, "replay-start")
+    assert (sp.checkpoint_id, sp.offsets) == (None, {"in": {0: 5}})
+    assert sp.position == "before the first checkpoint, at the offsets a restore or reset started from"
+    for take in (
+        lambda: take_savepoint(PIPE, ledger, "replay-start"),
+        lambda: ledger.savepoint_at_checkpoint("orders", "replay-start"),
+    ):
+        with pytest.raises(InvariantViolation, match="already exists") as refused:
+            take()
+        assert "None" not in str(refused.value) and "before the first checkpoint" in str(refused.value)

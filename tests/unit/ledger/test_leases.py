@@ -52,11 +52,15 @@ def test_commit_lease_cas(ledger: Ledger, steps: LedgerSteps, monkeypatch: pytes
     assert owners == ["worker-a", "worker-b", "worker-c"]
 
 
-def test_lease_ignores_a_skewed_worker_clock(
+def test_lease_ignores_the_ledger_codes_python_clock(
     ledger: Ledger, steps: LedgerSteps, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A worker whose clock runs a day ahead must still see another worker's lease as held:
-    lease times come from the database, never from the worker."""
+    """The lease compares times read by :func:`~airflow_provider_eo.ledger.leases.database_now`,
+    never the Python clock the ledger code stamps rows with (``utcnow``): with that clock a day
+    ahead, another worker's lease is still held. What it does not show: on SQLite
+    ``database_now`` is this process's own clock too (SQLite runs inside it), so a worker whose
+    host clock runs ahead is only harmless on PostgreSQL (the server's clock):
+    tests/integration/ledger/test_lease_clock.py moves the clock the database reads."""
     from airflow_provider_eo.ledger import engine, leases, transitions
 
     ledger.plan(P, [RangeSpec("t", 0, 0, 10)])
@@ -64,7 +68,7 @@ def test_lease_ignores_a_skewed_worker_clock(
     before = dt.datetime.now(dt.timezone.utc)
     held = ledger.acquire_commit_lease(P, 1, owner="worker-a", ttl_s=30)
     assert held.commit_lease_until is not None
-    # The lease runs on the database's clock (this host's here): about now + 30 s.
+    # The lease runs on the database's clock (SQLite: this process's): about now + 30 s.
     assert before + dt.timedelta(seconds=29) <= held.commit_lease_until <= before + dt.timedelta(seconds=40)
     ahead = before + dt.timedelta(days=1)
     for module in (engine, leases, transitions):

@@ -131,3 +131,20 @@ def test_parse_bool(value: Any, expected: bool) -> None:
 def test_parse_bool_refuses_garbage() -> None:
     with pytest.raises(ValueError, match="stop must be a boolean"):
         parse_bool("maybe", field="stop")
+
+
+def test_the_log_says_where_a_savepoint_without_a_checkpoint_points(
+    pipeline_ref: str, context: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Taken after a restore or reset, before anything committed since: no checkpoint id."""
+    logged: list[str] = []
+    log = SimpleNamespace(
+        info=lambda msg, *args: logged.append(msg % args), warning=lambda *a: None, debug=lambda *a: None
+    )
+    monkeypatch.setattr(EoSavepointOperator, "log", log)
+    monkeypatch.setattr(savepoint_module, "take_savepoint", _fake_take({}))
+    op = EoSavepointOperator(task_id="sp", pipeline=pipeline_ref, savepoint_name="replay-start")
+    assert op.execute(context)["checkpoint_id"] is None
+    (line,) = [m for m in logged if "savepoint 'replay-start'" in m]
+    assert "checkpoint None" not in line
+    assert "before the first checkpoint, at the offsets a restore or reset started from" in line
