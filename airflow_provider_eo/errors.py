@@ -23,6 +23,7 @@ failure kind). Messages name the pipeline/checkpoint/partition and what to do ne
     │       ├── PipelineIdentityMismatch  markers written by another ledger
     │       ├── LedgerBehindSink  the sink shows checkpoints this ledger lacks (an older copy)
     │       ├── ForeignOutputInSink  a new ledger found this name's output from another ledger
+    │       ├── PipelineNameInUse  another deployment runs this name (to another sink)
     │       └── AbortRefused   an abort was refused (live committer, published shard, COMMITTED)
     ├── StagingError           staged output missing or not matching its manifest
     ├── StagingUnreadable      staging could not be read (I/O): retry, nothing aborted
@@ -274,3 +275,14 @@ class ForeignOutputInSink(CommitError):
     name and sink). Starting would publish that input again, so nothing was planned. The
     message names what was found and the choices: reset to where that output ends, or use
     another pipeline name."""
+
+
+class PipelineNameInUse(CommitError):
+    """Another deployment runs a pipeline with this name on this Kafka cluster: the commit
+    markers (consumer group ``eo-marker.<name>``) on a topic other than this pipeline's sink
+    name another ledger identity. Two deployments of one name share their transactional ids
+    (their committers fence each other) and the default consumer group (each moves the
+    other's source offsets), so this one was refused before anything was planned or
+    published: no data is at risk. The message names the other identity, the topics it
+    publishes to and the choices: another pipeline name for one of the two, or, if that
+    deployment is retired for good, deleting its markers."""

@@ -228,6 +228,13 @@ class FakeClients:
             if (group, t, p) in self.broker.marks
         }
 
+    def marks_elsewhere(
+        self, config: Mapping[str, Any], group: str, sink_topic: str
+    ) -> dict[tuple[str, int], tuple[int, str]]:
+        return {
+            (t, p): mark for (g, t, p), mark in self.broker.marks.items() if g == group and t != sink_topic
+        }
+
     def group_metadata(self, config: Mapping[str, Any], group: str) -> str:
         return group
 

@@ -48,7 +48,11 @@ from airflow_provider_eo.core.fault_seam import fault_point
 from airflow_provider_eo.core.markers import decide_marker
 from airflow_provider_eo.core.plan import frozen_commit_plan
 from airflow_provider_eo.core.shard import REAL_KAFKA, KafkaClients, ShardCommittable, commit_shard
-from airflow_provider_eo.core.sink_guard import check_commit_markers
+from airflow_provider_eo.core.sink_guard import (
+    check_commit_markers,
+    other_deployments,
+    other_deployments_error,
+)
 from airflow_provider_eo.errors import EoError, NotPrepared, StagingError, StagingUnreadable
 from airflow_provider_eo.kafka.client_config import librdkafka_config
 from airflow_provider_eo.ledger import Actor, CheckpointRecord, CheckpointState, CommitPlan, Ledger
@@ -287,6 +291,16 @@ def commit_checkpoint(
         for _topic, s in readable
     }
     check_commit_markers(pipeline, registered, checkpoint_id, markers)
+    # Another deployment of this pipeline name (another ledger) that published to another
+    # sink since this checkpoint was planned: refused before its committers and ours fence
+    # each other (they share transactional ids). Best effort, as above: every plan checks it.
+    try:
+        elsewhere = clients.marks_elsewhere(config, plan.marker_group, plan.sink_topic)
+    except (EoError, KafkaException, TimeoutError):
+        elsewhere = {}
+    others = other_deployments(elsewhere, sink_topic=plan.sink_topic, identity=identity)
+    if others:
+        raise other_deployments_error(pipeline.name, plan.marker_group, plan.sink_topic, identity, others)
     published = skipped = 0
     for shard in range(shards):
         topic_max = clients.topic_max_message_bytes(

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from airflow_provider_eo import names
-from airflow_provider_eo.errors import PipelineIdentityMismatch
+from airflow_provider_eo.errors import PipelineIdentityMismatch, PipelineNameInUse
 from airflow_provider_eo.ledger import CheckpointRecord, CommitPlan, PipelineRecord
 from airflow_provider_eo.pipeline import Pipeline
 
@@ -336,6 +336,25 @@ def judge_marker_group(group: str, members: Sequence[str], identity_error: str |
     return out
 
 
+def judge_same_name(pipeline: str, refusal: str | None) -> Finding:
+    """No other deployment of this pipeline name (another ledger) publishes to another sink
+    (``refusal``: the message of
+    :func:`airflow_provider_eo.core.sink_guard.check_other_deployments`, else ``None``)."""
+    if refusal is not None:
+        return Finding(
+            "same-name deployments",
+            "fail",
+            refusal,
+            "give one of the two deployments another pipeline name; if the other one is "
+            "retired for good, delete its markers (the command is above)",
+        )
+    return Finding(
+        "same-name deployments",
+        "ok",
+        f"no other ledger's commit markers for {pipeline!r} on any other topic",
+    )
+
+
 def judge_open_transactions(
     sink_topic: str,
     stable: Mapping[int, int],
@@ -591,6 +610,18 @@ def _identity_error(pipeline: Pipeline, record: PipelineRecord | None) -> str | 
     return None
 
 
+def _same_name_refusal(pipeline: Pipeline, record: PipelineRecord | None) -> str | None:
+    """The refusal :func:`check_other_deployments` gives, else None (an unregistered
+    pipeline has no identity: every identified marker elsewhere is another deployment's)."""
+    from airflow_provider_eo.core.sink_guard import check_other_deployments
+
+    try:
+        check_other_deployments(pipeline, record.identity if record is not None else None)
+    except PipelineNameInUse as exc:
+        return str(exc)
+    return None
+
+
 def _guard(check: str, fn: Any, *args: Any) -> tuple[Any, Finding | None]:
     """Run ``fn``; an error becomes a failed finding of ``check`` (the doctor reports, it does
     not stop at the first broken service)."""
@@ -704,6 +735,8 @@ def run_doctor(pipeline: Pipeline, *, now: dt.datetime | None = None, spark: boo
             )
         else:
             findings.extend(judge_marker_group(group, members, identity_error))
+        refusal, bad = _guard("same-name deployments", _same_name_refusal, pipeline, record)
+        findings.append(bad if bad is not None else judge_same_name(pipeline.name, refusal))
         txn_sink = plan.sink_topic if plan is not None else pipeline.sink_topic
         txn_parts = live.get(txn_sink)
         if txn_parts is not None:

@@ -86,6 +86,12 @@ class KafkaClients(Protocol):
     ) -> dict[tuple[str, int], tuple[int, str]]:
         """Stable committed offsets of ``group`` with their metadata."""
 
+    def marks_elsewhere(
+        self, config: Mapping[str, Any], group: str, sink_topic: str
+    ) -> dict[tuple[str, int], tuple[int, str]]:
+        """Committed offsets of ``group`` with their metadata on every topic but
+        ``sink_topic`` (not waiting for open transactions)."""
+
     def group_metadata(self, config: Mapping[str, Any], group: str) -> Any:
         """Consumer-group metadata for ``send_offsets_to_transaction``."""
 
@@ -129,6 +135,14 @@ class RealKafka:
         from airflow_provider_eo.kafka import admin
 
         return admin.committed_group_marks(config, group, partitions)
+
+    def marks_elsewhere(
+        self, config: Mapping[str, Any], group: str, sink_topic: str
+    ) -> dict[tuple[str, int], tuple[int, str]]:
+        """:func:`kafka.admin.committed_group_marks_everywhere` but ``sink_topic``."""
+        from airflow_provider_eo.kafka import admin
+
+        return admin.committed_group_marks_everywhere(config, group, exclude=[sink_topic])
 
     def group_metadata(self, config: Mapping[str, Any], group: str) -> Any:
         """:func:`kafka.publisher.group_metadata`."""

@@ -13,6 +13,11 @@ record's ``eo.prov`` header names the pipeline, the checkpoint and the ledger id
   read instead: output of this identity with a higher checkpoint id is the same refusal,
   and a first plan that finds this pipeline name's output from another ledger is refused
   (:class:`ForeignOutputInSink`) unless an explicit restore/reset chose where to start.
+- :func:`check_other_deployments` (every plan, and ``eo doctor``): the marker group is named
+  from the pipeline name only, so a second deployment of the same name (another ledger,
+  another sink topic) commits its markers into it too. A marker on a topic other than this
+  pipeline's sink naming another identity is refused (:class:`PipelineNameInUse`): the two
+  would share transactional ids and the default consumer group.
 - :func:`check_commit_markers` (every commit): a shard whose marker is already past the
   checkpoint being committed (possible only with an older ledger: checkpoints commit in
   order) is refused instead of being skipped as published.
@@ -26,14 +31,23 @@ from dataclasses import dataclass, field
 
 from airflow_provider_eo import names
 from airflow_provider_eo.core.markers import NO_MARKER, read_markers
-from airflow_provider_eo.errors import ForeignOutputInSink, LedgerBehindSink
+from airflow_provider_eo.errors import ForeignOutputInSink, LedgerBehindSink, PipelineNameInUse
 from airflow_provider_eo.kafka import admin
 from airflow_provider_eo.kafka.client_config import librdkafka_config
 from airflow_provider_eo.kafka.tail import tail_records
 from airflow_provider_eo.ledger import PipelineRecord
 from airflow_provider_eo.pipeline import Pipeline
 
-__all__ = ["SINK_SCAN_RECORDS", "SinkOutput", "check_commit_markers", "check_sink", "scan_sink"]
+__all__ = [
+    "SINK_SCAN_RECORDS",
+    "SinkOutput",
+    "check_commit_markers",
+    "check_other_deployments",
+    "check_sink",
+    "other_deployments",
+    "other_deployments_error",
+    "scan_sink",
+]
 
 #: How many of the newest offsets of each sink partition the scan reads.
 SINK_SCAN_RECORDS = 1000
@@ -116,11 +130,82 @@ def _behind(
     )
 
 
+def other_deployments(
+    marks: Mapping[tuple[str, int], tuple[int, str]], *, sink_topic: str, identity: str | None
+) -> dict[str, list[str]]:
+    """The other deployments of a pipeline name that the marker group shows: ledger
+    identity -> the topics its markers are on, from ``marks`` ((topic, partition) ->
+    (checkpoint id, metadata): every committed offset of ``eo-marker.<name>``).
+
+    Left out: markers on ``sink_topic`` (they are :func:`check_sink`'s: a re-created ledger or
+    a second deployment on the same sink), markers of ``identity`` on any topic (this ledger
+    changed its sink topic) and markers without an identity (written before markers carried
+    one: nothing tells whose they are). ``identity=None`` (a pipeline this ledger has not
+    registered yet) makes every identified marker another deployment's.
+    """
+    out: dict[str, set[str]] = {}
+    for (topic, _partition), (_checkpoint, metadata) in marks.items():
+        owner = names.marker_identity(metadata)
+        if topic == sink_topic or owner is None or owner == identity:
+            continue
+        out.setdefault(owner, set()).add(topic)
+    return {owner: sorted(topics) for owner, topics in sorted(out.items())}
+
+
+def other_deployments_error(
+    pipeline_name: str, group: str, sink_topic: str, identity: str | None, others: Mapping[str, list[str]]
+) -> PipelineNameInUse:
+    """The refusal naming every other deployment found (:func:`other_deployments`)."""
+    found = "; ".join(
+        f"ledger identity {owner} publishes to {', '.join(repr(t) for t in topics)}"
+        for owner, topics in others.items()
+    )
+    topics = sorted({t for ts in others.values() for t in ts})
+    delete = " and ".join(
+        f"`kafka-consumer-groups.sh --bootstrap-server ... --delete-offsets --group {group} --topic {t}`"
+        for t in topics
+    )
+    ours = f"identity {identity}" if identity else "no identity yet (its first plan)"
+    return PipelineNameInUse(
+        f"pipeline {pipeline_name!r} (this ledger: {ours}, sink {sink_topic!r}) is also run by "
+        f"another deployment on this Kafka cluster: the commit markers in {group!r} show {found}. "
+        "Two deployments of one pipeline name share their transactional ids (their committers "
+        "fence each other) and the default consumer group (each moves the other's source "
+        "offsets). Nothing was planned or published by this call; no data is at risk. "
+        "Choose: give one of the two another pipeline name (staging and production, or two "
+        "teams, need one each); or, if that deployment is retired for good, delete its "
+        f"markers with {delete}. Markers stay until deleted or until the group's offsets "
+        "expire (offsets.retention.minutes after its last commit)."
+    )
+
+
+def check_other_deployments(pipeline: Pipeline, identity: str | None) -> None:
+    """Refuse when another deployment of this pipeline name (another ledger identity) has
+    committed markers on a topic other than this pipeline's sink (:func:`other_deployments`).
+
+    One read of every committed offset of the marker group outside the sink (the topics'
+    metadata, then one OffsetFetch). Two deployments that both plan before either has
+    committed are not seen here; the commit checks again before it publishes
+    (``core/commit.py``), and after the first commit of either the other's next plan
+    refuses.
+
+    :raises PipelineNameInUse: naming the other identities, their topics and the choices.
+    """
+    config = librdkafka_config(pipeline.kafka)
+    group = names.marker_group(pipeline)
+    marks = admin.committed_group_marks_everywhere(config, group, exclude=[pipeline.sink_topic])
+    others = other_deployments(marks, sink_topic=pipeline.sink_topic, identity=identity)
+    if others:
+        raise other_deployments_error(pipeline.name, group, pipeline.sink_topic, identity, others)
+
+
 def check_sink(pipeline: Pipeline, record: PipelineRecord) -> None:
     """Refuse to plan when the sink shows that this ledger is older than its output, or (on
     a pipeline's first plan) that another ledger published this pipeline name's output.
 
     :raises PipelineIdentityMismatch: a commit marker written by another ledger.
+    :raises PipelineNameInUse: another deployment of this name publishes to another sink
+        (:func:`check_other_deployments`).
     :raises LedgerBehindSink: a marker, or this identity's newest output, names a checkpoint
         above the ledger's highest id.
     :raises ForeignOutputInSink: the first plan of a new ledger finds this pipeline name's
@@ -129,6 +214,7 @@ def check_sink(pipeline: Pipeline, record: PipelineRecord) -> None:
     config = librdkafka_config(pipeline.kafka)
     shards = range(admin.partition_count(config, pipeline.sink_topic))
     markers = read_markers(pipeline, shards, identity=record.identity)
+    check_other_deployments(pipeline, record.identity)
     ahead = {s: m for s, m in markers.items() if m > record.last_checkpoint_id}
     if ahead:
         shows = ", ".join(f"shard {s} at checkpoint {m}" for s, m in sorted(ahead.items())[:5])

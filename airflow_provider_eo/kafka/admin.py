@@ -208,19 +208,22 @@ def offsets_for_timestamp(
 _GROUP_CONSUMERS: dict[tuple[tuple[str, str], ...], Consumer] = {}
 
 
-def group_consumer(config: Mapping[str, Any], group: str) -> Consumer:
+def group_consumer(config: Mapping[str, Any], group: str, *, stable: bool = True) -> Consumer:
     """A consumer of ``group`` that never subscribes, consumes or commits, kept for the
-    process's life (one per config and group).
+    process's life (one per config, group and ``stable``).
 
     Used to read a group's committed offsets and for ``send_offsets_to_transaction``'s
     group metadata. Kept, not closed: closing consumers right after creating them, while
-    their coordinator lookup was in flight, crashed librdkafka 2.16 here.
+    their coordinator lookup was in flight, crashed librdkafka 2.16 here. ``stable=False``
+    reads committed offsets without waiting for open transactions' offset commits.
     """
     conf = {
         **{k: v for k, v in librdkafka_config(config).items() if not k.startswith(("linger", "queue."))},
         "group.id": group,
         "enable.auto.commit": False,  # offsets move only inside the commit transaction
-        "isolation.level": "read_committed",  # committed() asks for stable offsets (KIP-447)
+        # read_committed: committed() asks for stable offsets (KIP-447), waiting out open
+        # transactions' offset commits
+        "isolation.level": "read_committed" if stable else "read_uncommitted",
     }
     key = cache_key(conf)
     with _CLIENTS_LOCK:
@@ -269,7 +272,12 @@ def committed_group_offsets(
 
 
 def committed_group_marks(
-    config: Mapping[str, Any], group: str, partitions: Iterable[tuple[str, int]], timeout_s: float = 30.0
+    config: Mapping[str, Any],
+    group: str,
+    partitions: Iterable[tuple[str, int]],
+    timeout_s: float = 30.0,
+    *,
+    stable: bool = True,
 ) -> dict[tuple[str, int], tuple[int, str]]:
     """The committed offsets of consumer group ``group`` with their metadata strings
     (``""`` when none), partitions without one left out. Commit markers carry the
@@ -283,12 +291,13 @@ def committed_group_marks(
     transaction is open) librdkafka 2.16's admin path dereferences the missing group
     handle and kills the process (rd_kafka_handle_OffsetFetch -> rd_kafka_cgrp_op, seen
     here under gdb). A consumer retries those itself. ``read_committed`` makes it ask for
-    stable offsets only (KIP-447): pending transactional commits are waited out.
+    stable offsets only (KIP-447): pending transactional commits are waited out
+    (``stable=False``: they are not waited for, and not seen until they commit).
     """
     tps = [TopicPartition(t, p) for t, p in partitions]
     if not tps:
         return {}
-    consumer = group_consumer(config, group)
+    consumer = group_consumer(config, group, stable=stable)
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -303,6 +312,42 @@ def committed_group_marks(
         for tp in found
         if tp.offset is not None and tp.offset >= 0
     }
+
+
+def committed_group_marks_everywhere(
+    config: Mapping[str, Any], group: str, *, exclude: Iterable[str] = (), timeout_s: float = 30.0
+) -> dict[tuple[str, int], tuple[int, str]]:
+    """The committed offsets (with metadata) of ``group`` on every partition of every topic
+    the cluster shows this client, but the topics in ``exclude`` and internal ``__`` topics:
+    where the group has committed anything at all.
+
+    The metadata of every topic (what :func:`partitions_of` reads anyway), then one read
+    through :func:`committed_group_marks`, not stable: an offset commit of a transaction
+    still open is not waited for (nor seen) so another producer's long transaction cannot
+    stall the caller. Not
+    ``AdminClient.list_consumer_group_offsets`` (which lists a group's partitions by
+    itself): when its cached coordinator answers NOT_COORDINATOR or
+    COORDINATOR_NOT_AVAILABLE (the coordinator moved: a broker restart, a leader election)
+    librdkafka 2.16 asks the admin client's consumer-group handle, which it does not have,
+    to look the coordinator up again, and the process dies (``rd_kafka_handle_OffsetFetch``
+    -> ``rd_kafka_cgrp_op`` on a NULL group). Topics the principal may not describe are not
+    seen, as with that call.
+    """
+    try:
+        md = admin_client(config).list_topics(timeout=15)
+    except KafkaException as exc:
+        raise KafkaAdminError(
+            f"cannot reach Kafka at {config.get('bootstrap.servers')!r} to list the topics "
+            f"group {group!r} may have offsets on: {exc}"
+        ) from exc
+    skip = set(exclude)
+    partitions = [
+        (topic, p)
+        for topic, meta in sorted(md.topics.items())
+        if not topic.startswith("__") and topic not in skip and meta.error is None
+        for p in sorted(meta.partitions)
+    ]
+    return committed_group_marks(config, group, partitions, timeout_s, stable=False)
 
 
 def sink_offsets(

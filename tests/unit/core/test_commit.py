@@ -347,3 +347,29 @@ def test_a_marker_behind_an_open_transaction_is_checked_after_the_fence(
         commit_checkpoint(pipeline, ledger, cp.checkpoint_id, clients=clients)
     assert broker.visible(OUT, 1) == 0
     assert ledger.get(pipeline.name, cp.checkpoint_id).state is CheckpointState.PREPARED
+
+
+def test_another_deployment_of_the_name_publishing_elsewhere_is_refused_before_anything(
+    pipeline: Pipeline, ledger: Ledger, broker: FakeBroker
+) -> None:
+    """Two ledgers planned their first checkpoint of one pipeline name before either had
+    committed (so neither plan saw the other); the other one has since published to its own
+    sink. This commit is refused before a producer exists (the two share transactional
+    ids); a marker of this ledger's own identity on another topic (a changed sink) is not."""
+    from airflow_provider_eo.errors import PipelineNameInUse
+
+    cp = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=SINK_PARTITIONS)
+    identity = ledger.get_pipeline(pipeline.name).identity
+    group = names.marker_group(pipeline)
+    broker.marks[(group, "old-sink", 0)] = (7, names.marker_metadata(identity))
+    broker.marks[(group, "their-sink", 1)] = (1, names.marker_metadata("f" * 32))
+    with pytest.raises(PipelineNameInUse, match="'their-sink'") as refused:
+        commit_checkpoint(pipeline, ledger, cp.checkpoint_id, clients=FakeClients(broker))
+    assert "f" * 32 in str(refused.value) and "old-sink" not in str(refused.value)
+    assert broker.count("new_producer") == 0 and broker.count("begin_transaction") == 0
+    assert all(broker.visible(OUT, p) == 0 for p in range(SINK_PARTITIONS))
+    assert ledger.get(pipeline.name, cp.checkpoint_id).state is CheckpointState.PREPARED
+
+    del broker.marks[(group, "their-sink", 1)]  # that deployment retired, its markers deleted
+    commit_checkpoint(pipeline, ledger, cp.checkpoint_id, clients=FakeClients(broker))
+    everything_once(broker)

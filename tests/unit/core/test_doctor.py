@@ -14,6 +14,7 @@ from airflow_provider_eo.core.doctor import (
     judge_marker_group,
     judge_open_transactions,
     judge_prefix,
+    judge_same_name,
     judge_sink_topic,
     judge_source_topics,
     judge_staging,
@@ -130,6 +131,13 @@ def test_marker_group_members_and_foreign_identity_fail() -> None:
     members, identity = judge_marker_group("g", ["rdkafka@/127.0.0.1"], "markers of identity X")
     assert members.severity == "fail" and "rdkafka@/127.0.0.1" in members.found
     assert identity.severity == "fail" and identity.found == "markers of identity X"
+
+
+def test_another_deployment_of_the_name_fails_with_the_plans_refusal() -> None:
+    assert judge_same_name("p", None).severity == "ok"
+    refused = judge_same_name("p", "pipeline 'p' ... is also run by another deployment")
+    assert refused.severity == "fail" and refused.found.endswith("another deployment")
+    assert "another pipeline name" in refused.change
 
 
 def _shard(state: ShardState, age_s: float) -> ShardRecord:
