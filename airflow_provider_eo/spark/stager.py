@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from airflow_provider_eo import names, staging
 from airflow_provider_eo.core.prepare import StageRequest, StageResult
+from airflow_provider_eo.errors import PrepareError, TransformError
 from airflow_provider_eo.pipeline import Pipeline
 from airflow_provider_eo.spark import dead_letters, shape, source, write
 from airflow_provider_eo.spark.transform import Transform, apply_transform, job_failure, load_transform
@@ -84,18 +85,36 @@ class SparkStager:
         transform = load_transform(pipeline.transform)
         exclude: dict[dead_letters.Position, str] = {}  # this checkpoint's dead letters
         outcome: StageResult | None = None
-        for round_ in itertools.count():
-            written = self._write(request, transform, exclude, f"{name}-{round_}" if round_ else name)
-            if isinstance(written, StageResult):
-                outcome = written
-                break
-            # Dead letters found: the next round leaves them out (its own fresh data folder).
-            dead_letters.admit(exclude, written, pipeline, where)
-            staging.remove(f"{path}/data")
-        assert outcome is not None
-        if not exclude:
-            return outcome
-        count = dead_letters.write_dead_letters(spark, pipeline, exclude, path, name)
+        try:
+            for round_ in itertools.count():
+                written = self._write(request, transform, exclude, f"{name}-{round_}" if round_ else name)
+                if isinstance(written, StageResult):
+                    outcome = written
+                    break
+                # Dead letters found: the next round leaves them out (its own data folder).
+                before = len(exclude)
+                dead_letters.admit(exclude, written, pipeline, where)
+                if len(exclude) == before:  # never loop on a record already left out
+                    raise TransformError(
+                        f"{where}: the transform still fails with its dead letters left out "
+                        f"({', '.join(f'{t}[{p}] offset {o}' for t, p, o in sorted(written))}); "
+                        "it does not fail on one record. Nothing was published; fix the "
+                        "transform and retry the prepare."
+                    )
+                staging.remove(f"{path}/data")
+            assert outcome is not None
+            if not exclude:
+                return outcome
+            count = dead_letters.write_dead_letters(spark, pipeline, exclude, path, name)
+            if count != len(exclude):
+                raise PrepareError(
+                    f"{where}: {len(exclude)} dead letters were found but {count} could be read "
+                    "back from the source (deleted by retention meanwhile?). Nothing was "
+                    "published; retry the prepare."
+                )
+        except BaseException:
+            staging.remove(path)
+            raise
         return dataclasses.replace(
             outcome,
             dead_letters=tuple(staging.describe_dead_letters(path)),
