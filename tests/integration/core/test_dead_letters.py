@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,14 +33,14 @@ SPECIAL = {
 PER_PARTITION = 40
 
 
-def _feed(h: Any) -> dict[tuple[int, int], bytes]:
-    """40 records into each of the source's 2 partitions (offsets 0..39), SPECIAL included."""
+def _feed(h: Any, special: dict[tuple[int, int], bytes] = SPECIAL) -> dict[tuple[int, int], bytes]:
+    """40 records into each of the source's 2 partitions (offsets 0..39), ``special`` included."""
     topic = h.pipeline.source_topics[0]
     producer = Producer(h.config)
     sent = {}
     for p in (0, 1):
         for i in range(PER_PARTITION):
-            value = SPECIAL.get((p, i), f"ok-{p}-{i}".encode())
+            value = special.get((p, i), f"ok-{p}-{i}".encode())
             producer.produce(
                 topic, key=f"k{i}".encode(), value=value, partition=p, headers=[("h", b"%d" % i)]
             )
@@ -127,13 +128,14 @@ def test_dead_letters_go_out_with_the_checkpoint(
 def test_more_than_the_budget_fails_naming_the_record(
     harness: Callable[..., Any], make_topic: Callable[..., str]
 ) -> None:
-    h = _dead_letter_harness(harness, make_topic, budget=2)
-    _feed(h)
-    with pytest.raises(TransformError, match=r"more than max_dead_letters_per_checkpoint=2 .* offset \d+"):
+    h = _dead_letter_harness(harness, make_topic, budget=1)
+    _feed(h, {(0, 5): b"POISON-a", (1, 17): b"POISON-c"})
+    with pytest.raises(TransformError, match=r"more than max_dead_letters_per_checkpoint=1 .* offset \d+"):
         h.run_once()
     assert h.ledger.get(h.pipeline.name, 1).state is CheckpointState.PLANNED
     assert read_sink(h.config, h.pipeline.sink_topic) == []
     assert read_sink(h.config, h.pipeline.dead_letter_topic) == []
+    assert list(Path(h.pipeline.staging_dir).rglob("*.parquet")) == []  # the attempt is gone
 
 
 def test_killed_commit_never_sends_a_dead_letter_twice(
@@ -141,9 +143,9 @@ def test_killed_commit_never_sends_a_dead_letter_twice(
 ) -> None:
     """The dead letters travel in the transaction of the shard that moves the group: a
     committer killed with that transaction open leaves nothing visible, the retry sends
-    them once."""
+    it once."""
     h = _dead_letter_harness(harness, make_topic, budget=5)
-    _feed(h)
+    _feed(h, {(1, 17): b"POISON-c"})  # one dead letter keeps the prepare short
     planned = h.plan()
     h.prepare(planned.checkpoint_id)
     monkeypatch.setenv("EO_FAULT_HIT", "2")  # killed in the second (last) shard's transaction
@@ -154,5 +156,5 @@ def test_killed_commit_never_sends_a_dead_letter_twice(
     assert {s.shard: s.state.value for s in cp.shards}[0] == "COMMITTED"
     assert read_sink(h.config, h.pipeline.dead_letter_topic) == []
     h.commit(planned.checkpoint_id)
-    assert len(read_sink(h.config, h.pipeline.dead_letter_topic)) == 5
-    h.assert_exactly_once(expected_records=75)
+    assert len(read_sink(h.config, h.pipeline.dead_letter_topic)) == 1
+    h.assert_exactly_once(expected_records=79)
