@@ -40,14 +40,32 @@ def audit_cmd(ref: PipelineRef, as_json: JsonFlag = False) -> None:
     raise typer.Exit(0 if report.ok else EXIT_AUDIT_FAILED)
 
 
-def doctor_cmd(ref: PipelineRef, as_json: JsonFlag = False) -> None:
-    """Preflight checks (broker, topics, prefix, markers, open transactions, staging,
-    connector, ledger); each finding says what to change. Exits 0 when safe to run
-    (warnings allowed), 1 when any check failed. Changes nothing."""
+def doctor_cmd(
+    ref: PipelineRef,
+    as_json: JsonFlag = False,
+    spark_probe: Annotated[
+        bool,
+        typer.Option(
+            "--spark-probe/--no-spark-probe",
+            help="Run a small Spark job with the pipeline's spark_conf that writes under the "
+            "staging location, and check this process sees all of it (run the doctor where "
+            "the commit runs).",
+        ),
+    ] = True,
+) -> None:
+    """Preflight checks (broker, topics, prefix, markers, open transactions, staging and
+    whether Spark's executors share it, connector, ledger); each finding says what to
+    change. Exits 0 when safe to run (warnings allowed), 1 when any check failed. Changes
+    nothing (the staging probes are removed)."""
     from airflow_provider_eo.core.doctor import run_doctor
 
+    probe = None
+    if spark_probe:
+        from airflow_provider_eo.spark.probe import staging_probe
+
+        probe = staging_probe
     with reported():
-        report = run_doctor(load(ref))
+        report = run_doctor(load(ref), staging_probe=probe)
     if as_json:
         print(json.dumps(report.as_dict()))
     else:

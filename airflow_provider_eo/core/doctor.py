@@ -16,9 +16,10 @@ from __future__ import annotations
 import datetime as dt
 import os
 import re
+import socket
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -520,6 +521,37 @@ def judge_staging(staging_dir: str, error: str | None) -> Finding:
     )
 
 
+def judge_staging_shared(
+    location: str, written: int | None, seen: int, host: str, error: str | None
+) -> Finding:
+    """Whether the rows Spark's executors wrote under the staging location are all visible
+    from this process (``written`` and ``seen`` from the staging probe)."""
+    check = "staging shared"
+    if error is not None:
+        return Finding(
+            check,
+            "fail",
+            f"Spark could not write a probe under {location}: {error}",
+            "check spark_conf (master, resources) and that the executors can write there",
+        )
+    if written == seen:
+        return Finding(
+            check,
+            "ok",
+            f"the {written} rows Spark's executors wrote under {location} are visible here ({host})",
+        )
+    return Finding(
+        check,
+        "fail",
+        f"Spark's executors wrote {written} rows under {location} but this process ({host}) sees "
+        f"{seen}: a prepare would be refused (StagingError) and the commit could not read it",
+        "staging_dir must be one location shared by the Spark driver, every executor and the "
+        "committer (a shared filesystem mounted at the same path everywhere, or hdfs://, s3a://, "
+        "gs://, abfss://); a local folder works only with a local master. Run `eo doctor` where "
+        "the commit runs",
+    )
+
+
 # -- gathering (talks to the services) ------------------------------------------------------
 
 
@@ -631,11 +663,21 @@ def _guard(check: str, fn: Any, *args: Any) -> tuple[Any, Finding | None]:
         return None, Finding(check, "fail", f"{type(exc).__name__}: {exc}", "see the message")
 
 
-def run_doctor(pipeline: Pipeline, *, now: dt.datetime | None = None, spark: bool = True) -> DoctorReport:
+def run_doctor(
+    pipeline: Pipeline,
+    *,
+    now: dt.datetime | None = None,
+    spark: bool = True,
+    staging_probe: Callable[[Pipeline, str], tuple[int, int]] | None = None,
+) -> DoctorReport:
     """Every preflight check of ``pipeline``; changes nothing (see the module docstring).
 
     :param spark: also check the staging dir and the Spark connector; the plan task's
         preflight passes ``False`` (it runs where plans are made, not where Spark runs).
+    :param staging_probe: a Spark write under the staging location and this process's
+        count of it: (rows written, rows seen) (the CLI passes
+        :func:`airflow_provider_eo.spark.probe.staging_probe`; core never imports Spark).
+        ``None``: not checked.
     """
     import confluent_kafka
 
@@ -761,6 +803,19 @@ def run_doctor(pipeline: Pipeline, *, now: dt.datetime | None = None, spark: boo
     if not spark:
         return DoctorReport(pipeline.name, tuple(findings))
     findings.append(judge_staging(pipeline.staging_dir, _staging_probe(pipeline.staging_dir)))
+    if staging_probe is not None:
+        from airflow_provider_eo import staging
+
+        # Where the prepares stage: pinned in the ledger at the first one, else resolved here.
+        location = (record.staging_dir if record is not None else None) or staging.resolve_location(
+            pipeline.staging_dir
+        )[0]
+        try:
+            written, seen = staging_probe(pipeline, location)
+            error = None
+        except Exception as exc:  # the finding names it
+            written, seen, error = None, 0, f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
+        findings.append(judge_staging_shared(location, written, seen, socket.gethostname(), error))
     try:
         version = installed_spark_version()
     except ImportError:

@@ -16,10 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from eo_harness import EO
 from eo_spark_standalone import StandaloneCluster
 
 from airflow_provider_eo.kafka.audit import settled_ends
 from airflow_provider_eo.ledger import CheckpointState
+from airflow_provider_eo.spark.probe import PROBE_ROWS
 
 pytestmark = [
     pytest.mark.kafka,
@@ -47,6 +49,21 @@ for _ in range(20):
     records += result.checkpoint.records or 0
 print(json.dumps({"records": records}))
 """
+
+
+def _doctor_staging_finding(h: Any) -> dict[str, Any]:
+    """`eo doctor --json`'s "staging shared" finding for the harness's pipeline."""
+    env = {**os.environ, "EO_TEST_PIPELINE_JSON": h.pipeline.to_json()}
+    proc = subprocess.run(
+        [EO, "doctor", "eo_test_pipelines:from_env", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    findings = {f["check"]: f for f in json.loads(proc.stdout)["findings"]}
+    return dict(findings["staging shared"])
 
 
 @pytest.fixture
@@ -83,10 +100,16 @@ def test_staging_the_driver_cannot_see_fails_loudly_then_catches_up_exactly_once
     (cp,) = h.ledger.list_checkpoints(h.pipeline.name)
     assert cp.state is CheckpointState.PLANNED and cp.records is None
     assert set(settled_ends(h.config, sink).values()) == {0}  # nothing published
+    # `eo doctor` finds it before any run: the executors' probe rows are not visible here.
+    shared = _doctor_staging_finding(h)
+    assert shared["severity"] == "fail" and "sees 0" in shared["found"], shared
+    assert "shared by the Spark driver, every executor and the committer" in shared["change"]
 
     # The folder is shared again (the worker's private mount removed): one driver process
     # runs cycles until the pipeline is caught up.
     standalone.share_again(staging)
+    shared = _doctor_staging_finding(h)
+    assert shared["severity"] == "ok" and f"the {PROBE_ROWS} rows" in shared["found"], shared
     env = {**os.environ, "EO_TEST_PIPELINE_JSON": h.pipeline.to_json()}
     done = subprocess.run(
         [sys.executable, "-c", CATCH_UP], env=env, capture_output=True, text=True, timeout=600, check=False

@@ -212,3 +212,16 @@ def test_render_prints_each_finding_its_change_and_the_verdict(capsys: pytest.Ca
     assert "FAIL sink-topic out: missing" in out and "-> create it" in out
     assert "unused" not in out  # an ok finding's change is not printed
     assert "not safe to run (1 ok, 0 warn, 1 fail)" in out
+
+
+def test_staging_shared_fails_when_the_executors_rows_are_not_all_visible() -> None:
+    from airflow_provider_eo.core.doctor import judge_staging_shared
+
+    ok = judge_staging_shared("/data/staging", 1000, 1000, "worker-1", None)
+    assert ok.severity == "ok" and "the 1000 rows" in ok.found
+    unseen = judge_staging_shared("/data/staging", 1000, 0, "airflow-worker", None)
+    assert unseen.severity == "fail"
+    assert "wrote 1000 rows under /data/staging but this process (airflow-worker) sees 0" in unseen.found
+    assert "a local folder works only with a local master" in unseen.change
+    broken = judge_staging_shared("/data/staging", None, 0, "h", "Py4JError: no master")
+    assert broken.severity == "fail" and "Py4JError: no master" in broken.found
