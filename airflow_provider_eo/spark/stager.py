@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from airflow_provider_eo import names, staging
 from airflow_provider_eo.core.prepare import StageRequest, StageResult
@@ -160,28 +160,19 @@ class SparkStager:
         try:
             write.write_staged(staged, f"{path}/data", sink_partitions)
         except Exception as exc:
-            found = dead_letters.failing_record(
-                exc,
-                spark=spark,
-                pipeline=pipeline,
-                transform=transform,
-                live=live,
-                exclude=exclude,
-                time_filter=request.time_filter,
-            )
+            search: dict[str, Any] = {
+                "spark": spark,
+                "pipeline": pipeline,
+                "transform": transform,
+                "live": live,
+                "exclude": exclude,
+                "time_filter": request.time_filter,
+            }
+            found = dead_letters.failing_record(exc, **search)
             if found is not None:
                 return dict([found])
             staging.remove(path)
-            raise job_failure(
-                exc,
-                spark=spark,
-                pipeline=pipeline,
-                transform=transform,
-                live=live,
-                where=where,
-                exclude=exclude,
-                time_filter=request.time_filter,
-            ) from exc
+            raise job_failure(exc, where=where, **search) from exc
         # The counts Spark took while writing, whatever this process can list: a staging
         # folder the driver does not share lists nothing, and core.prepare refuses that.
         seen = limits.get
