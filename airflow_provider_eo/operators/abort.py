@@ -34,6 +34,9 @@ class EoAbortOperator(PipelineTaskMixin, BaseOperator):
         config. (templated)
     :param ledger_conn_id: optional ``eo_ledger`` connection replacing the pipeline's
         ledger URL. (templated)
+    :param force_live: take the commit lease of a committer known to be dead while its lease
+        runs (``eo abort --force-live``); a live committer would be fenced and its commit
+        fail. Default ``False``: refused until the lease runs out.
     """
 
     template_fields: Sequence[str] = (*PIPELINE_TEMPLATE_FIELDS, "checkpoint_id", "reason")
@@ -47,10 +50,12 @@ class EoAbortOperator(PipelineTaskMixin, BaseOperator):
         reason: str,
         kafka_conn_id: str | None = None,
         ledger_conn_id: str | None = None,
+        force_live: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.reason = reason
+        self.force_live = force_live
         self._set_pipeline_args(
             pipeline=pipeline,
             checkpoint_id=checkpoint_id,
@@ -65,7 +70,12 @@ class EoAbortOperator(PipelineTaskMixin, BaseOperator):
         pipeline = self.resolve_pipeline()
         with open_ledger(pipeline) as ledger:
             cp = abort_checkpoint(
-                pipeline, ledger, checkpoint_id, reason=str(self.reason), actor=actor_for(context)
+                pipeline,
+                ledger,
+                checkpoint_id,
+                reason=str(self.reason),
+                actor=actor_for(context),
+                force_live=self.force_live,
             )
         self.log.info(
             "pipeline %s: checkpoint %s %s (%s)",

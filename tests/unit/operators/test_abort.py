@@ -65,3 +65,24 @@ def test_no_checkpoint_skips(pipeline_ref: str, context: dict[str, Any]) -> None
     op = EoAbortOperator(task_id="abort", pipeline=pipeline_ref, checkpoint_id=None, reason="x")  # type: ignore[arg-type]
     with pytest.raises(AirflowSkipException):
         op.execute(context)
+
+
+@pytest.mark.parametrize("force_live", [False, True])
+def test_force_live_reaches_the_abort(
+    pipeline_ref: str, context: dict[str, Any], monkeypatch: pytest.MonkeyPatch, force_live: bool
+) -> None:
+    from airflow_provider_eo.operators import abort as abort_module
+
+    seen: dict[str, Any] = {}
+
+    def fake_abort(pipeline: Any, ledger: Ledger, checkpoint_id: int, **kw: Any) -> Any:
+        seen.update(kw)
+        return ledger.abort(pipeline.name, checkpoint_id, reason=kw["reason"])
+
+    monkeypatch.setattr(abort_module, "abort_checkpoint", fake_abort)
+    _planned(pipeline_ref).close()
+    op = EoAbortOperator(
+        task_id="abort", pipeline=pipeline_ref, checkpoint_id="1", reason="dead worker", force_live=force_live
+    )
+    assert op.execute(context)["state"] == "ABORTED"
+    assert seen["force_live"] is force_live
