@@ -50,8 +50,10 @@ from airflow_provider_eo.core.plan import frozen_commit_plan
 from airflow_provider_eo.core.shard import REAL_KAFKA, KafkaClients, ShardCommittable, commit_shard
 from airflow_provider_eo.core.sink_guard import (
     check_commit_markers,
+    mark_clear,
     other_deployments,
     other_deployments_error,
+    recently_clear,
 )
 from airflow_provider_eo.errors import EoError, NotPrepared, StagingError, StagingUnreadable
 from airflow_provider_eo.kafka.client_config import librdkafka_config
@@ -294,13 +296,17 @@ def commit_checkpoint(
     # Another deployment of this pipeline name (another ledger) that published to another
     # sink since this checkpoint was planned: refused before its committers and ours fence
     # each other (they share transactional ids). Best effort, as above: every plan checks it.
-    try:
-        elsewhere = clients.marks_elsewhere(config, plan.marker_group, plan.sink_topic)
-    except (EoError, KafkaException, TimeoutError):
-        elsewhere = {}
-    others = other_deployments(elsewhere, sink_topic=plan.sink_topic, identity=identity)
-    if others:
-        raise other_deployments_error(pipeline.name, plan.marker_group, plan.sink_topic, identity, others)
+    bootstrap = str(config.get("bootstrap.servers"))
+    if not recently_clear("commit", bootstrap, plan.marker_group, identity):
+        try:
+            elsewhere = clients.marks_elsewhere(config, plan.marker_group, plan.sink_topic)
+        except (EoError, KafkaException, TimeoutError):
+            elsewhere = None
+        others = other_deployments(elsewhere or {}, sink_topic=plan.sink_topic, identity=identity)
+        if others:
+            raise other_deployments_error(pipeline.name, plan.marker_group, plan.sink_topic, identity, others)
+        if elsewhere is not None:
+            mark_clear("commit", bootstrap, plan.marker_group, identity)
     published = skipped = 0
     for shard in range(shards):
         topic_max = clients.topic_max_message_bytes(

@@ -26,6 +26,7 @@ record's ``eo.prov`` header names the pipeline, the checkpoint and the ledger id
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -44,8 +45,10 @@ __all__ = [
     "check_commit_markers",
     "check_other_deployments",
     "check_sink",
+    "mark_clear",
     "other_deployments",
     "other_deployments_error",
+    "recently_clear",
     "scan_sink",
 ]
 
@@ -179,12 +182,34 @@ def other_deployments_error(
     )
 
 
+#: How long this process trusts a clean same-name check (:func:`check_other_deployments`)
+#: of one pipeline identity: the check reads the committed offsets of the marker group on
+#: every partition of the cluster, too much for every checkpoint of a stream that
+#: checkpoints every few seconds.
+OTHER_DEPLOYMENTS_RECHECK_S = 60.0
+_clear_at: dict[tuple[str, str, str, str | None], float] = {}
+
+
+def recently_clear(step: str, bootstrap: str, group: str, identity: str | None) -> bool:
+    """Whether this process's ``step`` (``plan`` or ``commit``: each trusts only its own
+    answers, so a commit right after a clean plan still reads) found no other deployment
+    for this group and identity within :data:`OTHER_DEPLOYMENTS_RECHECK_S`."""
+    at = _clear_at.get((step, bootstrap, group, identity))
+    return at is not None and time.monotonic() - at < OTHER_DEPLOYMENTS_RECHECK_S
+
+
+def mark_clear(step: str, bootstrap: str, group: str, identity: str | None) -> None:
+    """Remember a clean same-name check of ``step`` (see :func:`recently_clear`)."""
+    _clear_at[(step, bootstrap, group, identity)] = time.monotonic()
+
+
 def check_other_deployments(pipeline: Pipeline, identity: str | None) -> None:
     """Refuse when another deployment of this pipeline name (another ledger identity) has
     committed markers on a topic other than this pipeline's sink (:func:`other_deployments`).
 
     One read of every committed offset of the marker group outside the sink (the topics'
-    metadata, then one OffsetFetch). Two deployments that both plan before either has
+    metadata, then one OffsetFetch; a clean answer is trusted for
+    :data:`OTHER_DEPLOYMENTS_RECHECK_S`). Two deployments that both plan before either has
     committed are not seen here; the commit checks again before it publishes
     (``core/commit.py``), and after the first commit of either the other's next plan
     refuses.
@@ -193,10 +218,14 @@ def check_other_deployments(pipeline: Pipeline, identity: str | None) -> None:
     """
     config = librdkafka_config(pipeline.kafka)
     group = names.marker_group(pipeline)
+    bootstrap = str(config.get("bootstrap.servers"))
+    if recently_clear("plan", bootstrap, group, identity):
+        return
     marks = admin.committed_group_marks_everywhere(config, group, exclude=[pipeline.sink_topic])
     others = other_deployments(marks, sink_topic=pipeline.sink_topic, identity=identity)
     if others:
         raise other_deployments_error(pipeline.name, group, pipeline.sink_topic, identity, others)
+    mark_clear("plan", bootstrap, group, identity)
 
 
 def check_sink(pipeline: Pipeline, record: PipelineRecord) -> None:

@@ -373,3 +373,31 @@ def test_another_deployment_of_the_name_publishing_elsewhere_is_refused_before_a
     del broker.marks[(group, "their-sink", 1)]  # that deployment retired, its markers deleted
     commit_checkpoint(pipeline, ledger, cp.checkpoint_id, clients=FakeClients(broker))
     everything_once(broker)
+
+
+def test_a_clean_same_name_check_is_trusted_for_a_while_then_read_again(
+    pipeline: Pipeline, ledger: Ledger, broker: FakeBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reading the marker group's offsets on every partition of the cluster for each commit
+    of a stream checkpointing every few seconds is too much: a clean answer holds for
+    OTHER_DEPLOYMENTS_RECHECK_S; a deployment that appears meanwhile is refused once it has
+    passed."""
+    from airflow_provider_eo.core import sink_guard
+    from airflow_provider_eo.errors import PipelineNameInUse
+
+    clock = [1000.0]
+    monkeypatch.setattr(sink_guard.time, "monotonic", lambda: clock[0])
+    clients = FakeClients(broker)
+    first = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=SINK_PARTITIONS)
+    commit_checkpoint(pipeline, ledger, first.checkpoint_id, clients=clients)
+    broker.marks[(names.marker_group(pipeline), "their-sink", 0)] = (1, names.marker_metadata("e" * 32))
+
+    clock[0] += sink_guard.OTHER_DEPLOYMENTS_RECHECK_S / 2  # within the window: not read again
+    second = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=SINK_PARTITIONS, start=10)
+    commit_checkpoint(pipeline, ledger, second.checkpoint_id, clients=clients)
+    assert ledger.get(pipeline.name, second.checkpoint_id).state is CheckpointState.COMMITTED
+
+    clock[0] += sink_guard.OTHER_DEPLOYMENTS_RECHECK_S  # past it: read, and refused
+    third = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=SINK_PARTITIONS, start=20)
+    with pytest.raises(PipelineNameInUse, match="'their-sink'"):
+        commit_checkpoint(pipeline, ledger, third.checkpoint_id, clients=clients)
