@@ -17,13 +17,31 @@ records, some in committed and some in aborted transactions, some a little under
                       timeout (until the broker has aborted it), then SIGCONT or SIGKILL;
 - ``restart_broker``  stop the broker (SIGTERM or SIGKILL) while the child runs, start it
                       again on the same port and data;
-- ``stop_postgres``   stop PostgreSQL (the ledger) while the child runs, then start it.
+- ``stop_postgres``   stop PostgreSQL (the ledger) while the child runs, then start it;
+- ``abort_race``      ``eo abort`` (or ``eo recover``) from another process while the child
+                      commits checkpoint N, aimed at N or at N+1 (planned beside it:
+                      ``max_pending=2``): with the committer paused holding its lease it must
+                      be refused and change nothing; unpaused, at a random moment, it is
+                      refused or aborts before anything is published;
+- ``stale_ledger``    copy the ledger database, commit past the copy, put the old copy in
+                      its place: the child must exit non-zero with "the ledger is older than
+                      the sink" (LedgerBehindSink) and the sink's high watermarks must not
+                      move; then the newest ledger goes back;
+- ``hide_staging``    staging invisible to the driver: the PREPARED checkpoint's attempt,
+                      checkpoint or whole staging folder moved away before the child commits
+                      (must fail, checkpoint still PREPARED, sink unchanged), or (``--prepare
+                      mixed``) the staged data moved away before the driver lists it (the
+                      prepare must refuse with StagingError, checkpoint still PLANNED); then
+                      it is made visible again and the next run finishes it.
 
-A failed run-once is simply retried by the next cycle (restart-from-checkpoint). Afterwards
+A check a fault kind makes on the spot that fails is a *violation* (it fails the run). A
+failed run-once is simply retried by the next cycle (restart-from-checkpoint). Afterwards
 the feeder stops, run-once repeats until the ledger has consumed every source partition to
-its end, and the sink is audited two ways: by value (every committed input record exactly
-once, aborted input never) and by the ledger's auditor (every committed checkpoint's
-staged records exactly once). Group offsets must equal the last committed ends.
+its end, and the sink is audited two ways: by value, independently of eo (every committed
+input record exactly once, aborted input never), and by ``eo audit``'s source-based
+auditor (every source record of every committed range in the sink by provenance, dropped
+by the transform or a dead letter; every staged record once; nothing of an uncommitted
+checkpoint). Group offsets must equal the last committed ends.
 
 ``--prepare mixed`` (default) prepares in this process's Spark session, except in
 ``kill_prepare`` cycles, so a cycle does not pay a JVM start; ``child`` lets every
@@ -31,7 +49,11 @@ run-once child prepare by itself (slower, the most literal form).
 
 The last line is machine-readable:
 ``torture: seed=<n> cycles=<n> faults=<n> kinds=<k:n,...> in=<n> out=<n> duplicates=<n>
-missing=<n> group_offsets_ok=<bool>``.
+missing=<n> by_value=dup:<n>,miss:<n> source_audit=records:<n>,dup:<n>,miss:<n>,unexpected:<n>,
+dropped:<n>,dead_letters:<n> group_offsets_ok=<bool> violations=<n> misrefused=<n>``
+(``duplicates`` and ``missing`` are the larger of the two audits; ``misrefused`` counts
+``stale_ledger`` runs refused safely, sink unchanged, but with another error than
+LedgerBehindSink: reported, not a failure of exactly-once).
 """
 
 from __future__ import annotations
@@ -48,7 +70,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,9 +89,20 @@ from airflow_provider_eo.ledger import CheckpointState, Ledger  # noqa: E402
 from airflow_provider_eo.pipeline import Pipeline  # noqa: E402
 from airflow_provider_eo.stack.kafka import LocalKafka, pid_alive, port_in_use  # noqa: E402
 
-KINDS = ("none", "kill_prepare", "kill_commit", "stop_commit", "restart_broker", "stop_postgres")
+KINDS = (
+    "none",
+    "kill_prepare",
+    "kill_commit",
+    "stop_commit",
+    "restart_broker",
+    "stop_postgres",
+    "abort_race",
+    "stale_ledger",
+    "hide_staging",
+)
 # After every kind has been injected once, faults are drawn with these weights.
-WEIGHTS = (2, 2, 2, 1, 1, 1)
+WEIGHTS = (2, 2, 2, 1, 1, 1, 1, 1, 1)
+REF = "eo_test_pipelines:from_env"  # the child's pipeline: $EO_TEST_PIPELINE_JSON
 PG_SCRIPT = ROOT / "scripts" / "postgres.sh"
 EO = str(Path(sys.executable).with_name("eo"))
 MAX_MESSAGE_BYTES = 64 * 1024
@@ -98,25 +131,56 @@ class Result:
     records_in: int = 0  # committed source records (read_committed)
     aborted_in: int = 0  # source records of aborted transactions
     records_out: int = 0  # sink records (read_committed)
-    duplicates: int = 0
-    missing: int = 0
+    duplicates: int = 0  # the larger of the two audits'
+    missing: int = 0  # the larger of the two audits'
+    value_duplicates: int = 0  # by value: sink records beyond the committed input's count
+    value_missing: int = 0  # by value: committed input records not in the sink
     group_offsets_ok: bool = False
-    audit: dict[str, Any] = field(default_factory=dict)
+    audit: dict[str, Any] = field(default_factory=dict)  # the source-based audit (eo audit)
+    violations: list[str] = field(default_factory=list)  # checks made by a fault kind, failed
+    # stale_ledger runs refused with another error than LedgerBehindSink (the sink unchanged)
+    misrefused: list[str] = field(default_factory=list)
     seconds: float = 0.0
     log: list[str] = field(default_factory=list)
 
     @property
+    def audit_ok(self) -> bool:
+        """``eo audit`` passed, checked every committed input record (as many source records
+        in the committed ranges as the source holds: nothing expired, nothing unplanned)."""
+        a = self.audit
+        return (
+            bool(a.get("ok"))
+            and a.get("source_expired", 0) == 0
+            and a.get("source_records") == self.records_in
+        )
+
+    @property
     def ok(self) -> bool:
-        """Nothing duplicated, nothing missing, group offsets at the committed ends."""
-        return self.duplicates == 0 and self.missing == 0 and self.group_offsets_ok
+        """Nothing duplicated, nothing missing by either audit, group offsets at the committed
+        ends, and no fault kind's own check failed."""
+        return (
+            self.duplicates == 0
+            and self.missing == 0
+            and self.audit_ok
+            and self.group_offsets_ok
+            and not self.violations
+        )
 
     def line(self) -> str:
         """The machine-readable summary line."""
         kinds = ",".join(f"{k}:{self.kinds.get(k, 0)}" for k in KINDS)
+        a = self.audit
+        source_audit = (
+            f"records:{a.get('source_records')},dup:{a.get('duplicates')},miss:{a.get('missing')},"
+            f"unexpected:{a.get('unexpected')},dropped:{a.get('dropped')},"
+            f"dead_letters:{a.get('dead_letters')}"
+        )
         return (
             f"torture: seed={self.seed} cycles={self.cycles} faults={self.faults} kinds={kinds} "
             f"in={self.records_in} out={self.records_out} duplicates={self.duplicates} "
-            f"missing={self.missing} group_offsets_ok={self.group_offsets_ok}"
+            f"missing={self.missing} by_value=dup:{self.value_duplicates},miss:{self.value_missing} "
+            f"source_audit={source_audit} group_offsets_ok={self.group_offsets_ok} "
+            f"violations={len(self.violations)} misrefused={len(self.misrefused)}"
         )
 
 
@@ -297,6 +361,9 @@ class Torture:
         self.feeder: Feeder | None = None
         self.child: subprocess.Popen[bytes] | None = None
         self._last_code: int | None = None  # exit code of the last reaped child
+        self.violations: list[str] = []  # a fault kind's own check that failed
+        self.misrefused: list[str] = []  # refused safely, but not with the error expected
+        self.snapshot_db: str | None = None  # stale_ledger's old copy, while it exists
 
     # -- set-up and tear-down ------------------------------------------------------------
     def up(self) -> None:
@@ -326,6 +393,8 @@ class Torture:
             max_records_per_checkpoint=self.max_records,
             commit_shards=self.commit_shards,
             transaction_timeout_ms=self.transaction_timeout_ms,
+            # Two unfinished checkpoints at once: abort_race aims at N+1 while N commits.
+            max_pending=2,
         )
         self.ledger = Ledger(self.pg_url)
         self.log(f"pipeline {self.pipeline.name}: ledger {self.pg_url}, broker {info.bootstrap}")
@@ -351,13 +420,16 @@ class Torture:
         try:
             server = self.pg.start()
             self._pg_admin(f'DROP DATABASE IF EXISTS "{self.db_name}" WITH (FORCE)', server)
+            if self.snapshot_db is not None:
+                self._pg_admin(f'DROP DATABASE IF EXISTS "{self.snapshot_db}" WITH (FORCE)', server)
         finally:
             if not self.pg_was_running:
                 self.pg.stop()
             self.kafka.wipe()
 
     # -- children --------------------------------------------------------------------------
-    def _spawn(self, cycle: int, fault: str | None = None, action: str = "kill") -> subprocess.Popen[bytes]:
+    def _env(self) -> dict[str, str]:
+        """A child's environment: the pipeline as JSON, no fault unless asked for."""
         assert self.pipeline is not None
         env = {
             **os.environ,
@@ -369,13 +441,26 @@ class Torture:
         }
         env.pop("EO_FAULT", None)
         env.pop("EO_FAULT_ACTION", None)
+        return env
+
+    def _spawn(
+        self,
+        cycle: int,
+        fault: str | None = None,
+        action: str = "kill",
+        *,
+        args: Sequence[str] = ("run-once", REF, "--json"),
+        log_name: str | None = None,
+    ) -> subprocess.Popen[bytes]:
+        """Start ``eo <args>`` (run-once by default) as the cycle's child."""
+        env = self._env()
         if fault:
             env["EO_FAULT"], env["EO_FAULT_ACTION"] = fault, action
         self._last_code = None
-        out = (self.work / f"cycle-{cycle:04d}.log").open("ab")
+        out = (self.work / (log_name or f"cycle-{cycle:04d}.log")).open("ab")
         # Its own process group: a kill takes the child's Spark JVM with it.
         self.child = subprocess.Popen(
-            [EO, "run-once", "eo_test_pipelines:from_env", "--json"],
+            [EO, *args],
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -590,6 +675,347 @@ class Torture:
         self.ledger = Ledger(url)
         return f" (back on {url.rsplit('@', 1)[1]})"
 
+    # -- the checks a fault kind makes on the spot -------------------------------------------
+    def _violation(self, msg: str) -> None:
+        self.violations.append(msg)
+        self.log(f"  VIOLATION: {msg}")
+
+    def _sink(self) -> list[tuple[str, int]]:
+        assert self.pipeline is not None
+        return [(self.pipeline.sink_topic, p) for p in range(self.sink_partitions)]
+
+    def _quiet_sink_ends(self, timeout_s: float = 60.0) -> dict[tuple[str, int], int]:
+        """The sink's high watermarks once no transaction is open on it (last stable offset =
+        high watermark), so that nothing but a publish can move them afterwards."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            ends = high_watermarks(self.config, self._sink())
+            if admin.list_offsets(self.config, self._sink(), spec="latest") == ends:
+                return ends
+            if time.monotonic() > deadline:
+                self.log("  the sink still has an open transaction; comparing high watermarks anyway")
+                return ends
+            time.sleep(0.5)
+
+    def _check_sink_unchanged(self, before: dict[tuple[str, int], int], what: str) -> None:
+        after = high_watermarks(self.config, self._sink())
+        if after != before:
+            moved = {p: (before.get((t, p)), o) for (t, p), o in after.items() if before.get((t, p)) != o}
+            self._violation(f"{what}: the sink moved {moved}")
+
+    def _child_text(self, name: str) -> str:
+        """A child's log, whitespace-normalised (the CLI wraps its error messages)."""
+        try:
+            return " ".join((self.work / name).read_text(errors="replace").split())
+        except OSError:
+            return ""
+
+    def _state_of(self, checkpoint_id: int) -> CheckpointState:
+        assert self.ledger is not None and self.pipeline is not None
+        return self.ledger.get(self.pipeline.name, checkpoint_id).state
+
+    def _last_committed_id(self) -> int | None:
+        assert self.ledger is not None and self.pipeline is not None
+        try:
+            cp = self.ledger.last_committed(self.pipeline.name)
+        except Exception:  # not registered yet
+            return None
+        return None if cp is None else cp.checkpoint_id
+
+    def _advance(self, n: int) -> bool:
+        """One clean run-once (in this process with ``--prepare mixed``, else a child)."""
+        from airflow_provider_eo.core.runner import run_once
+        from airflow_provider_eo.spark.stager import SparkStager
+
+        assert self.pipeline is not None and self.ledger is not None
+        if self.spark is None:
+            self._spawn(n, log_name=f"cycle-{n:04d}-advance.log")
+            return self._reap() == 0
+        try:
+            run_once(self.pipeline, ledger=self.ledger, stager=SparkStager(self.spark))
+            return True
+        except Exception as exc:
+            self.log(f"  in-process run-once failed: {type(exc).__name__}: {str(exc)[:200]}")
+            return False
+
+    def _prepared(self, n: int) -> Any:
+        """The unfinished checkpoint once PREPARED (prepared by ``eo plan``/``eo prepare``
+        children without a Spark session here), else None."""
+        cp = self._unfinished()
+        if self.spark is None and (cp is None or cp.state is CheckpointState.PLANNED):
+            for step in ("plan", "prepare"):
+                self._spawn(n, args=(step, REF), log_name=f"cycle-{n:04d}-{step}.log")
+                self._reap()
+            cp = self._unfinished()
+        return cp if cp is not None and cp.state is CheckpointState.PREPARED else None
+
+    def _side(self, n: int, how: str, checkpoint_id: int) -> tuple[int, str]:
+        """Run ``eo abort <ref> <id>`` or ``eo recover <ref>`` beside the child: (exit, log)."""
+        args = (
+            [EO, "abort", REF, str(checkpoint_id), "--reason", "torture abort_race"]
+            if how == "abort"
+            else [EO, "recover", REF, "--wait", "15"]
+        )
+        name = f"cycle-{n:04d}-{how}.log"
+        with (self.work / name).open("ab") as out:
+            proc = subprocess.run(
+                args, env=self._env(), stdout=out, stderr=subprocess.STDOUT, timeout=300, check=False
+            )
+        return proc.returncode, self._child_text(name)
+
+    # -- the new fault kinds ---------------------------------------------------------------------
+    def _fault_abort_race(self, n: int) -> str | None:
+        from airflow_provider_eo.core.plan import plan_checkpoint
+        from airflow_provider_eo.core.prepare import prepare_checkpoint
+        from airflow_provider_eo.spark.stager import SparkStager
+
+        assert self.pipeline is not None and self.ledger is not None
+        cp = self._prepared(n)
+        if cp is None:
+            return None
+        target = cp.checkpoint_id
+        if self.rng.random() < 0.5:
+            # Checkpoint N+1 beside N (max_pending=2), sometimes prepared too.
+            try:
+                nxt = plan_checkpoint(self.pipeline, self.ledger, next_only=True)
+                if nxt is not None:
+                    target = nxt.checkpoint_id
+                    if self.spark is not None and self.rng.random() < 0.5:
+                        prepare_checkpoint(self.pipeline, self.ledger, target, stager=SparkStager(self.spark))
+            except Exception as exc:
+                self.log(f"  planning checkpoint N+1 failed: {type(exc).__name__}: {str(exc)[:200]}")
+        how = "abort" if self.rng.random() < 0.75 else "recover"
+        aim = f"abort {target}" if how == "abort" else "recover"
+        if target != cp.checkpoint_id:
+            aim += f" (N+1 = {target} {self._state_of(target).value} beside it)"
+        if self.rng.random() < 0.5:
+            # The committer of N paused holding its commit lease (50 s): the side call must be
+            # refused and change nothing; once resumed, the commit finishes.
+            step = self.rng.choice(
+                ("commit.after_begin", "commit.before_commit_txn", "commit.before_end_txn")
+            )
+            child = self._spawn(n, fault=step, action="pause")
+            if not self._wait(lambda: self._state() == "T", 180):
+                return None
+            code, text = self._side(n, how, target)
+            states = {c: self._state_of(c) for c in sorted({cp.checkpoint_id, target})}
+            if code == 0 or any(s is CheckpointState.ABORTED for s in states.values()):
+                self._violation(
+                    f"{how} while the commit of checkpoint {cp.checkpoint_id} was paused at {step} "
+                    f"holding its lease: exit {code}, states {states}: {text[-300:]}"
+                )
+            os.kill(child.pid, signal.SIGCONT)
+            code_child = self._reap()
+            return (
+                f"{aim} during the commit of {cp.checkpoint_id} paused at {step}: exit {code}; "
+                f"commit resumed, exit {code_child}"
+            )
+        delay = self.rng.uniform(0.0, 4.0)
+        self._spawn(n)
+        time.sleep(delay)  # a random moment in the commit is the fault itself
+        code, text = self._side(n, how, target)
+        code_child = self._reap()
+        now = {c: self._state_of(c).value for c in sorted({cp.checkpoint_id, target})}
+        outcome = "refused" if code else "done"
+        if code and "Traceback" in text:
+            self._violation(f"{how} racing the commit of {cp.checkpoint_id} crashed: {text[-300:]}")
+        return (
+            f"{aim} {delay:.1f}s into the commit of {cp.checkpoint_id}: {outcome}; "
+            f"run-once exit {code_child}; now {now}"
+        )
+
+    def _pg_kick(self, *dbs: str) -> None:
+        """End every connection to ``dbs`` (a copy or rename needs the database unused)."""
+        names_ = ", ".join(f"'{d}'" for d in dbs)
+        self._pg_admin(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            f"WHERE datname IN ({names_}) AND pid <> pg_backend_pid()",
+            self.pg_url,
+        )
+
+    def _pg_swap(self, a: str, b: str) -> None:
+        """Exchange databases ``a`` and ``b`` by renaming (the ledger connection is reopened)."""
+        assert self.ledger is not None
+        self.ledger.close()
+        self._pg_kick(a, b)
+        tmp = f"{a}_swap"
+        for old, new in ((a, tmp), (b, a), (tmp, b)):
+            self._pg_admin(f'ALTER DATABASE "{old}" RENAME TO "{new}"', self.pg_url)
+        self.ledger = Ledger(self.pg_url)
+
+    def _fault_stale_ledger(self, n: int) -> str | None:
+        assert self.pipeline is not None and self.ledger is not None
+        if self._last_committed_id() is None:
+            self._advance(n)  # a ledger with a commit behind it, or this is a re-created one
+        if self._last_committed_id() is None:
+            return None
+        if self.rng.random() < 0.5:
+            self._commit_here()  # nothing unfinished in the copy: the plan's check refuses
+        # else the copy holds an unfinished checkpoint: the commit's marker check refuses it
+        snap = self.snapshot_db = f"{self.db_name}_old"
+        self.ledger.close()
+        self._pg_kick(self.db_name)
+        self._pg_admin(f'CREATE DATABASE "{snap}" TEMPLATE "{self.db_name}"', self.pg_url)
+        self.ledger = Ledger(self.pg_url)
+        try:
+            copy_last = self.ledger.get_pipeline(self.pipeline.name).last_checkpoint_id
+            copy_open = self._unfinished()
+            held = f"{copy_open.checkpoint_id} {copy_open.state.value}" if copy_open else "nothing unfinished"
+            for _ in range(6):  # commit past the copy
+                self._advance(n)
+                newest = self._last_committed_id()
+                if newest is not None and newest > copy_last:
+                    break
+            else:
+                return None
+            before = self._quiet_sink_ends()
+            self._pg_swap(self.db_name, snap)  # the old copy is the ledger now
+            try:
+                log_name = f"cycle-{n:04d}-stale.log"
+                self._spawn(n, log_name=log_name)
+                code = self._reap()
+                text = self._child_text(log_name)
+                what = (
+                    f"run-once on a ledger copy at checkpoint {copy_last} ({held}) "
+                    f"while the sink holds {newest}"
+                )
+                if code == 0:
+                    self._violation(f"{what}: exit 0, not refused: {text[-300:]}")
+                elif "the ledger is older than the sink" not in text:
+                    # Refused, but not as LedgerBehindSink: safe when the sink did not move
+                    # (checked next), yet the operator is told the wrong thing.
+                    self.misrefused.append(f"{what}: exit {code}: {text[-300:]}")
+                    self.log(f"  MISREFUSED: {self.misrefused[-1]}")
+                self._check_sink_unchanged(before, f"run-once on a ledger copy at checkpoint {copy_last}")
+            finally:
+                self._pg_swap(self.db_name, snap)  # the operator puts the newest ledger back
+        finally:
+            self._pg_admin(f'DROP DATABASE IF EXISTS "{snap}" WITH (FORCE)', self.pg_url)
+            self.snapshot_db = None
+        return (
+            f"ledger replaced by a copy at checkpoint {copy_last} ({held}) while the sink holds "
+            f"{newest}: exit {code}, sink unchanged; newest ledger back"
+        )
+
+    def _unhide(self, hidden: Path, target: Path) -> None:
+        """Make ``hidden`` visible at ``target`` again (merged if something recreated it)."""
+        if not hidden.exists():
+            return
+        if target.exists():
+            shutil.copytree(hidden, target, dirs_exist_ok=True)
+            shutil.rmtree(hidden)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.rename(hidden, target)
+
+    def _fault_hide_staging(self, n: int) -> str | None:
+        if self.spark is not None and self.rng.random() < 0.5:
+            return self._hide_during_prepare(n)
+        return self._hide_before_commit(n)
+
+    def _hide_before_commit(self, n: int) -> str | None:
+        assert self.pipeline is not None and self.ledger is not None
+        cp = self._prepared(n)
+        if cp is None or not cp.staging_location:
+            return None
+        attempt = Path(cp.staging_location)
+        what = self.rng.choice(("attempt", "checkpoint", "staging_dir"))
+        target = {"attempt": attempt, "checkpoint": attempt.parent, "staging_dir": attempt.parents[2]}[what]
+        hidden = self.work / "hidden" / f"cycle-{n:04d}-{what}"
+        hidden.parent.mkdir(parents=True, exist_ok=True)
+        before = self._quiet_sink_ends()
+        os.rename(target, hidden)
+        try:
+            log_name = f"cycle-{n:04d}-hidden.log"
+            self._spawn(n, log_name=log_name)
+            code = self._reap()
+            state = self._state_of(cp.checkpoint_id)
+            text = self._child_text(log_name)
+            if code == 0 or state is not CheckpointState.PREPARED or "is not visible" not in text:
+                self._violation(
+                    f"commit of checkpoint {cp.checkpoint_id} with its {what} folder hidden: exit "
+                    f"{code}, now {state.value}: {text[-300:]}"
+                )
+            self._check_sink_unchanged(before, f"commit of checkpoint {cp.checkpoint_id} with staging hidden")
+        finally:
+            self._unhide(hidden, target)
+        return (
+            f"{what} folder of checkpoint {cp.checkpoint_id} hidden at commit: exit {code}, "
+            f"still {state.value}, sink unchanged; visible again"
+        )
+
+    def _hide_during_prepare(self, n: int) -> str | None:
+        """The staged data moved away between the Spark write and the driver's listing (as if
+        the executors wrote where the driver does not look): the prepare must refuse."""
+        from unittest import mock
+
+        from airflow_provider_eo import staging
+        from airflow_provider_eo.core.plan import plan_checkpoint
+        from airflow_provider_eo.core.prepare import StageRequest, StageResult, prepare_checkpoint
+        from airflow_provider_eo.errors import StagingError
+        from airflow_provider_eo.spark.stager import SparkStager
+
+        assert self.pipeline is not None and self.ledger is not None
+        cp = self._unfinished()
+        if cp is not None and cp.state is CheckpointState.PREPARED:
+            self._commit_here()  # a checkpoint to prepare
+        try:
+            cp = plan_checkpoint(self.pipeline, self.ledger)
+        except Exception as exc:
+            self.log(f"  plan failed: {type(exc).__name__}: {str(exc)[:200]}")
+            return None
+        if cp is None or cp.state is not CheckpointState.PLANNED:
+            return None
+        hidden = self.work / "hidden" / f"cycle-{n:04d}-data"
+        hidden.parent.mkdir(parents=True, exist_ok=True)
+        seen: dict[str, Any] = {}
+        spark_stager = SparkStager(self.spark)
+        describe = staging.describe_attempt
+
+        def driver_view(path: str) -> Any:
+            data = Path(path) / "data"
+            if data.exists():
+                os.rename(data, hidden)
+                seen["attempt"] = Path(path)
+            return describe(path)
+
+        class Counting:
+            """The Spark stager, keeping what it reported (Spark's own write counts)."""
+
+            def start(self, pipeline: Pipeline) -> None:
+                spark_stager.start(pipeline)
+
+            def stage(self, request: StageRequest) -> StageResult:
+                seen["result"] = spark_stager.stage(request)
+                return seen["result"]
+
+        outcome = "prepared"
+        with mock.patch.object(staging, "describe_attempt", driver_view):
+            try:
+                prepare_checkpoint(self.pipeline, self.ledger, cp.checkpoint_id, stager=Counting())
+            except StagingError as exc:
+                outcome = f"StagingError ({str(exc)[:80]}...)"
+            except Exception as exc:
+                outcome = f"{type(exc).__name__}: {str(exc)[:200]}"
+        written = sum((getattr(seen.get("result"), "rows_written", None) or {}).values())
+        if "attempt" not in seen or written == 0:
+            return None  # nothing staged to hide; the checkpoint is prepared as usual
+        state = self._state_of(cp.checkpoint_id)
+        if not outcome.startswith("StagingError") or state is not CheckpointState.PLANNED:
+            self._violation(
+                f"prepare of checkpoint {cp.checkpoint_id} with its {written} staged records hidden "
+                f"from the driver: {outcome}, now {state.value}"
+            )
+        # Visible again, as an attempt without a manifest: never published; the retry
+        # prepares a new attempt.
+        self._unhide(hidden, seen["attempt"] / "data")
+        self._spawn(n)
+        code = self._reap()
+        return (
+            f"{written} staged records of checkpoint {cp.checkpoint_id} hidden from the driver's "
+            f"listing: {outcome}, still {state.value}; visible again, retried: exit {code}"
+        )
+
     # -- catch-up and audit ------------------------------------------------------------------
     def catch_up(self, max_runs: int = 200) -> None:
         """Stop the feeder; run-once until nothing is unfinished and every source partition
@@ -645,8 +1071,9 @@ class Torture:
         result.audit = report.as_dict()
         result.audit.pop("checkpoints", None)
         result.audit["aborted_input_leaked"] = leaked
-        result.duplicates = max(sum(extra.values()), report.duplicates + report.unexpected)
-        result.missing = max(sum(lost.values()), report.missing)
+        result.value_duplicates, result.value_missing = sum(extra.values()), sum(lost.values())
+        result.duplicates = max(result.value_duplicates, report.duplicates + report.unexpected)
+        result.missing = max(result.value_missing, report.missing)
         # Group offsets: the last committed ends (no checkpoint is unfinished after catch-up).
         source = [(topic, p) for p in range(self.source_partitions)]
         heads = {tp: o for tp, o in self.ledger.next_starts(self.pipeline.name).items() if tp in source}
@@ -669,6 +1096,7 @@ def run(
     max_records: int = 400,
     transaction_timeout_ms: int = 10_000,
     rate: float = 40.0,
+    kinds: Sequence[str] = KINDS,
     log: Callable[[str], None] = _stderr,
 ) -> Result:
     """Run ``cycles`` chaos cycles with ``seed``, catch up, audit; see the module doc.
@@ -680,7 +1108,13 @@ def run(
     :param pg_dir: PostgreSQL state folder (default: ``scripts/postgres.sh`` cluster
         ``torture``, a sibling of the default one): a cluster of its own, since the run stops it.
     :param rate: feeder records per second (on average).
+    :param kinds: the fault kinds to draw from (all by default; a subset proves one kind's
+        checks quickly).
     """
+    unknown = sorted(set(kinds) - set(KINDS))
+    if unknown or not kinds:
+        raise ValueError(f"unknown fault kinds {unknown}; choose from {KINDS}")
+    weights = [WEIGHTS[KINDS.index(k)] for k in kinds]
     started = time.monotonic()
     work = work_dir or ROOT / ".eo" / "torture" / uuid.uuid4().hex[:8]
     work.mkdir(parents=True, exist_ok=True)
@@ -706,10 +1140,10 @@ def run(
     )
     try:
         t.up()
-        todo = list(KINDS)  # every kind is injected once before the weighted draws
+        todo = list(kinds)  # every kind is injected once before the weighted draws
         t.rng.shuffle(todo)
         for n in range(1, cycles + 1):
-            kind = todo[0] if todo else t.rng.choices(KINDS, weights=WEIGHTS)[0]
+            kind = todo[0] if todo else t.rng.choices(list(kinds), weights=weights)[0]
             before = t._unfinished()
             cycle_started = time.monotonic()
             injected, code = t.cycle(n, kind)
@@ -731,8 +1165,14 @@ def run(
         t.audit(result)
     finally:
         result.seconds = time.monotonic() - started
+        result.violations = list(t.violations)
+        result.misrefused = list(t.misrefused)
         t.down()
     note(f"audit: {result.audit}; in-aborted={result.aborted_in} failed_runs={result.failed_runs}")
+    for v in result.violations:
+        note(f"violation: {v}")
+    for v in result.misrefused:
+        note(f"misrefused: {v}")
     note(f"{result.seconds:.0f}s, work folder {work}")
     if result.ok:
         shutil.rmtree(work, ignore_errors=True)
@@ -745,6 +1185,9 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--prepare", choices=("mixed", "child"), default="mixed")
     ap.add_argument("--rate", type=float, default=40.0, help="feeder records per second")
+    ap.add_argument(
+        "--kinds", default=",".join(KINDS), help="comma-separated fault kinds to draw from (default: all)"
+    )
     args = ap.parse_args()
     # A terminated run still stops its broker and PostgreSQL (the finally in run()).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -763,6 +1206,7 @@ def main() -> int:
             args.seed,
             spark=spark,
             rate=args.rate,
+            kinds=[k for k in args.kinds.split(",") if k],
         )
     finally:
         if spark is not None:

@@ -1,4 +1,7 @@
-"""The torture run in its short, seeded form: every fault kind at least once, then the audit.
+"""The torture run in its short, seeded form: every fault kind at least once, then both audits
+(by value, and ``eo audit``'s source-based one). The new kinds check themselves on the spot
+(abort refused while the committer holds its lease, a restored ledger refused with the sink
+untouched, hidden staging refused without publishing): a failed check is a violation.
 
 The long form is ``bench/torture.py --cycles N --seed S`` (same code). Set
 ``EO_TORTURE_CYCLES`` / ``EO_TORTURE_SEED`` to run this test longer or with another seed.
@@ -35,7 +38,8 @@ def _torture() -> ModuleType:
 
 def test_torture_short_seeded(spark: Any, tmp_path: Path) -> None:
     torture = _torture()
-    cycles = int(os.environ.get("EO_TORTURE_CYCLES", "7"))
+    # One cycle per kind (9) and one spare for a fault the child outran.
+    cycles = int(os.environ.get("EO_TORTURE_CYCLES", "10"))
     seed = int(os.environ.get("EO_TORTURE_SEED", "11"))
     # Large checkpoints and a slow feeder keep the catch-up to a few runs.
     result = torture.run(
@@ -47,7 +51,10 @@ def test_torture_short_seeded(spark: Any, tmp_path: Path) -> None:
     assert all(result.kinds[k] >= 1 for k in torture.KINDS), detail
     assert result.faults >= len(torture.KINDS) - 1, detail
     assert result.records_in > 0 and result.aborted_in > 0, detail
+    assert result.violations == [], detail
     assert result.duplicates == 0, detail
     assert result.missing == 0, detail
     assert result.records_out == result.records_in, detail
+    assert result.audit_ok, detail
     assert result.group_offsets_ok, detail
+    assert result.ok, detail
