@@ -55,7 +55,13 @@ from airflow_provider_eo.core.sink_guard import (
     other_deployments_error,
     recently_clear,
 )
-from airflow_provider_eo.errors import EoError, NotPrepared, StagingError, StagingUnreadable
+from airflow_provider_eo.errors import (
+    EoError,
+    NotPrepared,
+    StagingError,
+    StagingNotVisible,
+    StagingUnreadable,
+)
 from airflow_provider_eo.kafka.client_config import librdkafka_config
 from airflow_provider_eo.ledger import Actor, CheckpointRecord, CheckpointState, CommitPlan, Ledger
 from airflow_provider_eo.ledger.errors import CheckpointNotFound
@@ -104,6 +110,37 @@ def shard_committable(
         topic_max_bytes=topic_max_bytes,
         dead_letter_topic=manifest.dead_letter_topic if last else None,
         dead_letters=tuple(manifest.dead_letters) if last else (),
+    )
+
+
+def _committed_by_markers(
+    pipeline: Pipeline,
+    ledger: Ledger,
+    cp: CheckpointRecord,
+    plan: CommitPlan,
+    actor: Actor | None,
+    started: float,
+) -> CommitResult:
+    """Record a checkpoint every shard of which the commit markers show published (the
+    shard rows with the prepare's counts) and mark it COMMITTED; nothing is sent."""
+    for shard in range(plan.shards):
+        ledger.record_shard(
+            pipeline.name,
+            cp.checkpoint_id,
+            shard,
+            transactional_id=names.plan_transactional_id(plan, pipeline.name, shard),
+            producer_id=None,
+            producer_epoch=None,
+            state="COMMITTED",
+            records=int(cp.shard_counts.get(shard, 0)),
+        )
+    done = ledger.mark_committed(pipeline.name, cp.checkpoint_id, actor=actor)
+    return CommitResult(
+        done,
+        0,
+        plan.shards,
+        time.monotonic() - started,
+        note="published already (every commit marker shows it); its staging was gone",
     )
 
 
@@ -238,36 +275,11 @@ def commit_checkpoint(
     )
     sink_partitions = plan.sink_partitions
     shards = plan.shards
-    try:
-        manifest = staging.read_manifest(cp.staging_location or "")
-        if (
-            manifest.checkpoint_id != checkpoint_id
-            or manifest.records != (cp.records or 0)
-            or manifest.dead_letter_count != (cp.dead_letters or 0)
-        ):
-            raise StagingError(
-                f"manifest at {cp.staging_location} is for checkpoint {manifest.checkpoint_id} "
-                f"with {manifest.records} records and {manifest.dead_letter_count} dead letters, "
-                f"the ledger expects {checkpoint_id} with {cp.records} and {cp.dead_letters or 0}"
-            )
-        if manifest.sink_partitions != sink_partitions:
-            raise StagingError(
-                f"the commit plan of sink topic {plan.sink_topic!r} has {sink_partitions} "
-                f"partitions, the staged output was partitioned for {manifest.sink_partitions}"
-            )
-        staging.verify(cp.staging_location or "", manifest)
-    # StagingUnreadable (an I/O error) is not caught: the storage did not answer, the staged
-    # output may be intact, so the commit fails retryably and nothing is aborted. Only a
-    # verified mismatch (count, checksum, another checkpoint's manifest) aborts.
-    except StagingError as exc:
-        _abort_if_unpublished(
-            pipeline, ledger, cp, f"staged output failed verification ({exc})", actor, clients
-        )
-        raise  # unreachable: the helper always raises
     owner = owner or names.lease_owner(pipeline)
     registered = ledger.get_pipeline(pipeline.name)
     identity = registered.identity
-    # A shard whose marker is already past this checkpoint: only a ledger older than the
+    # First (before the staged output is read: an older ledger's staging may be gone): a
+    # shard whose marker is already past this checkpoint: only a ledger older than the
     # sink gets here (checkpoints commit in order); skipping it as published would lose it.
     # Checked for every shard before anything is published; a marker partition with an
     # open transaction (a killed committer's, aborted by the shard's fence below) is not
@@ -293,6 +305,39 @@ def commit_checkpoint(
         for _topic, s in readable
     }
     check_commit_markers(pipeline, registered, checkpoint_id, markers)
+    try:
+        manifest = staging.read_manifest(cp.staging_location or "")
+        if (
+            manifest.checkpoint_id != checkpoint_id
+            or manifest.records != (cp.records or 0)
+            or manifest.dead_letter_count != (cp.dead_letters or 0)
+        ):
+            raise StagingError(
+                f"manifest at {cp.staging_location} is for checkpoint {manifest.checkpoint_id} "
+                f"with {manifest.records} records and {manifest.dead_letter_count} dead letters, "
+                f"the ledger expects {checkpoint_id} with {cp.records} and {cp.dead_letters or 0}"
+            )
+        if manifest.sink_partitions != sink_partitions:
+            raise StagingError(
+                f"the commit plan of sink topic {plan.sink_topic!r} has {sink_partitions} "
+                f"partitions, the staged output was partitioned for {manifest.sink_partitions}"
+            )
+        staging.verify(cp.staging_location or "", manifest)
+    # StagingUnreadable (an I/O error) is not caught: the storage did not answer, the staged
+    # output may be intact, so the commit fails retryably and nothing is aborted. Only a
+    # verified mismatch (count, checksum, another checkpoint's manifest) aborts.
+    except StagingNotVisible:
+        # Every shard's marker shows this checkpoint published (a ledger restored from a
+        # copy taken while it was PREPARED, whose staging the newer ledger already removed):
+        # nothing is left to publish, so the ledger catches up; else retry where it is visible.
+        if len(markers) < shards or any(m < checkpoint_id for m in markers.values()):
+            raise
+        return _committed_by_markers(pipeline, ledger, cp, plan, actor, started)
+    except StagingError as exc:
+        _abort_if_unpublished(
+            pipeline, ledger, cp, f"staged output failed verification ({exc})", actor, clients
+        )
+        raise  # unreachable: the helper always raises
     # Another deployment of this pipeline name (another ledger) that published to another
     # sink since this checkpoint was planned: refused before its committers and ours fence
     # each other (they share transactional ids). Best effort, as above: every plan checks it.

@@ -52,6 +52,7 @@ def test_torture_short_seeded(spark: Any, tmp_path: Path) -> None:
     assert result.faults >= len(torture.KINDS) - 1, detail
     assert result.records_in > 0 and result.aborted_in > 0, detail
     assert result.violations == [], detail
+    assert result.misrefused == [], detail  # refused, and with the error that names the cause
     assert result.duplicates == 0, detail
     assert result.missing == 0, detail
     assert result.records_out == result.records_in, detail

@@ -401,3 +401,53 @@ def test_a_clean_same_name_check_is_trusted_for_a_while_then_read_again(
     third = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=SINK_PARTITIONS, start=20)
     with pytest.raises(PipelineNameInUse, match="'their-sink'"):
         commit_checkpoint(pipeline, ledger, third.checkpoint_id, clients=clients)
+
+
+def test_a_checkpoint_every_marker_shows_published_is_recorded_without_its_staging(
+    pipeline: Pipeline, ledger: Ledger, broker: FakeBroker
+) -> None:
+    """A ledger restored from a copy taken while checkpoint N was PREPARED, after the newer
+    ledger committed N and removed its staging: every shard's marker shows N, so nothing is
+    left to publish and the ledger catches up (it used to fail with StagingNotVisible on every
+    retry, and an abort is refused once a shard published: a wedge). One shard without the
+    marker keeps the retryable refusal."""
+    import shutil
+
+    from airflow_provider_eo.errors import StagingNotVisible
+
+    cp = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=SINK_PARTITIONS)
+    shutil.rmtree(cp.staging_location or "")  # the newer ledger's cleanup
+    plan = ledger.get(pipeline.name, cp.checkpoint_id).commit_plan
+    assert plan is not None and plan.shards == 2
+    shown = (cp.checkpoint_id, names.marker_metadata(ledger.get_pipeline(pipeline.name).identity))
+    broker.marks[(names.marker_group(pipeline), OUT, 0)] = shown  # shard 0 published, shard 1 not
+    with pytest.raises(StagingNotVisible):
+        commit_checkpoint(pipeline, ledger, cp.checkpoint_id, clients=FakeClients(broker))
+    broker.marks[(names.marker_group(pipeline), OUT, 1)] = shown
+    done = commit_checkpoint(pipeline, ledger, cp.checkpoint_id, clients=FakeClients(broker))
+    assert done.checkpoint.state is CheckpointState.COMMITTED and done.published == 0
+    assert broker.count("begin_transaction") == 0  # nothing was sent
+    rows = {r.shard: (r.state.value, r.records) for r in done.checkpoint.shards}
+    assert rows == {0: ("COMMITTED", 5), 1: ("COMMITTED", 1)}
+
+
+def test_a_marker_past_the_checkpoint_is_refused_before_the_staging_is_read(
+    pipeline: Pipeline, ledger: Ledger, broker: FakeBroker
+) -> None:
+    """An older ledger's PREPARED checkpoint whose staging the newer ledger removed: the
+    refusal names the real cause (LedgerBehindSink), not the missing staging (whose message
+    would send the operator to `eo abort`, which the markers refuse)."""
+    import shutil
+
+    from airflow_provider_eo.errors import LedgerBehindSink
+
+    cp = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=SINK_PARTITIONS)
+    shutil.rmtree(cp.staging_location or "")
+    identity = ledger.get_pipeline(pipeline.name).identity
+    broker.marks[(names.marker_group(pipeline), OUT, 0)] = (
+        cp.checkpoint_id + 2,
+        names.marker_metadata(identity),
+    )
+    with pytest.raises(LedgerBehindSink, match="the ledger is older than the sink"):
+        commit_checkpoint(pipeline, ledger, cp.checkpoint_id, clients=FakeClients(broker))
+    assert broker.count("new_producer") == 0
