@@ -11,7 +11,7 @@ real ledger (:func:`prepared_checkpoint`).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 from confluent_kafka import KafkaError, KafkaException
 
 from airflow_provider_eo import names, staging
+from airflow_provider_eo.core.shard import ShardCommittable
 from airflow_provider_eo.ledger import CheckpointRecord, Ledger, RangeSpec
 from airflow_provider_eo.pipeline import Pipeline
 
@@ -358,3 +359,28 @@ def patched_broker(monkeypatch: Any, partitions: dict[str, int]) -> FakeBroker:
     fake = FakeBroker(partitions=partitions)
     monkeypatch.setattr(admin, "partition_count", lambda config, topic: fake.partitions[topic])
     return fake
+
+
+def make_committable(
+    root: Path, values: list[bytes], *, checkpoint: int = 3, last: bool = True, **changes: Any
+) -> ShardCommittable:
+    """A :class:`~airflow_provider_eo.core.shard.ShardCommittable` of shard 0 of pipeline
+    ``orders`` publishing ``values`` (staged under ``root``) to sink partition 0 of ``sink``;
+    ``last``: the shard that moves the group (``src[0]`` to 42). ``changes`` replace fields."""
+    files = [write_staged(root, 0, values)]
+    base = ShardCommittable(
+        pipeline="orders",
+        identity="0123456789abcdef",
+        checkpoint_id=checkpoint,
+        shard=0,
+        transactional_id="eo.orders.0",
+        sink_topic="sink",
+        staging_location=str(root),
+        parts=((0, tuple(files)),),
+        marker_group="eo-markers",
+        group_id="orders-group" if last else None,
+        group_offsets=(("src", 0, 42),) if last else (),
+        kafka=(("bootstrap.servers", "fake:9092"),),
+        transaction_timeout_ms=10_000,
+    )
+    return replace(base, **changes)

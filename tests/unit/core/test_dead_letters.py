@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from eo_fake_kafka import FakeBroker, FakeClients, write_staged
+from eo_fake_kafka import FakeBroker, FakeClients, make_committable, write_staged
 
 from airflow_provider_eo import names, staging
 from airflow_provider_eo.core.prepare import RangeRead, StageRequest, StageResult, check_staged_visible
@@ -121,22 +121,12 @@ def test_dead_letters_are_not_dropped_records_and_must_be_visible(tmp_path: Path
 
 def _committable(tmp_path: Path, *, last: bool) -> ShardCommittable:
     root = tmp_path / "attempt"
-    files = [write_staged(root, 0, [b"v0", b"v1", b"v2"])]
     dead = _dead_file(root, [(0, 3, b"POISON-a", "ValueError: a"), (1, 9, b"POISON-b", "ValueError: b")])
-    return ShardCommittable(
-        pipeline="orders",
-        identity="0123456789abcdef",
-        checkpoint_id=4,
-        shard=0,
-        transactional_id="eo.orders.0",
-        sink_topic=SINK,
-        staging_location=str(root),
-        parts=((0, tuple(files)),),
-        marker_group=GROUP,
-        group_id="orders-group" if last else None,
-        group_offsets=(("src", 0, 10),) if last else (),
-        kafka=tuple(KAFKA.items()),
-        transaction_timeout_ms=10_000,
+    return make_committable(
+        root,
+        [b"v0", b"v1", b"v2"],
+        checkpoint=4,
+        last=last,
         dead_letter_topic=DLQ if last else None,
         dead_letters=tuple(dead) if last else (),
     )

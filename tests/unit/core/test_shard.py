@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import KafkaError
-from eo_fake_kafka import FakeBroker, FakeClients, FakeProducer, kafka_error, write_staged
+from eo_fake_kafka import FakeBroker, FakeClients, FakeProducer, kafka_error, make_committable
 
 from airflow_provider_eo import names
 from airflow_provider_eo.core import shard as shard_module
@@ -64,22 +64,7 @@ def committable(
     tmp_path: Path, *, checkpoint: int = 3, values: int = 5, last: bool = True
 ) -> ShardCommittable:
     root = tmp_path / f"cp{checkpoint}-{values}"
-    files = [write_staged(root, 0, [f"v{i}".encode() for i in range(values)])]
-    return ShardCommittable(
-        pipeline="orders",
-        identity=IDENTITY,
-        checkpoint_id=checkpoint,
-        shard=0,
-        transactional_id="eo.orders.0",
-        sink_topic=SINK,
-        staging_location=str(root),
-        parts=((0, tuple(files)),),
-        marker_group=GROUP,
-        group_id="orders-group" if last else None,
-        group_offsets=(("src", 0, 42),) if last else (),
-        kafka=(("bootstrap.servers", "fake:9092"),),
-        transaction_timeout_ms=10_000,
-    )
+    return make_committable(root, [f"v{i}".encode() for i in range(values)], checkpoint=checkpoint, last=last)
 
 
 def values(broker: FakeBroker) -> list[bytes | None]:
