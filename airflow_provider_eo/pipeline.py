@@ -27,6 +27,9 @@ _FORBIDDEN_CLIENT_KEYS = {
 # The broker's default transaction.max.timeout.ms (15 minutes).
 BROKER_MAX_TRANSACTION_TIMEOUT_MS = 900_000
 
+#: Where a commit's shard transactions may run (``Pipeline.commit_mode``).
+COMMIT_MODES = ("local", "spark", "auto")
+
 
 class PipelineConfigError(ConfigError):
     """An impossible or unsafe pipeline setting; the message says what to change."""
@@ -87,6 +90,12 @@ class Pipeline:
     :param transactional_id_prefix: prefix of the stable ``{prefix}.{pipeline}.{shard}`` ids.
     :param commit_shards: number of commit transactions per checkpoint (each owns a set of
         sink partitions); 1 makes the whole checkpoint one transaction.
+    :param commit_mode: where the commit's shard transactions run: ``"local"`` (in the
+        committing process, one after another), ``"spark"`` (each in a Spark task on an
+        executor; the committing process publishes nothing) or ``"auto"`` (the default:
+        ``spark`` when the Spark master is a cluster and the checkpoint has at least
+        ``spark_commit_min_records`` records, else ``local``).
+    :param spark_commit_min_records: the smallest checkpoint ``auto`` commits on a cluster.
     :param transaction_timeout_ms: ``transaction.timeout.ms`` of the commit producers.
     :param on_data_loss: ``fail`` (default) or ``skip`` when retention deleted planned offsets.
     :param spark_conf: extra Spark settings (``spark.master`` etc.).
@@ -119,6 +128,8 @@ class Pipeline:
     consumer_group: str | None = None
     transactional_id_prefix: str = "eo"
     commit_shards: int = 1
+    commit_mode: Literal["local", "spark", "auto"] = "auto"
+    spark_commit_min_records: int = 200_000
     transaction_timeout_ms: int = 60_000
     on_data_loss: Literal["fail", "skip"] = "fail"
     spark_conf: Mapping[str, str] = field(default_factory=dict)
@@ -159,6 +170,13 @@ class Pipeline:
             raise PipelineConfigError(f"pipeline {self.name!r}: commit_shards must be >= 1")
         if self.max_pending < 1:
             raise PipelineConfigError(f"pipeline {self.name!r}: max_pending must be >= 1")
+        if self.commit_mode not in COMMIT_MODES:
+            raise PipelineConfigError(
+                f"pipeline {self.name!r}: commit_mode={self.commit_mode!r} must be one of "
+                f"{', '.join(COMMIT_MODES)}"
+            )
+        if self.spark_commit_min_records < 0:
+            raise PipelineConfigError(f"pipeline {self.name!r}: spark_commit_min_records must be >= 0")
         self._check_dead_letters()
         if not 1_000 <= self.transaction_timeout_ms <= BROKER_MAX_TRANSACTION_TIMEOUT_MS:
             raise PipelineConfigError(
@@ -240,6 +258,8 @@ class Pipeline:
             "consumer_group": self.consumer_group,
             "transactional_id_prefix": self.transactional_id_prefix,
             "commit_shards": self.commit_shards,
+            "commit_mode": self.commit_mode,
+            "spark_commit_min_records": self.spark_commit_min_records,
             "transaction_timeout_ms": self.transaction_timeout_ms,
             "on_data_loss": self.on_data_loss,
             "spark_conf": dict(self.spark_conf),

@@ -24,6 +24,15 @@ out = Console(width=None if sys.stdout.isatty() else 160)
 
 PipelineRef = Annotated[str, typer.Argument(help="MODULE:ATTR of a Pipeline, e.g. mypkg.pipes:ORDERS")]
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print a JSON summary.")]
+CommitModeOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--commit-mode",
+        help="Where the commit's shard transactions run: local (this process), spark (Spark "
+        "tasks on executors: this process publishes nothing) or auto (spark on a cluster "
+        "master for a large checkpoint). Default: the pipeline's commit_mode.",
+    ),
+]
 CheckpointOpt = Annotated[int | None, typer.Option(help="Checkpoint id (default: the unfinished one).")]
 
 
@@ -70,3 +79,11 @@ def checkpoint_or_unfinished(ledger: Ledger, pipeline: str, checkpoint: int | No
     if cp is None:
         raise EoError(f"pipeline {pipeline!r} has no unfinished checkpoint; run `eo plan` first")
     return int(cp.checkpoint_id)
+
+
+def with_commit_mode(pipeline: Pipeline, mode: str | None) -> Pipeline:
+    """``pipeline`` with ``--commit-mode`` applied (unchanged without the flag); a bad value
+    is a clear error naming the pipeline."""
+    import dataclasses
+
+    return pipeline if mode is None else dataclasses.replace(pipeline, commit_mode=mode)  # type: ignore[arg-type]

@@ -4,26 +4,30 @@ from __future__ import annotations
 
 from airflow_provider_eo.cli._common import (
     CheckpointOpt,
+    CommitModeOpt,
     JsonFlag,
     PipelineRef,
     checkpoint_or_unfinished,
     emit,
     load,
     opened,
+    with_commit_mode,
 )
 from airflow_provider_eo.cli.errors import EXIT_STOPPED, reported
 
 
-def run_once_cmd(ref: PipelineRef, as_json: JsonFlag = False) -> None:
+def run_once_cmd(ref: PipelineRef, commit_mode: CommitModeOpt = None, as_json: JsonFlag = False) -> None:
     """One full cycle: resume anything unfinished, else plan the next checkpoint; prepare; commit.
 
     Exits 3 when the pipeline is stopped and nothing is unfinished (`eo resume`)."""
     from airflow_provider_eo.core.runner import run_once
+    from airflow_provider_eo.spark.commit import SparkShardRunner
     from airflow_provider_eo.spark.stager import SparkStager
 
     with reported(stopped=EXIT_STOPPED):
-        pipeline = load(ref)
-        result = run_once(pipeline, stager=SparkStager(app_name=f"eo-{pipeline.name}"))
+        pipeline = with_commit_mode(load(ref), commit_mode)
+        stager = SparkStager(app_name=f"eo-{pipeline.name}")
+        result = run_once(pipeline, stager=stager, runner=SparkShardRunner(pipeline))
     emit(result.as_dict(), as_json)
 
 
@@ -51,18 +55,23 @@ def prepare_cmd(ref: PipelineRef, checkpoint: CheckpointOpt = None, as_json: Jso
     emit({**result.checkpoint.summary(), "attempt": result.attempt, "note": result.note}, as_json)
 
 
-def commit_cmd(ref: PipelineRef, checkpoint: CheckpointOpt = None, as_json: JsonFlag = False) -> None:
-    """Publish a PREPARED checkpoint in Kafka transactions and mark it COMMITTED."""
+def commit_cmd(
+    ref: PipelineRef,
+    checkpoint: CheckpointOpt = None,
+    commit_mode: CommitModeOpt = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Publish a PREPARED checkpoint in Kafka transactions and mark it COMMITTED.
+
+    With --json the summary names the process that published each shard ("publishers":
+    shard, host, pid, records; executor and task attempt in spark mode)."""
     from airflow_provider_eo.core.commit import commit_checkpoint
     from airflow_provider_eo.ledger import Actor
+    from airflow_provider_eo.spark.commit import SparkShardRunner
 
     with reported(), opened(ref) as (pipeline, ledger):
+        pipeline = with_commit_mode(pipeline, commit_mode)
         cid = checkpoint_or_unfinished(ledger, pipeline.name, checkpoint)
-        result = commit_checkpoint(pipeline, ledger, cid, actor=Actor.here())
-    summary = {
-        **result.checkpoint.summary(),
-        "published": result.published,
-        "seconds": round(result.seconds, 3),
-        "note": result.note,
-    }
-    emit(summary, as_json)
+        runner = SparkShardRunner(pipeline)
+        result = commit_checkpoint(pipeline, ledger, cid, actor=Actor.here(), runner=runner)
+    emit(result.summary(), as_json)

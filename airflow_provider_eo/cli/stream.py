@@ -7,7 +7,15 @@ from typing import TYPE_CHECKING, Annotated, cast
 
 import typer
 
-from airflow_provider_eo.cli._common import JsonFlag, PipelineRef, emit, load, opened
+from airflow_provider_eo.cli._common import (
+    CommitModeOpt,
+    JsonFlag,
+    PipelineRef,
+    emit,
+    load,
+    opened,
+    with_commit_mode,
+)
 from airflow_provider_eo.cli.errors import fail, reported
 
 if TYPE_CHECKING:
@@ -42,6 +50,7 @@ def stream_cmd(
             "heartbeats counts as lost).",
         ),
     ] = 5.0,
+    commit_mode: CommitModeOpt = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Streaming mode: one Spark session plans, prepares and commits a checkpoint every
@@ -70,10 +79,11 @@ def stream_cmd(
         else:
             print(" ".join(f"{k}={'-' if v is None else v}" for k, v in summary.items()), flush=True)
 
+    from airflow_provider_eo.spark.commit import SparkShardRunner
     from airflow_provider_eo.spark.stager import SparkStager
 
     with reported():
-        pipeline = load(app.pipeline)
+        pipeline = with_commit_mode(load(app.pipeline), commit_mode)
         result = run_stream(
             pipeline,
             interval_s=app.interval,
@@ -83,6 +93,7 @@ def stream_cmd(
             on_checkpoint=line,
             heartbeat_s=app.heartbeat,
             stager=SparkStager(app_name=f"eo-stream-{pipeline.name}"),
+            runner=SparkShardRunner(pipeline),
         )
     summary = result.summary()
     if as_json:

@@ -31,14 +31,25 @@ a :class:`~airflow_provider_eo.core.shard.ShardTransaction` on the shard's froze
 
 When every shard shows the checkpoint, the ledger moves PREPARED -> COMMITTED.
 Committing a COMMITTED checkpoint does nothing.
+
+Where the shards run is the commit mode (:func:`resolve_commit_mode`): ``local`` runs them
+in this process, one after another; ``spark`` runs each in a Spark task on an executor
+(spark/commit.py), so this process publishes no record: every shard but the plan's last in
+parallel, then the last one, whose transaction moves the pipeline's consumer group, only
+after the driver saw every other shard committed. Both modes keep the same markers and
+ledger rows, so a checkpoint half committed in one mode is finished by the other.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from confluent_kafka import KafkaException
 
@@ -47,7 +58,16 @@ from airflow_provider_eo.core.abort import abort_checkpoint
 from airflow_provider_eo.core.fault_seam import fault_point
 from airflow_provider_eo.core.markers import decide_marker
 from airflow_provider_eo.core.plan import frozen_commit_plan
-from airflow_provider_eo.core.shard import REAL_KAFKA, KafkaClients, ShardCommittable, commit_shard
+from airflow_provider_eo.core.shard import (
+    REAL_KAFKA,
+    KafkaClients,
+    Publisher,
+    ShardCommittable,
+    ShardFailure,
+    ShardRunner,
+    ShardTask,
+    commit_shard,
+)
 from airflow_provider_eo.core.sink_guard import (
     check_commit_markers,
     mark_clear,
@@ -56,6 +76,8 @@ from airflow_provider_eo.core.sink_guard import (
     recently_clear,
 )
 from airflow_provider_eo.errors import (
+    CommitError,
+    ConfigError,
     EoError,
     NotPrepared,
     StagingError,
@@ -65,7 +87,7 @@ from airflow_provider_eo.errors import (
 from airflow_provider_eo.kafka.client_config import librdkafka_config
 from airflow_provider_eo.ledger import Actor, CheckpointRecord, CheckpointState, CommitPlan, Ledger
 from airflow_provider_eo.ledger.errors import CheckpointNotFound
-from airflow_provider_eo.pipeline import Pipeline
+from airflow_provider_eo.pipeline import COMMIT_MODES, Pipeline
 
 
 @dataclass(frozen=True)
@@ -77,6 +99,38 @@ class CommitResult:
     shards_skipped: int  # shards whose marker already showed the checkpoint
     seconds: float
     note: str = ""
+    mode: Literal["local", "spark"] = "local"  # where the shards ran
+    publishers: tuple[Publisher, ...] = ()  # the process that published each shard
+
+    def summary(self) -> dict[str, object]:
+        """The checkpoint's summary plus what this call did (``eo commit --json``)."""
+        return {
+            **self.checkpoint.summary(),
+            "published": self.published,
+            "seconds": round(self.seconds, 3),
+            "note": self.note,
+            "commit_mode": self.mode,
+            "committer": {"host": socket.gethostname(), "pid": os.getpid()},
+            "publishers": [p.as_dict() for p in sorted(self.publishers, key=lambda p: p.shard)],
+        }
+
+
+def resolve_commit_mode(
+    requested: str, *, master: str, records: int, min_records: int
+) -> Literal["local", "spark"]:
+    """Where a commit runs. ``local`` and ``spark`` are taken as given; ``auto`` is ``spark``
+    when the master is a cluster (not ``local``/``local[N]``) and the checkpoint has at least
+    ``min_records`` records, else ``local``: on one machine the executors share its cores
+    with the broker and the driver, and a small checkpoint publishes faster than a Spark job
+    starts (docs/benchmarks.md, commit scale)."""
+    if requested not in COMMIT_MODES:
+        raise ValueError(f"commit mode {requested!r} is not one of {', '.join(COMMIT_MODES)}")
+    if requested == "local":
+        return "local"
+    if requested == "spark":
+        return "spark"
+    clustered = not (master == "local" or master.startswith("local[") or master.startswith("local-"))
+    return "spark" if clustered and records >= min_records else "local"
 
 
 def shard_committable(
@@ -246,6 +300,8 @@ def commit_checkpoint(
     actor: Actor | None = None,
     owner: str | None = None,
     clients: KafkaClients = REAL_KAFKA,
+    commit_mode: str | None = None,
+    runner: ShardRunner | None = None,
 ) -> CommitResult:
     """Publish a PREPARED checkpoint exactly once and mark it COMMITTED.
 
@@ -253,7 +309,11 @@ def commit_checkpoint(
     publishes only the shards whose marker does not show the checkpoint yet.
 
     :param clients: the Kafka side (producers, markers); unit tests pass a fake.
+    :param commit_mode: ``local``, ``spark`` or ``auto`` (default: the pipeline's).
+    :param runner: where a spark-mode commit runs its shards (spark/commit.py's
+        ``SparkShardRunner``); without one, ``auto`` commits locally and ``spark`` is refused.
     """
+    requested = commit_mode or pipeline.commit_mode
     started = time.monotonic()
     cp = ledger.get(pipeline.name, checkpoint_id)
     if cp.state is CheckpointState.COMMITTED:
@@ -352,18 +412,153 @@ def commit_checkpoint(
             raise other_deployments_error(pipeline.name, plan.marker_group, plan.sink_topic, identity, others)
         if elsewhere is not None:
             mark_clear("commit", bootstrap, plan.marker_group, identity)
-    published = skipped = 0
-    for shard in range(shards):
-        topic_max = clients.topic_max_message_bytes(
-            librdkafka_config(pipeline.kafka), pipeline.sink_topic, pipeline.sink_max_message_bytes
-        )
-        committable = shard_committable(
-            pipeline, identity, cp, manifest, plan, shard, topic_max_bytes=topic_max
-        )
-        result = commit_shard(committable, LedgerShardHooks(ledger, committable, owner=owner), clients)
-        published += result.records
-        skipped += int(result.skipped)
+    topic_max = clients.topic_max_message_bytes(
+        librdkafka_config(pipeline.kafka), pipeline.sink_topic, pipeline.sink_max_message_bytes
+    )
+    committables = [
+        shard_committable(pipeline, identity, cp, manifest, plan, shard, topic_max_bytes=topic_max)
+        for shard in range(shards)
+    ]
+    mode = resolve_commit_mode(
+        requested,
+        master=runner.master if runner is not None else "local",
+        records=manifest.records,
+        min_records=pipeline.spark_commit_min_records,
+    )
+    if mode == "spark":
+        if runner is None:
+            raise ConfigError(
+                f"pipeline {pipeline.name!r}, checkpoint {checkpoint_id}: commit_mode 'spark' "
+                "needs Spark, and this caller gave no shard runner. Use `eo commit --commit-mode "
+                "spark`, EoCommitOperator(commit_mode='spark'), or commit_mode='local'."
+            )
+        publishers = _publish_on_spark(ledger, cp, committables, owner=owner, runner=runner)
+    else:
+        publishers = []
+        for committable in committables:
+            hooks = LedgerShardHooks(ledger, committable, owner=owner)
+            result = commit_shard(committable, hooks, clients)
+            publishers.append(
+                Publisher(
+                    shard=committable.shard,
+                    host=socket.gethostname(),
+                    pid=os.getpid(),
+                    records=result.records,
+                    executor="local",
+                    skipped=result.skipped,
+                )
+            )
     fault_point("commit.before_ledger")
     cp = ledger.mark_committed(pipeline.name, checkpoint_id, actor=actor)
     cleanup_staging(pipeline, ledger, cp)
-    return CommitResult(cp, published, skipped, time.monotonic() - started)
+    return CommitResult(
+        cp,
+        sum(p.records for p in publishers),
+        sum(int(p.skipped) for p in publishers),
+        time.monotonic() - started,
+        mode=mode,
+        publishers=tuple(publishers),
+    )
+
+
+class _LeaseKeeper(threading.Thread):
+    """Renews the commit lease while a spark-mode commit's jobs run (the driver holds it for
+    all of its shards; a commit on another host waits for it, as in local mode)."""
+
+    def __init__(self, ledger: Ledger, pipeline: str, checkpoint_id: int, owner: str, ttl_s: float) -> None:
+        super().__init__(name=f"eo-commit-lease-{pipeline}-{checkpoint_id}", daemon=True)
+        self.args = (ledger, pipeline, checkpoint_id, owner, ttl_s)
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        ledger, pipeline, checkpoint_id, owner, ttl_s = self.args
+        while not self.stop.wait(ttl_s / 3):
+            try:
+                ledger.acquire_commit_lease(pipeline, checkpoint_id, owner=owner, ttl_s=ttl_s)
+            except EoError:
+                return  # taken over (we were paused past the lease): the fence decides now
+
+
+def _raise_shard_failure(c: ShardCommittable, outcome: ShardFailure | BaseException) -> None:
+    """Re-raise a shard task's failure in the driver as the eo error it was, naming the
+    pipeline, checkpoint and shard (and where it ran)."""
+    from airflow_provider_eo import errors
+
+    if isinstance(outcome, ShardFailure):
+        cls = getattr(errors, outcome.error, None)
+        if isinstance(cls, type) and issubclass(cls, EoError):
+            raise cls(f"{outcome.message} (in the commit task on {outcome.host}, pid {outcome.pid})")
+        raise CommitError(
+            f"{c.where}the commit task on {outcome.host} (pid {outcome.pid}) failed: "
+            f"{outcome.error}: {outcome.message}. The checkpoint stays PREPARED; retry the commit "
+            "(the shard's marker prevents duplicates)."
+        )
+    first = str(outcome).strip().splitlines()[0] if str(outcome).strip() else type(outcome).__name__
+    raise CommitError(
+        f"{c.where}the Spark job that commits this shard failed ({type(outcome).__name__}: "
+        f"{first[:500]}). Nothing of an unfinished transaction is visible; the checkpoint stays "
+        "PREPARED: retry the commit (the shard's marker prevents duplicates)."
+    ) from outcome
+
+
+def _publish_on_spark(
+    ledger: Ledger,
+    cp: CheckpointRecord,
+    committables: list[ShardCommittable],
+    *,
+    owner: str,
+    runner: ShardRunner,
+) -> list[Publisher]:
+    """Run the shards as Spark tasks: all but the plan's last in parallel, then the last
+    (the one that moves the pipeline's group) once every other shard is committed, so the
+    group's offsets never pass output that is not committed. The ledger is written here, in
+    the driver: the lease and every shard's PENDING row before any task starts, each shard's
+    COMMITTED row as its outcome arrives."""
+    name, cid = committables[0].pipeline, cp.checkpoint_id
+    rows = {row.shard: row for row in ledger.get(name, cid).shards}
+    ttl = 2 * max(c.timeout_s for c in committables) + 30
+    ledger.acquire_commit_lease(name, cid, owner=owner, ttl_s=ttl)
+    for c in committables:
+        row = rows.get(c.shard)
+        if row is None or row.state.value != "COMMITTED":
+            ledger.record_shard(
+                name,
+                cid,
+                c.shard,
+                transactional_id=c.transactional_id,
+                producer_id=None,
+                producer_epoch=None,
+                state="PENDING",
+                records=c.records,
+            )
+    by_shard = {c.shard: c for c in committables}
+    publishers: list[Publisher] = []
+
+    def record(outcome: Publisher | ShardFailure) -> None:
+        if isinstance(outcome, Publisher):
+            c = by_shard[outcome.shard]
+            ledger.record_shard(
+                name,
+                cid,
+                c.shard,
+                transactional_id=c.transactional_id,
+                producer_id=None,
+                producer_epoch=None,
+                state="COMMITTED",
+                records=c.records if outcome.skipped else outcome.records,
+                publish_s=outcome.publish_s,
+            )
+            publishers.append(outcome)
+
+    keeper = _LeaseKeeper(ledger, name, cid, owner, ttl)
+    keeper.start()
+    try:
+        for phase in (committables[:-1], committables[-1:]):
+            tasks = [ShardTask(c, row_before=c.shard in rows) for c in phase]
+            outcomes = runner.run(tasks, record)
+            for shard, outcome in outcomes:
+                if not isinstance(outcome, Publisher):
+                    _raise_shard_failure(by_shard[shard], outcome)
+    finally:
+        keeper.stop.set()
+    return publishers

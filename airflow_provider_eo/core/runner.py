@@ -9,6 +9,7 @@ from typing import Any
 from airflow_provider_eo.core.commit import commit_checkpoint
 from airflow_provider_eo.core.plan import plan_checkpoint
 from airflow_provider_eo.core.prepare import Stager, prepare_checkpoint
+from airflow_provider_eo.core.shard import ShardRunner
 from airflow_provider_eo.ledger import Actor, CheckpointRecord, CheckpointState, Ledger
 from airflow_provider_eo.pipeline import Pipeline
 
@@ -30,10 +31,16 @@ class CycleResult:
 
 
 def run_once(
-    pipeline: Pipeline, *, ledger: Ledger | None = None, stager: Stager, actor: Actor | None = None
+    pipeline: Pipeline,
+    *,
+    ledger: Ledger | None = None,
+    stager: Stager,
+    actor: Actor | None = None,
+    runner: ShardRunner | None = None,
 ) -> CycleResult:
     """Resume the unfinished checkpoint (else plan the next), prepare it with ``stager``,
-    commit it. The stager's engine starts only when there is something to prepare."""
+    commit it (its shards in this process, or through ``runner`` in spark commit mode). The
+    stager's engine starts only when there is something to prepare."""
     started = time.monotonic()
     own = ledger is None
     ledger = ledger or Ledger(pipeline.ledger_url)
@@ -49,7 +56,7 @@ def run_once(
             prepared = prepare_checkpoint(pipeline, ledger, cp.checkpoint_id, stager=stager, actor=actor)
             cp = prepared.checkpoint
             result.steps.append(f"prepare:{prepared.records}")
-        committed = commit_checkpoint(pipeline, ledger, cp.checkpoint_id, actor=actor)
+        committed = commit_checkpoint(pipeline, ledger, cp.checkpoint_id, actor=actor, runner=runner)
         result.steps.append(f"commit:{committed.published}")
         result.checkpoint = committed.checkpoint
         return result

@@ -19,8 +19,8 @@ Shaped like Flink's ``KafkaCommittable`` + ``KafkaCommitter`` (docs/design.md §
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import asdict, dataclass
 from time import monotonic
 from typing import Any, Protocol
 
@@ -263,6 +263,69 @@ class ShardResult:
     records: int  # records produced by this call
     skipped: bool  # the marker already showed the checkpoint: nothing was sent
     rounds: int
+
+
+@dataclass(frozen=True)
+class Publisher:
+    """The process that published (or found published) one shard.
+
+    :param executor: the Spark executor id (``"driver"``: a task in the driver's JVM, local
+        mode; ``"local"``: a local-mode commit, in the committing process itself).
+    :param attempt: the Spark task attempt that did it (0 for a local commit).
+    :param skipped: the shard's marker already showed the checkpoint: nothing was sent.
+    :param publish_s: seconds the publishing transaction took (None when skipped).
+    """
+
+    shard: int
+    host: str
+    pid: int
+    records: int
+    executor: str = "local"
+    attempt: int = 0
+    skipped: bool = False
+    publish_s: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON form (``eo commit --json``'s ``publishers``)."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ShardTask:
+    """What a commit task gets: the shard's committable and whether the ledger had a row for
+    the shard before this commit started (a try before it may have begun a transaction)."""
+
+    committable: ShardCommittable
+    row_before: bool
+
+
+@dataclass(frozen=True)
+class ShardFailure:
+    """A shard task's error, returned (not raised) so the driver re-raises it as the same
+    eo error with its message; :func:`commit_shard` already ran its own rounds, so Spark
+    must not retry the task for it (only for a lost process)."""
+
+    shard: int
+    error: str  # the class name, in airflow_provider_eo.errors when it is an eo error
+    message: str
+    host: str
+    pid: int
+
+
+class ShardRunner(Protocol):
+    """Runs shard transactions somewhere else than this process (a spark-mode commit:
+    spark/commit.py runs each in a Spark task). The commit driver keeps the ledger."""
+
+    @property
+    def master(self) -> str:
+        """Where the shards would run (a Spark master URL: ``local[...]`` or a cluster)."""
+
+    def run(
+        self, tasks: list[ShardTask], on_outcome: Callable[[Publisher | ShardFailure], None]
+    ) -> list[tuple[int, Publisher | ShardFailure | BaseException]]:
+        """Commit ``tasks`` in parallel; ``on_outcome`` (called in the caller's thread) gets
+        each shard's outcome as it arrives. Returns every shard's outcome, or the exception
+        of a shard whose run failed as a whole (its process lost too often)."""
 
 
 class ShardTransaction:
@@ -582,10 +645,14 @@ __all__ = [
     "REAL_KAFKA",
     "KafkaClients",
     "Outcome",
+    "Publisher",
     "RealKafka",
     "ShardCommittable",
+    "ShardFailure",
     "ShardHooks",
     "ShardResult",
+    "ShardRunner",
+    "ShardTask",
     "ShardTransaction",
     "commit_shard",
     "fence_id",

@@ -68,6 +68,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_provider_eo.core.prepare import Stager, prepare_checkpoint
+from airflow_provider_eo.core.shard import ShardRunner
 from airflow_provider_eo.core.stream_contract import DEFAULT_HEARTBEAT_S, CommitMode, check_stream_settings
 from airflow_provider_eo.errors import EoError, PipelineStopped
 from airflow_provider_eo.ledger import Actor, CheckpointRecord, CheckpointState, Ledger, StreamRunRecord
@@ -167,8 +168,12 @@ def unfinished_checkpoints(ledger: Ledger, pipeline: str) -> list[CheckpointReco
     return ledger.unfinished_checkpoints(pipeline)
 
 
-def default_steps(pipeline: Pipeline, ledger: Ledger, stager: Stager, actor: Actor) -> StreamSteps:
-    """The real steps: core.plan (next_only), core.prepare with ``stager``, core.commit."""
+def default_steps(
+    pipeline: Pipeline, ledger: Ledger, stager: Stager, actor: Actor, runner: ShardRunner | None = None
+) -> StreamSteps:
+    """The real steps: core.plan (next_only), core.prepare with ``stager``, core.commit
+    (through ``runner`` in spark commit mode: the commit of N runs as Spark jobs while N+1
+    prepares)."""
     from airflow_provider_eo.core.commit import commit_checkpoint
     from airflow_provider_eo.core.plan import (
         plan_checkpoint,
@@ -181,7 +186,7 @@ def default_steps(pipeline: Pipeline, ledger: Ledger, stager: Stager, actor: Act
         return result.records, result.seconds
 
     def commit(cid: int) -> float:
-        return commit_checkpoint(pipeline, ledger, cid, actor=actor).seconds
+        return commit_checkpoint(pipeline, ledger, cid, actor=actor, runner=runner).seconds
 
     return StreamSteps(
         plan_next=lambda: plan_checkpoint(pipeline, ledger, actor=actor, next_only=True),
@@ -548,6 +553,7 @@ def run_stream(
     run_id: str | None = None,
     heartbeat_s: float = DEFAULT_HEARTBEAT_S,
     log_path: str | None = None,
+    runner: ShardRunner | None = None,
 ) -> StreamResult:
     """Run ``pipeline`` in streaming mode until stopped (see the module docstring), every
     checkpoint prepared by ``stager`` (one engine, started once the run is registered):
@@ -590,7 +596,7 @@ def run_stream(
             stager.start(pipeline)
             with stop_on_signals(stop):
                 result = drive_stream(
-                    default_steps(pipeline, ledger, stager, actor),
+                    default_steps(pipeline, ledger, stager, actor, runner),
                     pipeline=pipeline.name,
                     max_pending=pipeline.max_pending,
                     interval_s=interval_s,

@@ -51,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         def line(cp: StreamCheckpoint) -> None:
             report.checkpoint(cp.summary())
 
+        from airflow_provider_eo.spark.commit import SparkShardRunner
+
         result = run_stream(
             pipeline,
             interval_s=args.interval,
@@ -63,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
             run_id=args.run_id,
             heartbeat_s=args.heartbeat,
             log_path=args.log_path,
+            runner=SparkShardRunner(pipeline),
         )
         report.summary(result.summary())
         return 0

@@ -1,0 +1,134 @@
+"""The commit as a Spark job (``commit_mode="spark"``) on the test session's local Spark:
+every shard's transaction runs in a Python worker of a Spark task, never in the process that
+commits; the pipeline's group moves only with the last shard, after the others committed;
+a checkpoint half committed in one mode is finished by the other."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from eo_faultlib import assert_group_offsets_match_ledger, group_offsets, marker
+from eo_harness import parse_json_line
+
+from airflow_provider_eo.core.commit import commit_checkpoint
+from airflow_provider_eo.core.shard import Publisher, ShardFailure, ShardTask
+from airflow_provider_eo.errors import ConfigError
+from airflow_provider_eo.ledger import CheckpointState
+from airflow_provider_eo.spark.commit import SparkShardRunner
+
+pytestmark = [pytest.mark.kafka, pytest.mark.spark]
+
+RECORDS = 3000
+
+
+def _prepared(harness: Callable[..., Any], **kw: Any) -> tuple[Any, int]:
+    h = harness(source_partitions=2, sink_partitions=3, commit_shards=3, **kw)
+    h.produce(RECORDS, keys=13)
+    planned = h.plan()
+    h.prepare(planned.checkpoint_id)
+    return h, planned.checkpoint_id
+
+
+def _source(h: Any) -> list[tuple[str, int]]:
+    return [(h.pipeline.source_topics[0], p) for p in (0, 1)]
+
+
+def test_spark_mode_publishes_every_shard_in_spark_tasks(harness: Callable[..., Any]) -> None:
+    h, cid = _prepared(harness)
+    result = commit_checkpoint(
+        h.pipeline, h.ledger, cid, commit_mode="spark", runner=SparkShardRunner(h.pipeline, h.spark)
+    )
+    assert result.mode == "spark"
+    assert result.checkpoint.state is CheckpointState.COMMITTED
+    by_shard = {p.shard: p for p in result.publishers}
+    assert sorted(by_shard) == [0, 1, 2]
+    # Published by Spark's Python workers, none by this (the committing) process.
+    assert all(p.pid != os.getpid() for p in result.publishers), result.publishers
+    assert all(p.executor == "driver" and not p.skipped for p in result.publishers), result.publishers
+    assert sum(p.records for p in result.publishers) == RECORDS == result.published
+    rows = {s.shard: s for s in h.ledger.get(h.pipeline.name, cid).shards}
+    assert all(rows[s].state.value == "COMMITTED" for s in range(3))
+    assert sum(rows[s].records for s in range(3)) == RECORDS
+    h.assert_exactly_once(expected_records=RECORDS)
+    # Committing again does nothing.
+    again = commit_checkpoint(
+        h.pipeline, h.ledger, cid, commit_mode="spark", runner=SparkShardRunner(h.pipeline, h.spark)
+    )
+    assert again.published == 0 and again.note == "already COMMITTED"
+
+
+class _StopBeforeLast:
+    """A runner that runs the first phase on Spark, then 'dies' before the last shard (the
+    one that moves the pipeline's group): a driver lost between the two phases."""
+
+    def __init__(self, inner: SparkShardRunner) -> None:
+        self.inner = inner
+        self.calls = 0
+
+    @property
+    def master(self) -> str:
+        return self.inner.master
+
+    def run(
+        self, tasks: list[ShardTask], on_outcome: Callable[[Publisher | ShardFailure], None]
+    ) -> list[tuple[int, Publisher | ShardFailure | BaseException]]:
+        self.calls += 1
+        if self.calls == 2:
+            raise KeyboardInterrupt("driver lost before the last shard")
+        return self.inner.run(tasks, on_outcome)
+
+
+def test_group_moves_only_after_every_other_shard_and_local_mode_finishes_it(
+    harness: Callable[..., Any],
+) -> None:
+    h, cid = _prepared(harness)
+    runner = _StopBeforeLast(SparkShardRunner(h.pipeline, h.spark))
+    with pytest.raises(KeyboardInterrupt):
+        commit_checkpoint(h.pipeline, h.ledger, cid, commit_mode="spark", runner=runner)
+    # Shards 0 and 1 committed in Spark tasks; shard 2 (it moves the group) never began, so
+    # the group has not moved past anything: it moved not at all.
+    assert [marker(h.pipeline, s) >= cid for s in range(3)] == [True, True, False]
+    assert group_offsets(h.pipeline, _source(h)) == {}
+    assert h.ledger.get(h.pipeline.name, cid).state is CheckpointState.PREPARED
+    # A local-mode retry finishes the same checkpoint: the two done shards are skipped.
+    done = commit_checkpoint(h.pipeline, h.ledger, cid, commit_mode="local")
+    assert done.checkpoint.state is CheckpointState.COMMITTED
+    assert done.shards_skipped == 2 and done.published == sum(
+        s.records for s in h.ledger.get(h.pipeline.name, cid).shards if s.shard == 2
+    )
+    assert [p.executor for p in done.publishers] == ["local"] * 3
+    assert_group_offsets_match_ledger(h.pipeline, h.ledger)
+    h.assert_exactly_once(expected_records=RECORDS)
+
+
+def test_spark_mode_without_a_runner_is_refused_and_auto_stays_local(harness: Callable[..., Any]) -> None:
+    h, cid = _prepared(harness)
+    with pytest.raises(ConfigError, match=rf"checkpoint {cid}: commit_mode 'spark' needs Spark"):
+        commit_checkpoint(h.pipeline, h.ledger, cid, commit_mode="spark")
+    assert h.ledger.get(h.pipeline.name, cid).state is CheckpointState.PREPARED
+    assert group_offsets(h.pipeline, _source(h)) == {}
+    # auto on a local master: this process commits.
+    result = commit_checkpoint(
+        h.pipeline, h.ledger, cid, commit_mode="auto", runner=SparkShardRunner(h.pipeline, h.spark)
+    )
+    assert result.mode == "local" and {p.pid for p in result.publishers} == {os.getpid()}
+    h.assert_exactly_once(expected_records=RECORDS)
+
+
+def test_cli_commit_json_names_the_publishers(harness: Callable[..., Any]) -> None:
+    h, cid = _prepared(harness)
+    proc = h.cli("commit", "--commit-mode", "spark")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = parse_json_line(proc.stdout)
+    assert summary["checkpoint_id"] == cid and summary["commit_mode"] == "spark"
+    publishers = summary["publishers"]
+    assert [p["shard"] for p in publishers] == [0, 1, 2]
+    assert all({"shard", "host", "pid", "records"} <= set(p) for p in publishers)
+    assert sum(p["records"] for p in publishers) == RECORDS
+    h.assert_exactly_once(expected_records=RECORDS)
+    bad = h.cli("commit", "--commit-mode", "cluster")
+    assert bad.returncode != 0
+    assert "commit_mode='cluster' must be one of local, spark, auto" in " ".join(bad.stderr.split())

@@ -1,0 +1,204 @@
+"""The distributed commit on a Spark standalone master + worker: ``eo commit --commit-mode
+spark`` publishes every record from executor processes, and survives an executor killed
+mid-shard, its driver killed mid-job, and a task attempt that outlives its executor while
+Spark re-runs it (a zombie): exactly once against the source, the group's offsets never
+past the ledger's committed ends."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from eo_faultlib import group_offsets, marker
+from eo_harness import parse_json_line, wait_for
+from eo_spark_standalone import StandaloneCluster
+
+from airflow_provider_eo.ledger import CheckpointState
+
+pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.timeout(900)]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
+    standalone = StandaloneCluster(tmp_path_factory.mktemp("spark-standalone"), cores=2, memory="1g")
+    standalone.up()
+    try:
+        yield standalone
+    finally:
+        standalone.down()
+
+
+def _on_cluster(h: Any, cluster: StandaloneCluster, **executor_env: str) -> Any:
+    conf = {"spark.master": cluster.master_url, "spark.executor.memory": "512m", "spark.ui.enabled": "false"}
+    conf.update({f"spark.executorEnv.{k}": v for k, v in executor_env.items()})
+    return h.with_(spark_conf=conf)
+
+
+def _prepared(harness: Callable[..., Any], records: int, **kw: Any) -> tuple[Any, int]:
+    h = harness(source_partitions=2, sink_partitions=2, commit_shards=2, **kw)
+    h.produce(records, keys=17)
+    planned = h.plan()
+    assert planned.records is None or planned.records == records
+    h.prepare(planned.checkpoint_id)
+    assert h.ledger.get(h.pipeline.name, planned.checkpoint_id).records == records
+    return h, planned.checkpoint_id
+
+
+def _source(h: Any) -> list[tuple[str, int]]:
+    return [(h.pipeline.source_topics[0], p) for p in (0, 1)]
+
+
+def _assert_group_not_past_ledger(h: Any) -> None:
+    """The pipeline group's committed offsets never exceed the ledger's committed ends."""
+    ends: dict[tuple[str, int], int] = {}
+    for cp in h.ledger.list_checkpoints(h.pipeline.name):
+        if cp.state is CheckpointState.COMMITTED:
+            for r in cp.ranges:
+                ends[(r.topic, r.partition)] = max(ends.get((r.topic, r.partition), 0), r.end)
+    for tp, offset in group_offsets(h.pipeline, _source(h)).items():
+        assert offset <= ends.get(tp, 0), (tp, offset, ends)
+
+
+def test_a_million_records_all_published_by_executors(
+    harness: Callable[..., Any], cluster: StandaloneCluster
+) -> None:
+    records = 1_000_000
+    h, cid = _prepared(
+        harness, records, max_records_per_checkpoint=records, transaction_timeout_ms=900_000
+    )
+    proc = _on_cluster(h, cluster).cli("commit", "--commit-mode", "spark", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = parse_json_line(proc.stdout)
+    assert summary["checkpoint_id"] == cid and summary["state"] == "COMMITTED"
+    committer = summary["committer"]
+    publishers = summary["publishers"]
+    assert [p["shard"] for p in publishers] == [0, 1]
+    # Every record came from a Python worker of a standalone executor: none from the process
+    # that ran `eo commit` (nor from its driver JVM's workers: executor "driver").
+    assert all(p["pid"] != committer["pid"] for p in publishers), summary
+    assert all(p["executor"] not in ("driver", "local", "unknown") for p in publishers), summary
+    assert sum(p["records"] for p in publishers) == records, summary
+    h.assert_exactly_once(expected_records=records)
+
+
+def test_executor_killed_mid_shard_is_retried_by_spark_exactly_once(
+    harness: Callable[..., Any], cluster: StandaloneCluster, tmp_path: Path
+) -> None:
+    records = 20_000
+    h, cid = _prepared(harness, records)
+    fired = tmp_path / "fault-fired"
+    faulty = _on_cluster(
+        h,
+        cluster,
+        EO_FAULT="commit.after_begin",
+        EO_FAULT_ACTION="kill-executor",
+        EO_FAULT_ONCE=str(fired),
+    )
+    proc = faulty.cli("commit", "--commit-mode", "spark", timeout=600)
+    assert fired.exists(), "the fault never fired: " + proc.stderr[-2000:]
+    if proc.returncode != 0:  # Spark gave up on the task: a re-run finishes it
+        _assert_group_not_past_ledger(h)
+        proc = _on_cluster(h, cluster).cli("commit", "--commit-mode", "spark", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = parse_json_line(proc.stdout)
+    assert summary["state"] == "COMMITTED", summary
+    h.assert_exactly_once(expected_records=records)
+    again = _on_cluster(h, cluster).cli("commit", "--commit-mode", "spark", "--checkpoint", str(cid))
+    assert again.returncode == 0 and parse_json_line(again.stdout)["published"] == 0
+
+
+def _zombie_pid(flag: Path, child: Any = None) -> int:
+    pid_file = Path(f"{flag}.pid")
+    wait_for(pid_file.exists, "a commit task to stop itself inside its transaction", timeout=300, child=child)
+    pid = int(pid_file.read_text())
+    wait_for(lambda: Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] == "T", "the zombie to stop")
+    return pid
+
+
+def _jvm_above(pid: int) -> int:
+    while pid > 1:
+        if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].endswith(b"java"):
+            return pid
+        pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    raise AssertionError("no JVM above the zombie")
+
+
+def _resume_and_reap(pid: int) -> None:
+    """Let the zombie go on (it finds itself fenced) and make sure it is gone."""
+    try:
+        os.kill(pid, signal.SIGCONT)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
+            time.sleep(0.2)
+    finally:
+        if Path(f"/proc/{pid}").exists():
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_driver_killed_mid_job_then_rerun_fences_the_orphaned_task(
+    harness: Callable[..., Any], cluster: StandaloneCluster, tmp_path: Path
+) -> None:
+    records = 20_000
+    h, cid = _prepared(harness, records)
+    flag = tmp_path / "zombie"
+    faulty = _on_cluster(
+        h, cluster, EO_FAULT="commit.before_end_txn", EO_FAULT_ACTION="zombie", EO_FAULT_ONCE=str(flag)
+    )
+    child = faulty.cli("commit", "--commit-mode", "spark", wait=False)
+    zombie = None
+    try:
+        zombie = _zombie_pid(flag, child)
+        # Shard 0's records and marker sit in the stopped task's open transaction.
+        child.send_signal(signal.SIGKILL)  # the driver, mid-job
+        child.proc.wait(30)
+        assert h.ledger.get(h.pipeline.name, cid).state is CheckpointState.PREPARED
+        assert marker(h.pipeline, 1) < cid  # the last shard never began: the group did not move
+        _assert_group_not_past_ledger(h)
+        rerun = _on_cluster(h, cluster).cli("commit", "--commit-mode", "spark", timeout=600)
+        assert rerun.returncode == 0, rerun.stderr[-3000:]
+        assert parse_json_line(rerun.stdout)["state"] == "COMMITTED"
+    finally:
+        if zombie is not None:
+            _resume_and_reap(zombie)
+        if child.poll() is None:
+            child.send_signal(signal.SIGKILL)
+            child.proc.wait(30)
+    # The orphaned attempt's transaction was fenced by the re-run: nothing of it is visible.
+    h.assert_exactly_once(expected_records=records)
+
+
+def test_task_attempt_alive_while_spark_reruns_it_is_fenced(
+    harness: Callable[..., Any], cluster: StandaloneCluster, tmp_path: Path
+) -> None:
+    records = 20_000
+    h, cid = _prepared(harness, records)
+    flag = tmp_path / "zombie"
+    faulty = _on_cluster(
+        h, cluster, EO_FAULT="commit.before_end_txn", EO_FAULT_ACTION="zombie", EO_FAULT_ONCE=str(flag)
+    )
+    child = faulty.cli("commit", "--commit-mode", "spark", wait=False)
+    zombie = None
+    try:
+        zombie = _zombie_pid(flag, child)
+        # The executor dies under the stopped attempt, which lives on: Spark re-runs the task
+        # on a new executor while the first attempt still holds its open transaction.
+        os.kill(_jvm_above(zombie), signal.SIGKILL)
+        out, err = child.communicate(timeout=600)
+        assert child.returncode == 0, err.decode()[-3000:]
+        summary = parse_json_line(out.decode())
+        assert summary["state"] == "COMMITTED", summary
+        retried = [p for p in summary["publishers"] if p["attempt"] > 0]
+        assert retried, summary  # the killed shard was published by a later attempt
+    finally:
+        if zombie is not None:
+            _resume_and_reap(zombie)
+        if child.poll() is None:
+            child.send_signal(signal.SIGKILL)
+            child.proc.wait(30)
+    h.assert_exactly_once(expected_records=records)
+    assert marker(h.pipeline, 0) == cid and marker(h.pipeline, 1) == cid
