@@ -74,7 +74,13 @@ class Harness:
             producer.begin_transaction()
         for i in range(start, start + n):
             key = f"k{i % keys}"
-            producer.produce(self.pipeline.source_topics[0], key=key, value=f"{key}:{i}".encode())
+            value = f"{key}:{i}".encode()
+            while True:
+                try:
+                    producer.produce(self.pipeline.source_topics[0], key=key, value=value)
+                    break
+                except BufferError:  # the local queue is full (a large batch): let it drain
+                    producer.poll(0.2)
         if txn == "commit":
             producer.commit_transaction(30)
         elif txn == "abort":
