@@ -132,3 +132,50 @@ def test_cli_commit_json_names_the_publishers(harness: Callable[..., Any]) -> No
     bad = h.cli("commit", "--commit-mode", "cluster")
     assert bad.returncode != 0
     assert "commit_mode='cluster' must be one of local, spark, auto" in " ".join(bad.stderr.split())
+
+
+class _Spy:
+    """The real Spark runner, recording every shard outcome it returned."""
+
+    def __init__(self, inner: SparkShardRunner) -> None:
+        self.inner = inner
+        self.outcomes: list[Publisher | ShardFailure | BaseException] = []
+
+    @property
+    def master(self) -> str:
+        return self.inner.master
+
+    def run(
+        self, tasks: list[ShardTask], on_outcome: Callable[[Publisher | ShardFailure], None]
+    ) -> list[tuple[int, Publisher | ShardFailure | BaseException]]:
+        out = self.inner.run(tasks, on_outcome)
+        self.outcomes.extend(o for _s, o in out)
+        return out
+
+
+def test_stream_commits_through_spark_jobs_in_its_own_session(harness: Callable[..., Any]) -> None:
+    import dataclasses
+
+    from airflow_provider_eo.core.stream import run_stream
+    from airflow_provider_eo.spark.stager import SparkStager
+
+    h = harness(source_partitions=2, sink_partitions=3, commit_shards=3, max_records_per_checkpoint=1000)
+    pipeline = dataclasses.replace(h.pipeline, commit_mode="spark")
+    h.produce(RECORDS, keys=13)
+    spy = _Spy(SparkShardRunner(pipeline, h.spark))
+    result = run_stream(
+        pipeline,
+        ledger=h.ledger,
+        stager=SparkStager(h.spark),
+        runner=spy,
+        interval_s=0.2,
+        max_checkpoints=3,
+    )
+    assert [c.state for c in result.checkpoints] == ["COMMITTED"] * 3, result.summary()
+    assert result.records == RECORDS
+    # 3 checkpoints x 3 shards, each published by a Spark task's Python worker.
+    published = [o for o in spy.outcomes if isinstance(o, Publisher)]
+    assert len(published) == 9 and len(spy.outcomes) == 9, spy.outcomes
+    assert all(p.pid != os.getpid() for p in published)
+    assert sum(p.records for p in published) == RECORDS
+    h.assert_exactly_once(expected_records=RECORDS)
