@@ -26,6 +26,16 @@ def prepare_app_name(pipeline_name: str, checkpoint_id: int | None = None) -> st
     return base if checkpoint_id is None else f"{base}-{checkpoint_id}"
 
 
+COMMIT_APP = "eo-commit"
+"""The Spark application name of a spark-mode commit job (``spark-submit --name``)."""
+
+
+def commit_app_name(pipeline_name: str, checkpoint_id: int | None = None) -> str:
+    """The Spark application name of the commit job of one pipeline (and checkpoint)."""
+    base = f"{COMMIT_APP}-{pipeline_name}"
+    return base if checkpoint_id is None else f"{base}-{checkpoint_id}"
+
+
 def lease_owner(pipeline: Pipeline) -> str:
     """The commit lease's default owner: the pipeline's transactional-id namespace
     (``{prefix}.{pipeline}``), so two committers with different prefixes never share it."""

@@ -31,6 +31,7 @@ def eo_pipeline_group(
     prepare_kwargs: Mapping[str, Any] | None = None,
     wait_kwargs: Mapping[str, Any] | None = None,
     commit_kwargs: Mapping[str, Any] | None = None,
+    commit_mode: str | None = None,
     restore_from: str | None = RESTORE_FROM_CONF,
     **group_kwargs: Any,
 ) -> TaskGroup:
@@ -55,7 +56,7 @@ def eo_pipeline_group(
 
     :param pipeline_ref: ``"module:ATTR"`` of the Pipeline (or of a callable returning one).
     :param group_id: the TaskGroup id (task ids become ``{group_id}.plan`` ...).
-    :param spark_conn_id: Spark connection of the prepare job.
+    :param spark_conn_id: Spark connection of the prepare job (and of a spark-mode commit).
     :param kafka_conn_id: optional ``kafka`` connection merged over the pipeline's config.
     :param ledger_conn_id: optional ``eo_ledger`` connection replacing the ledger URL.
     :param deferrable: the sensor waits in the triggerer (default) or pokes.
@@ -63,12 +64,17 @@ def eo_pipeline_group(
     :param timeout: seconds the sensor waits for PREPARED.
     :param retries: retries of every step (a retry resumes the same checkpoint).
     :param retry_delay: delay between retries.
-    :param spark_conf: extra ``--conf`` of the spark-submit.
+    :param spark_conf: extra ``--conf`` of the spark-submits (the prepare's, and the
+        commit's in spark mode).
     :param deploy_mode: ``client`` or ``cluster`` (overrides the Spark connection's).
     :param plan_kwargs: extra arguments of the plan operator.
     :param prepare_kwargs: extra arguments of the submit operator (``env_vars``, ``jars`` ...).
     :param wait_kwargs: extra arguments of the sensor (``mode``, ``check_before_defer`` ...).
-    :param commit_kwargs: extra arguments of the commit operator.
+    :param commit_kwargs: extra arguments of the commit operator (e.g. its own ``conf``).
+    :param commit_mode: where the commit's shard transactions run: ``"local"`` (the Airflow
+        worker), ``"spark"`` (a spark-submit of the commit application, on executors),
+        ``"auto"``, or ``None`` for the pipeline's ``commit_mode`` (see
+        :class:`~airflow_provider_eo.operators.commit.EoCommitOperator`).
     :param restore_from: template (or name) of a savepoint the plan task restores from
         first; default the run conf's ``restore_from``; ``None`` never restores.
     :param group_kwargs: passed to :class:`TaskGroup` (``dag``, ``tooltip``, ``parent_group`` ...).
@@ -117,7 +123,14 @@ def eo_pipeline_group(
             checkpoint_id=checkpoint,
             kafka_conn_id=kafka_conn_id,
             ledger_conn_id=ledger_conn_id,
-            **{**common, **(commit_kwargs or {})},
+            **{
+                **common,
+                "commit_mode": commit_mode,
+                "conn_id": spark_conn_id,
+                "conf": dict(spark_conf or {}),
+                "deploy_mode": deploy_mode,
+                **(commit_kwargs or {}),
+            },
         )
         plan >> prepare >> wait >> commit
     return group

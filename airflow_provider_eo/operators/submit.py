@@ -170,10 +170,13 @@ def configure_submit(
     pipeline_name: str,
     overrides: str | None,
     ship: Sequence[str | None] = (),
+    spark_kafka: bool = True,
 ) -> bool:
     """Set ``task`` up to spark-submit one of the provider's applications: the application
     (unless the task names its own), its arguments followed by ``--actor-json`` (this task
-    instance, recorded in the ledger), the jars (:func:`add_task_time_jars`), the user's modules in
+    instance, recorded in the ledger), the jars (:func:`add_task_time_jars`, unless
+    ``spark_kafka`` is false: an application that never reads Kafka through Spark SQL, the
+    commit, needs neither the connector nor eo's partitioner jar), the user's modules in
     ``py_files`` (the pipeline module and the ``ship`` references, e.g. the transform: see
     :mod:`~airflow_provider_eo.spark.shipping`), and in client mode the driver's
     environment (:func:`local_driver_env`, ``overrides``). Returns ``True`` in cluster
@@ -189,7 +192,8 @@ def configure_submit(
     """
     task.application = task.application or application
     task.application_args = [*application_args, "--actor-json", json.dumps(task_identity(context))]
-    add_task_time_jars(task, pipeline_name)
+    if spark_kafka:
+        add_task_time_jars(task, pipeline_name)
     shipped = ship_py_files([pipeline_ref, *ship])
     if shipped:
         task.py_files = _merge_csv(task.py_files, ",".join(shipped))

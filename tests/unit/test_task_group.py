@@ -61,3 +61,21 @@ def test_plan_restores_from_the_run_conf_by_default() -> None:
         eo_pipeline_group("m:P", group_id="b", restore_from=None)
     assert dag.get_task("a.plan").restore_from == "{{ params.get('restore_from') or '' }}"
     assert dag.get_task("b.plan").restore_from is None
+
+
+def test_commit_mode_and_spark_settings_reach_the_commit_task() -> None:
+    with DAG("g3", schedule=None, start_date=datetime(2025, 1, 1)) as dag:
+        eo_pipeline_group(
+            "m:P",
+            group_id="s",
+            spark_conn_id="spark_x",
+            spark_conf={"spark.a": "1"},
+            commit_mode="spark",
+            commit_kwargs={"conf": {"spark.b": "2"}},
+        )
+        eo_pipeline_group("m:P", group_id="d")
+    commit = dag.get_task("s.commit")
+    assert isinstance(commit, EoCommitOperator)
+    assert commit.commit_mode == "spark" and commit._conn_id == "spark_x"
+    assert commit.conf == {"spark.b": "2"}  # commit_kwargs win over the group's spark_conf
+    assert dag.get_task("d.commit").commit_mode is None  # the pipeline's

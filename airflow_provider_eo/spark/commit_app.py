@@ -1,0 +1,96 @@
+"""Commit one PREPARED checkpoint as a Spark application: every commit shard's Kafka
+transaction runs in a Spark task on an executor (spark/commit.py), this driver keeps the
+ledger.
+
+Runnable by ``spark-submit`` (``spark-submit .../commit_app.py --pipeline mod:ATTR
+--checkpoint N``); ``EoCommitOperator(commit_mode="spark")`` submits it. Never imports
+Airflow.
+
+Prints the commit's summary (``CommitResult.summary()``: the checkpoint, ``published``,
+``commit_mode``, the ``committer`` (this driver) and the ``publishers`` of every shard) as
+one JSON line on stdout, and with ``--summary-file`` also writes it to that file (the
+operator reads it in client deploy mode). Exits 0 when the checkpoint is COMMITTED
+(already, or by this run), else non-zero with the reason on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from airflow_provider_eo import names
+from airflow_provider_eo.core.commit import commit_checkpoint
+from airflow_provider_eo.errors import EoError
+from airflow_provider_eo.ledger import Actor, Ledger
+from airflow_provider_eo.pipeline import load_pipeline
+from airflow_provider_eo.spark.commit import SparkShardRunner
+from airflow_provider_eo.spark.prepare import apply_overrides
+
+__all__ = ["EXIT_FAILED", "main"]
+
+EXIT_FAILED = 2
+"""Exit status of a commit that did not finish (the checkpoint stays PREPARED; a retry
+finishes it)."""
+
+
+def _write_summary(path: str, line: str) -> None:
+    """Write the summary line to ``path`` whole (a reader never sees half of it)."""
+    tmp = Path(f"{path}.tmp")
+    tmp.write_text(line + "\n")
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``spark-submit commit_app.py --pipeline MOD:ATTR --checkpoint N [--actor-json J]
+    [--summary-file PATH]``."""
+    parser = argparse.ArgumentParser(prog=names.COMMIT_APP, description=__doc__.splitlines()[0])
+    parser.add_argument("--pipeline", required=True, help="MODULE:ATTR of the Pipeline")
+    parser.add_argument("--checkpoint", type=int, required=True)
+    parser.add_argument("--actor-json", default=None, help="Airflow lineage for the ledger")
+    parser.add_argument(
+        "--summary-file", default=None, help="also write the summary JSON to this file (client mode)"
+    )
+    args = parser.parse_args(argv)
+    # Settings that came from Airflow connections (kafka_conn_id / ledger_conn_id) arrive in
+    # the environment, never on the command line.
+    pipeline = apply_overrides(load_pipeline(args.pipeline), os.environ.get(names.PIPELINE_OVERRIDES_ENV))
+    actor = Actor(**json.loads(args.actor_json)) if args.actor_json else Actor.here()
+
+    from airflow_provider_eo.spark.session import get_spark
+
+    # A speculative copy of a commit task is safe (its transactional id fences it) but
+    # wasted: off unless the pipeline turns it on.
+    spark = get_spark(
+        names.commit_app_name(pipeline.name, args.checkpoint),
+        {"spark.speculation": "false", **pipeline.spark_conf},
+    )
+    try:
+        with Ledger(pipeline.ledger_url) as ledger:
+            result = commit_checkpoint(
+                pipeline,
+                ledger,
+                args.checkpoint,
+                actor=actor,
+                commit_mode="spark",
+                runner=SparkShardRunner(pipeline, spark),
+            )
+    except EoError as exc:
+        print(
+            f"{names.COMMIT_APP}: pipeline {pipeline.name!r}, checkpoint {args.checkpoint} was not "
+            f"committed: {exc}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return EXIT_FAILED
+    line = json.dumps(result.summary(), default=str)
+    print(line, flush=True)
+    if args.summary_file:
+        _write_summary(args.summary_file, line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
