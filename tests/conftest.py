@@ -26,6 +26,8 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
     p for p in (str(TESTS), str(ROOT), os.environ.get("PYTHONPATH", "")) if p
 )
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+# Every Spark driver a test starts (a cluster master too) binds and advertises loopback only.
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 
 @pytest.fixture(scope="session")

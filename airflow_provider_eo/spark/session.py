@@ -40,44 +40,80 @@ def connector_jars_csv() -> str:
     return ",".join(str(p) for p in [*jars, *([own] if own else [])])
 
 
+#: Settings eo needs whoever starts Spark (applied unless the user set them).
+REQUIRED_DEFAULTS = {"spark.sql.session.timeZone": "UTC"}
+
+
+def is_local_master(master: str) -> bool:
+    """``local``, ``local[N]``, ``local[*]``, ``local-cluster[...]``: Spark in this machine."""
+    return master == "local" or master.startswith(("local[", "local-"))
+
+
 def local_spark_conf(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Spark settings for a small local run: few shuffle partitions, no UI, quiet logs."""
-    conf = {
-        "spark.master": os.environ.get("EO_SPARK_MASTER", "local[2]"),
-        "spark.sql.shuffle.partitions": "4",
-        "spark.ui.enabled": "false",
-        "spark.driver.memory": "1g",
-        "spark.sql.session.timeZone": "UTC",
-        # Local runs stay on loopback (no other interface is ever contacted).
-        "spark.driver.host": "127.0.0.1",
-        "spark.driver.bindAddress": "127.0.0.1",
-        # Spark's Kafka source caches consumers per task; one local JVM needs few.
-        "spark.kafka.consumer.cache.capacity": "16",
-    }
+    """Spark settings for a Spark eo starts itself: for a local master, a small local run
+    (few shuffle partitions, no UI, loopback only, a small consumer cache); for a cluster
+    master only what eo needs (the UI, memory, partitions and addresses are the user's)."""
+    master = (extra or {}).get("spark.master") or os.environ.get("EO_SPARK_MASTER", "local[2]")
+    conf = {"spark.master": master, **REQUIRED_DEFAULTS}
+    if is_local_master(master):
+        conf.update(
+            {
+                "spark.sql.shuffle.partitions": "4",
+                "spark.ui.enabled": "false",
+                "spark.driver.memory": "1g",
+                # Local runs stay on loopback (no other interface is ever contacted).
+                "spark.driver.host": "127.0.0.1",
+                "spark.driver.bindAddress": "127.0.0.1",
+                # Spark's Kafka source caches consumers per task; one local JVM needs few.
+                "spark.kafka.consumer.cache.capacity": "16",
+            }
+        )
     conf.update(extra or {})
     return conf
 
 
+def _submitted_conf() -> dict[str, str]:
+    """What spark-submit gave this driver (``--conf``, ``--master``, the defaults file): the
+    JVM's SparkConf before any session exists."""
+    from pyspark import SparkConf, SparkContext
+
+    SparkContext._ensure_initialized()  # the submit's gateway: else SparkConf loads nothing
+    return dict(SparkConf().getAll())
+
+
+def session_settings(conf: Mapping[str, str] | None, *, under_submit: bool) -> dict[str, str]:
+    """The builder settings of a new session. Started by eo: :func:`local_spark_conf`.
+    Under spark-submit, the submit's settings win: the pipeline's ``spark_conf`` and eo's
+    required defaults fill in only what it did not set, and no local default applies."""
+    if not under_submit:
+        return local_spark_conf(conf)
+    given = _submitted_conf()
+    wanted = {**REQUIRED_DEFAULTS, **(conf or {})}
+    return {k: v for k, v in wanted.items() if k not in given}
+
+
 def get_spark(app_name: str = "eo", conf: Mapping[str, str] | None = None) -> SparkSession:
-    """A SparkSession with the Kafka connector jars; reuses the active one when it exists."""
+    """A SparkSession with the Kafka connector jars; reuses the active one when it exists.
+
+    Under spark-submit the submit's settings (``--conf``, the operator's ``conf``) are never
+    overridden; eo's local defaults apply only when it starts Spark itself on a local master.
+    """
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    under_submit = bool(os.environ.get("PYSPARK_GATEWAY_PORT"))  # launched by spark-submit
+    master = (conf or {}).get("spark.master") or os.environ.get("EO_SPARK_MASTER", "local[2]")
+    if not under_submit and is_local_master(master):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     # Python workers must run the driver's interpreter (the venv with pandas/pyarrow and
     # this package), not whatever `python3` is first on PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
-    settings = local_spark_conf(conf)
-    under_submit = bool(os.environ.get("PYSPARK_GATEWAY_PORT"))  # launched by spark-submit
-    if under_submit:  # its --master/--jars/--conf rule unless the pipeline sets them
-        for key in ("spark.master", "spark.driver.host", "spark.driver.bindAddress"):
-            if key not in (conf or {}):
-                settings.pop(key, None)
-    elif "spark.jars" not in settings:
+    settings = session_settings(conf, under_submit=under_submit)
+    if not under_submit and "spark.jars" not in settings:
         settings["spark.jars"] = connector_jars_csv()
     for key, value in settings.items():
         builder = builder.config(key, value)

@@ -68,9 +68,7 @@ def test_a_million_records_all_published_by_executors(
     harness: Callable[..., Any], cluster: StandaloneCluster
 ) -> None:
     records = 1_000_000
-    h, cid = _prepared(
-        harness, records, max_records_per_checkpoint=records, transaction_timeout_ms=900_000
-    )
+    h, cid = _prepared(harness, records, max_records_per_checkpoint=records, transaction_timeout_ms=900_000)
     proc = _on_cluster(h, cluster).cli("commit", "--commit-mode", "spark", timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = parse_json_line(proc.stdout)
