@@ -58,7 +58,7 @@ def backfill_cmd(
             transform=transform,
             allow_live_sink=allow_live_sink,
             actor=Actor.here(),
-            prepare=local_prepare(SparkStager()),
+            prepare=local_prepare(SparkStager(ship=[ref])),
             progress=progress,
         )
     summary = result.summary()

@@ -26,7 +26,7 @@ def run_once_cmd(ref: PipelineRef, commit_mode: CommitModeOpt = None, as_json: J
 
     with reported(stopped=EXIT_STOPPED):
         pipeline = with_commit_mode(load(ref), commit_mode)
-        stager = SparkStager(app_name=f"eo-{pipeline.name}")
+        stager = SparkStager(app_name=f"eo-{pipeline.name}", ship=[ref])
         result = run_once(pipeline, stager=stager, runner=SparkShardRunner(pipeline))
     emit(result.as_dict(), as_json)
 
@@ -50,7 +50,7 @@ def prepare_cmd(ref: PipelineRef, checkpoint: CheckpointOpt = None, as_json: Jso
 
     with reported(), opened(ref) as (pipeline, ledger):
         cid = checkpoint_or_unfinished(ledger, pipeline.name, checkpoint)
-        stager = SparkStager(app_name=f"eo-prepare-{pipeline.name}")
+        stager = SparkStager(app_name=f"eo-prepare-{pipeline.name}", ship=[ref])
         result = prepare_checkpoint(pipeline, ledger, cid, stager=stager, actor=Actor.here())
     emit({**result.checkpoint.summary(), "attempt": result.attempt, "note": result.note}, as_json)
 

@@ -92,7 +92,7 @@ def stream_cmd(
             max_checkpoints=app.checkpoints,
             on_checkpoint=line,
             heartbeat_s=app.heartbeat,
-            stager=SparkStager(app_name=f"eo-stream-{pipeline.name}"),
+            stager=SparkStager(app_name=f"eo-stream-{pipeline.name}", ship=[app.pipeline]),
             runner=SparkShardRunner(pipeline),
         )
     summary = result.summary()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_eo import names, staging
@@ -36,6 +36,10 @@ class SparkStager:
         ``eo-prepare-<pipeline>`` of the first pipeline staged.
     :param conf: Spark settings of a session created here; default the pipeline's
         ``spark_conf``.
+    :param ship: more ``module:attr`` references whose modules the executors need (the
+        CLI gives the pipeline's). A session created here on a cluster master ships these
+        and the transform's module to the executors (``addPyFile``), as the submit operators
+        do with ``py_files``; under spark-submit, ``--py-files`` is the submitter's job.
     """
 
     def __init__(
@@ -44,10 +48,13 @@ class SparkStager:
         *,
         app_name: str | None = None,
         conf: Mapping[str, str] | None = None,
+        ship: Sequence[str] = (),
     ) -> None:
         self._spark = spark
         self.app_name = app_name
         self.conf = conf
+        self.ship = tuple(ship)
+        self.shipped: list[str] = []  # what a session created here shipped (addPyFile)
 
     def session(self, pipeline: Pipeline) -> SparkSession:
         """The session, created for ``pipeline`` when there is none yet."""
@@ -58,7 +65,30 @@ class SparkStager:
                 self.app_name or names.prepare_app_name(pipeline.name),
                 pipeline.spark_conf if self.conf is None else self.conf,
             )
+            self._ship_user_code(self._spark, pipeline)
         return self._spark
+
+    def _ship_user_code(self, spark: SparkSession, pipeline: Pipeline) -> None:
+        """On a cluster master (and not under spark-submit), add the user's modules (the
+        transform's, :attr:`ship`) to the session: a Python UDF is pickled by reference to
+        its module, which the executors must import."""
+        import os
+        import sys
+
+        from airflow_provider_eo.spark.session import is_local_master
+        from airflow_provider_eo.spark.shipping import ship_py_files
+
+        if os.environ.get("PYSPARK_GATEWAY_PORT") or is_local_master(str(spark.sparkContext.master)):
+            return
+        for path in ship_py_files([*self.ship, pipeline.transform]):
+            spark.sparkContext.addPyFile(path)
+            self.shipped.append(path)
+        if self.shipped:
+            print(
+                f"eo: shipping to the executors (addPyFile): {', '.join(self.shipped)}",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def start(self, pipeline: Pipeline) -> None:
         """Create the session now (a stream does so before it installs its signal handlers:

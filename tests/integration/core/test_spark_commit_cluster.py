@@ -200,3 +200,47 @@ def test_task_attempt_alive_while_spark_reruns_it_is_fenced(
             child.proc.wait(30)
     h.assert_exactly_once(expected_records=records)
     assert marker(h.pipeline, 0) == cid and marker(h.pipeline, 1) == cid
+
+
+# A Python UDF: pickled by reference to this module, which exists only on the driver's path.
+UDF_MODULE = """
+from pyspark.sql import functions as F
+from pyspark.sql.types import StringType
+
+
+def tag(value):
+    return "udf:" + bytes(value).decode()
+
+
+def enrich(df):
+    return df.withColumn("value", F.udf(tag, StringType())(F.col("value")))
+"""
+
+
+def test_cli_run_once_ships_a_python_udf_transform_to_the_cluster(
+    harness: Callable[..., Any], cluster: StandaloneCluster, tmp_path: Path
+) -> None:
+    import uuid
+
+    from airflow_provider_eo.kafka.audit import read_sink
+
+    records = 6000
+    code = tmp_path / "user-code"
+    code.mkdir()
+    module = f"team_udf_{uuid.uuid4().hex[:6]}"
+    (code / f"{module}.py").write_text(UDF_MODULE)
+    h = harness(source_partitions=2, sink_partitions=2, transform=f"{module}:enrich")
+    h.produce(records)
+    on_cluster = _on_cluster(h, cluster)
+    os.environ["PYTHONPATH"] = f"{code}{os.pathsep}{os.environ['PYTHONPATH']}"  # the driver only
+    try:
+        proc = on_cluster.cli("run-once", "--commit-mode", "spark", timeout=600)
+    finally:
+        os.environ["PYTHONPATH"] = os.environ["PYTHONPATH"].split(os.pathsep, 1)[1]
+    assert proc.returncode == 0, proc.stderr[-4000:] + cluster.executor_logs()[-3000:]
+    assert f"{module}.py" in proc.stderr and "shipping to the executors (addPyFile)" in proc.stderr
+    summary = parse_json_line(proc.stdout)
+    assert summary["state"] == "COMMITTED" and summary["records"] == records, summary
+    values = [r.value().decode() for r in read_sink(h.config, h.pipeline.sink_topic)]
+    assert len(values) == records and all(v.startswith("udf:") for v in values)
+    h.assert_exactly_once(expected_records=records)
