@@ -71,9 +71,23 @@ def checkpoints_cmd(
 
 
 @ledger_app.command("upgrade")
-def upgrade_cmd(url: UrlOption = DEFAULT_LEDGER_URL) -> None:
+def upgrade_cmd(
+    url: UrlOption = DEFAULT_LEDGER_URL,
+    conn_id: Annotated[
+        str | None,
+        typer.Option(
+            "--conn-id",
+            help="An Airflow connection (eo_ledger or postgres) naming the ledger, looked up "
+            "as Airflow does (AIRFLOW_CONN_*, the secrets backend); replaces --ledger-url.",
+        ),
+    ] = None,
+) -> None:
     """Create or migrate the ledger schema to the version this package needs."""
     with reported(LedgerError):
+        if conn_id is not None:
+            from airflow_provider_eo.hooks.ledger import LedgerHook
+
+            url = LedgerHook(conn_id, create=False).get_url()
         ledger = _open(url)
         before = ledger.current_revision()
         ledger.upgrade()
