@@ -8,11 +8,8 @@ from airflow_provider_eo import __version__
 
 
 def get_provider_info() -> dict[str, Any]:
-    """The provider's metadata: hooks, operators, sensors, triggers and connection types.
-
-    Only what exists: no ``config`` section, since the provider reads no ``[eo]`` option
-    (a pipeline names its ledger; an ``eo_ledger`` connection can replace it).
-    """
+    """The provider's metadata: hooks, operators, sensors, triggers, connection types and
+    the ``[eo]`` options (read by the Exactly-once page; ``airflow config list`` shows them)."""
     return {
         "package-name": "airflow-provider-eo",
         "name": "Exactly-once Kafka/Spark (eo)",
@@ -67,6 +64,7 @@ def get_provider_info() -> dict[str, Any]:
         ],
         # From a plan/commit task to the checkpoint on the "Exactly-once" page.
         "extra-links": ["airflow_provider_eo.ui.links.EoCheckpointLink"],
+        "config": {"eo": EO_CONFIG_SECTION},
         # The page itself is an Airflow plugin registered by the ``airflow.plugins`` entry
         # point (plugins listed here load only with lazy provider discovery turned off).
         # EoKafkaHook reads the apache-kafka provider's "kafka" connections; registering
@@ -109,3 +107,44 @@ def get_provider_info() -> dict[str, Any]:
             }
         ],
     }
+
+
+#: The ``[eo]`` section: every option the provider reads (ui/app.py), as Airflow declares
+#: provider options (shown by ``airflow config list``, defaults for ``conf.get``).
+EO_CONFIG_SECTION: dict[str, Any] = {
+    "description": "The Exactly-once page (Browse -> Exactly-once) of airflow-provider-eo: "
+    "which ledger it reads, where lag comes from, which DAGs its buttons trigger.",
+    "options": {
+        "ledger_conn_id": {
+            "description": "An eo_ledger (or postgres) connection naming the ledger the page "
+            "reads (read-only). Unset: $EO_LEDGER_CONN_ID, else $EO_LEDGER_URL, else the eo "
+            "home's SQLite ledger.",
+            "version_added": "0.1.0",
+            "type": "string",
+            "example": "eo_ledger_default",
+            "default": None,
+        },
+        "kafka_conn_id": {
+            "description": "A kafka connection lag is read through. Unset: $EO_KAFKA_CONN_ID, "
+            "else $EO_KAFKA_BOOTSTRAP, else lag shows 'unavailable'.",
+            "version_added": "0.1.0",
+            "type": "string",
+            "example": "kafka_default",
+            "default": None,
+        },
+        "savepoint_dag_id": {
+            "description": "The DAG the page's savepoint button triggers.",
+            "version_added": "0.1.0",
+            "type": "string",
+            "example": None,
+            "default": "eo_savepoint",
+        },
+        "control_dag_id": {
+            "description": "The DAG the page's stop/resume/restore/reset buttons trigger.",
+            "version_added": "0.1.0",
+            "type": "string",
+            "example": None,
+            "default": "eo_control",
+        },
+    },
+}

@@ -36,9 +36,30 @@ def test_advertises_exactly_the_modules_that_exist() -> None:
         assert listed == present, section
 
 
-def test_no_config_section_nobody_reads() -> None:
-    """No ``[eo]`` option is read anywhere, so none is advertised."""
-    assert "config" not in get_provider_info()
+def test_config_declares_exactly_the_eo_options_the_code_reads() -> None:
+    """Every ``[eo]`` option read (``_setting("...")`` in ui/app.py) is declared, and nothing
+    else; ``airflow config list`` shows them with their defaults."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import airflow_provider_eo.ui.app as app
+
+    read = set(re.findall(r'_setting\("([a-z_]+)"', Path(app.__file__).read_text()))
+    declared = set(get_provider_info()["config"]["eo"]["options"])
+    assert read == declared == {"ledger_conn_id", "kafka_conn_id", "savepoint_dag_id", "control_dag_id"}
+    airflow = str(Path(sys.executable).with_name("airflow"))
+    listed = subprocess.run(
+        [airflow, "config", "list", "--section", "eo", "--show-values"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    for option in declared:
+        assert option in listed, listed
+    assert "control_dag_id = eo_control" in listed and "savepoint_dag_id = eo_savepoint" in listed
 
 
 def test_one_version_source() -> None:
