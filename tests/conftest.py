@@ -149,3 +149,13 @@ def make_ledger(
 def pg_fresh_url(make_ledger: LedgerFactory) -> str:
     """A PostgreSQL database of this test's own without the ledger schema, dropped after it."""
     return make_ledger.url("postgres", migrated=False)
+
+
+@pytest.fixture(autouse=True)
+def _close_shared_ledger_readers() -> Iterator[None]:
+    """The triggers' per-process ledger readers hold pooled connections: closed after each
+    test, before its ledger database is dropped."""
+    yield
+    module = sys.modules.get("airflow_provider_eo.triggers.checkpoint")
+    if module is not None:
+        module.close_ledger_readers()

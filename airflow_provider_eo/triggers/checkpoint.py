@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import threading
 import time
 from collections.abc import AsyncIterator
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from airflow_provider_eo.version_compat import BaseTrigger, TriggerEvent
+
+if TYPE_CHECKING:
+    from airflow_provider_eo.ledger import Ledger
 
 DONE_STATES = frozenset({"PREPARED", "COMMITTED"})
 WaitFor = Literal["prepared", "committed"]
@@ -48,6 +52,34 @@ def check_ledger_ref(ledger_url: str | None, ledger_conn_id: str | None, *, wher
         )
 
 
+_READERS: dict[str, Ledger] = {}
+_READERS_LOCK = threading.Lock()
+
+
+def ledger_reader(ledger_url: str) -> Ledger:
+    """One read-only :class:`~airflow_provider_eo.ledger.Ledger` (one engine, one connection
+    pool) per ledger URL per process, shared by every trigger and poke of that process: a
+    watcher polling every 2 s reuses its pooled connection instead of opening (and
+    disposing) an engine per poll. Thread-safe: triggers read it in worker threads."""
+    with _READERS_LOCK:
+        reader = _READERS.get(ledger_url)
+        if reader is None:
+            from airflow_provider_eo.ledger import Ledger
+
+            reader = _READERS[ledger_url] = Ledger(ledger_url, create=False)
+        return reader
+
+
+def close_ledger_readers() -> None:
+    """Dispose of every shared reader's connections (a process that is done with them; the
+    tests, before a ledger database is dropped)."""
+    with _READERS_LOCK:
+        readers = list(_READERS.values())
+        _READERS.clear()
+    for reader in readers:
+        reader.close()
+
+
 def resolve_ledger_url(ledger_url: str | None, ledger_conn_id: str | None) -> str:
     """The ledger URL a trigger reads: its own (password-free) URL, or the connection's,
     looked up where the trigger runs (blocking: call it in a worker thread)."""
@@ -65,13 +97,12 @@ def read_committed_after(ledger_url: str, pipeline: str, after: dt.datetime) -> 
     commit in id order, so the newest committed one is the last to have committed. A
     pipeline the ledger does not know yet reads as ``None`` (the stream may not have
     started)."""
-    from airflow_provider_eo.ledger import CheckpointNotFound, Ledger
+    from airflow_provider_eo.ledger import CheckpointNotFound
 
-    with Ledger(ledger_url, create=False) as ledger:
-        try:
-            cp = ledger.last_committed(pipeline)
-        except CheckpointNotFound:  # the pipeline is not registered yet
-            return None
+    try:
+        cp = ledger_reader(ledger_url).last_committed(pipeline)
+    except CheckpointNotFound:  # the pipeline is not registered yet
+        return None
     if cp is None or cp.committed_at is None or as_utc(cp.committed_at) <= as_utc(after):
         return None
     return cp.checkpoint_id, as_utc(cp.committed_at).isoformat()
@@ -88,14 +119,13 @@ def read_checkpoint_state(ledger_url: str, pipeline: str, checkpoint_id: int) ->
 
     The one state read of the sensor's poke/pre-defer check and of the trigger.
     """
-    from airflow_provider_eo.ledger import CheckpointNotFound, Ledger
+    from airflow_provider_eo.ledger import CheckpointNotFound
 
-    # create=False: no schema upgrade, no file creation; reads only.
-    with Ledger(ledger_url, create=False) as ledger:
-        try:
-            cp = ledger.get(pipeline, checkpoint_id)
-        except CheckpointNotFound as exc:
-            return MISSING, str(exc)
+    # create=False (ledger_reader): no schema upgrade, no file creation; reads only.
+    try:
+        cp = ledger_reader(ledger_url).get(pipeline, checkpoint_id)
+    except CheckpointNotFound as exc:
+        return MISSING, str(exc)
     return cp.state.value, cp.abort_reason
 
 

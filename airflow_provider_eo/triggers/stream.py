@@ -13,7 +13,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from airflow_provider_eo.triggers.checkpoint import check_ledger_ref, resolve_ledger_url
+from airflow_provider_eo.triggers.checkpoint import check_ledger_ref, ledger_reader, resolve_ledger_url
 from airflow_provider_eo.version_compat import BaseEventTrigger, BaseTrigger, TriggerEvent
 
 
@@ -21,13 +21,12 @@ def read_prepared(ledger_url: str, pipeline: str) -> list[int]:
     """Ids of the pipeline's PREPARED checkpoints, lowest first; blocking, read-only. A
     pipeline the ledger does not know yet has none."""
     from airflow_provider_eo.core.stream import unfinished_checkpoints
-    from airflow_provider_eo.ledger import CheckpointNotFound, CheckpointState, Ledger
+    from airflow_provider_eo.ledger import CheckpointNotFound, CheckpointState
 
-    with Ledger(ledger_url, create=False) as ledger:
-        try:
-            unfinished = unfinished_checkpoints(ledger, pipeline)
-        except CheckpointNotFound:
-            return []
+    try:
+        unfinished = unfinished_checkpoints(ledger_reader(ledger_url), pipeline)
+    except CheckpointNotFound:
+        return []
     return [cp.checkpoint_id for cp in unfinished if cp.state is CheckpointState.PREPARED]
 
 
@@ -103,14 +102,12 @@ class EoPreparedCheckpointTrigger(BaseEventTrigger):
 def read_stream_run(ledger_url: str, run_id: str) -> dict[str, Any] | None:
     """The stream run's row as JSON (``heartbeat_age_s`` on the database's clock), None while
     it is not registered; blocking, read-only."""
-    from airflow_provider_eo.ledger import Ledger
     from airflow_provider_eo.ledger.streams import StreamRunNotFound
 
-    with Ledger(ledger_url, create=False) as ledger:
-        try:
-            return ledger.get_stream_run(run_id).to_json()
-        except StreamRunNotFound:
-            return None
+    try:
+        return ledger_reader(ledger_url).get_stream_run(run_id).to_json()
+    except StreamRunNotFound:
+        return None
 
 
 def stream_run_event(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
 import time
 from pathlib import Path
@@ -249,3 +250,26 @@ def test_committed_after(ledger_url: str) -> None:
         deadline=time.time() + 0.3,
     )
     assert _first_event(late)["status"] == "timeout"
+
+
+def test_polls_share_one_ledger_engine_per_process(ledger_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A watcher polling every 2 s must not build (and dispose) an engine per poll."""
+    from airflow_provider_eo.ledger import store
+    from airflow_provider_eo.triggers import checkpoint as trig
+
+    trig.close_ledger_readers()
+    built: list[str] = []
+    real_init = store.Ledger.__init__
+
+    def counting_init(self: Any, url: str, *, create: bool = True) -> None:
+        built.append(url)
+        real_init(self, url, create=create)
+
+    monkeypatch.setattr(store.Ledger, "__init__", counting_init)
+    for _ in range(50):
+        assert read_checkpoint_state(ledger_url, PIPELINE, 1)[0] == "PLANNED"
+        trig.read_committed_after(ledger_url, PIPELINE, dt.datetime.now(dt.timezone.utc))
+    assert built == [ledger_url]
+    trig.close_ledger_readers()
+    read_checkpoint_state(ledger_url, PIPELINE, 1)
+    assert built == [ledger_url, ledger_url]
