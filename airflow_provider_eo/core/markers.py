@@ -93,7 +93,14 @@ def check_marker_identity(pipeline: Pipeline, identity: str) -> None:
     marker lives on partition ``s``); used at plan time so nothing is planned against
     foreign markers."""
     config = librdkafka_config(pipeline.kafka)
-    read_markers(pipeline, range(admin.partition_count(config, pipeline.sink_topic)), identity=identity)
+    group, sink = names.marker_group(pipeline), pipeline.sink_topic
+    shards = range(admin.partition_count(config, sink))
+    # Committed markers only, not waiting for open transactions: a killed committer's
+    # pending marker would stall this read until the broker aborts its transaction; a
+    # pending marker is checked by the commit's own (stable) read once it is decided.
+    found = admin.committed_group_marks(config, group, [(sink, s) for s in shards], stable=False)
+    for shard in shards:
+        decide_marker(pipeline.name, group, sink, shard, found.get((sink, shard)), identity=identity)
 
 
 __all__ = [

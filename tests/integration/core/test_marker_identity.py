@@ -101,3 +101,35 @@ def test_second_deployment_with_the_same_name_is_refused_at_commit(
         a.assert_exactly_once(expected_records=200)
     finally:
         b.ledger.close()
+
+
+def test_identity_check_does_not_wait_for_a_killed_committers_open_transaction(
+    harness: Callable[..., Any],
+) -> None:
+    """A committer stopped with its transaction open (its marker pending): the plan-time
+    identity check reads committed markers only and answers at once, instead of waiting
+    until the broker aborts the transaction (the next DAG run's plan used to fail after 30 s)."""
+    import signal
+    import time
+
+    from airflow_provider_eo.core.markers import check_marker_identity
+
+    h = harness(source_partitions=1, sink_partitions=2, commit_shards=2)
+    h.produce(40)
+    h.run_once()  # checkpoint 1 committed: both shards have a marker
+    h.produce(40, start=40)
+    from eo_faultlib import paused_commit
+
+    planned = h.plan()
+    h.prepare(planned.checkpoint_id)
+    child = paused_commit(h, "commit.before_end_txn")  # checkpoint 2's shard 0 marker pending
+    try:
+        identity = h.ledger.get_pipeline(h.pipeline.name).identity
+        started = time.monotonic()
+        check_marker_identity(h.pipeline, identity)
+        with pytest.raises(PipelineIdentityMismatch, match="shows checkpoint 1"):
+            check_marker_identity(h.pipeline, "0000000000000000")  # committed markers still checked
+        assert time.monotonic() - started < 10
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.proc.wait(30)
