@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from airflow_provider_eo import names
 from airflow_provider_eo.core.shard import (
     REAL_KAFKA,
     KafkaClients,
@@ -209,7 +210,7 @@ class SparkShardRunner:
                 from airflow_provider_eo.spark.session import get_spark
 
                 conf = {"spark.speculation": "false", **self.pipeline.spark_conf}
-                running = get_spark(f"eo-commit-{self.pipeline.name}", conf)
+                running = get_spark(names.commit_app_name(self.pipeline.name), conf)
             self._spark = running
         return self._spark
 
