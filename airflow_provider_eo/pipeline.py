@@ -129,7 +129,7 @@ class Pipeline:
     transactional_id_prefix: str = "eo"
     commit_shards: int = 1
     commit_mode: Literal["local", "spark", "auto"] = "auto"
-    spark_commit_min_records: int = 200_000
+    spark_commit_min_records: int = 1_000_000
     transaction_timeout_ms: int = 60_000
     on_data_loss: Literal["fail", "skip"] = "fail"
     spark_conf: Mapping[str, str] = field(default_factory=dict)

@@ -20,11 +20,11 @@ def eo_pipeline_group(
     spark_conn_id: str = "spark_default",
     kafka_conn_id: str | None = None,
     ledger_conn_id: str | None = None,
-    deferrable: bool = True,
+    deferrable: bool | None = None,
     poke_interval: float = 5.0,
     timeout: float = 3600.0,
-    retries: int = 2,
-    retry_delay: timedelta = timedelta(seconds=30),
+    retries: int | None = None,
+    retry_delay: timedelta | None = None,
     spark_conf: Mapping[str, Any] | None = None,
     deploy_mode: str | None = None,
     plan_kwargs: Mapping[str, Any] | None = None,
@@ -59,11 +59,13 @@ def eo_pipeline_group(
     :param spark_conn_id: Spark connection of the prepare job (and of a spark-mode commit).
     :param kafka_conn_id: optional ``kafka`` connection merged over the pipeline's config.
     :param ledger_conn_id: optional ``eo_ledger`` connection replacing the ledger URL.
-    :param deferrable: the sensor waits in the triggerer (default) or pokes.
+    :param deferrable: the sensor waits in the triggerer or pokes; ``None`` (default):
+        Airflow's ``[operators] default_deferrable``.
     :param poke_interval: seconds between ledger reads of the sensor/trigger.
     :param timeout: seconds the sensor waits for PREPARED.
-    :param retries: retries of every step (a retry resumes the same checkpoint).
-    :param retry_delay: delay between retries.
+    :param retries: retries of every step (a retry resumes the same checkpoint); ``None``
+        (default): the DAG's ``default_args`` (else Airflow's ``default_task_retries``).
+    :param retry_delay: delay between retries; ``None``: the DAG's ``default_args``.
     :param spark_conf: extra ``--conf`` of the spark-submits (the prepare's, and the
         commit's in spark mode).
     :param deploy_mode: ``client`` or ``cluster`` (overrides the Spark connection's).
@@ -85,7 +87,10 @@ def eo_pipeline_group(
     from airflow_provider_eo.sensors.checkpoint import EoCheckpointSensor
 
     group_kwargs.setdefault("tooltip", f"exactly-once checkpoint of {pipeline_ref}")
-    common: dict[str, Any] = {"retries": retries, "retry_delay": retry_delay}
+    # Only what the caller gave: else the DAG's default_args (and Airflow's defaults) apply.
+    common: dict[str, Any] = {
+        k: v for k, v in (("retries", retries), ("retry_delay", retry_delay)) if v is not None
+    }
     with TaskGroup(group_id=group_id, **group_kwargs) as group:
         plan = EoPlanOperator(
             task_id="plan",

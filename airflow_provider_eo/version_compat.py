@@ -24,6 +24,14 @@ from airflow.sdk.log import mask_secret
 from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
 
 
+def default_deferrable() -> bool:
+    """Airflow's ``[operators] default_deferrable`` (what an operator's ``deferrable=None``
+    means, as in Airflow's own providers)."""
+    from airflow.configuration import conf
+
+    return bool(conf.getboolean("operators", "default_deferrable", fallback=False))
+
+
 def task_identity(context: Context | dict[str, Any]) -> dict[str, Any]:
     """``dag_id``, ``run_id``, ``task_id``, ``try_number`` of the running task instance."""
     ti = context["ti"]
@@ -49,6 +57,7 @@ __all__ = [
     "PokeReturnValue",
     "TaskGroup",
     "TriggerEvent",
+    "default_deferrable",
     "mask_secret",
     "task_identity",
 ]

@@ -26,6 +26,8 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
     p for p in (str(TESTS), str(ROOT), os.environ.get("PYTHONPATH", "")) if p
 )
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+# Sensors wait in the triggerer unless a test says otherwise (Airflow's default is to poke).
+os.environ.setdefault("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE", "True")
 # Every Spark driver a test starts (a cluster master too) binds and advertises loopback only.
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 

@@ -320,6 +320,15 @@ class ShardRunner(Protocol):
     def master(self) -> str:
         """Where the shards would run (a Spark master URL: ``local[...]`` or a cluster)."""
 
+    @property
+    def session_running(self) -> bool:
+        """A Spark session is already running (a commit would not pay its start)."""
+
+    @property
+    def executors_elsewhere(self) -> bool:
+        """The running session has executors on other hosts than this one (True when not
+        known yet)."""
+
     def run(
         self, tasks: list[ShardTask], on_outcome: Callable[[Publisher | ShardFailure], None]
     ) -> list[tuple[int, Publisher | ShardFailure | BaseException]]:

@@ -50,9 +50,9 @@ def choose_commit_mode(
     requested: str, *, records: int, min_records: int, master: Callable[[], str | None]
 ) -> Literal["local", "spark"]:
     """Where the operator commits: ``local`` and ``spark`` as given; ``auto`` is ``spark``
-    when the checkpoint has at least ``min_records`` records and the Spark connection's
-    master is a cluster (:func:`~airflow_provider_eo.core.commit.resolve_commit_mode`),
-    else ``local``.
+    when the Spark connection's master is a cluster and the checkpoint is large enough to
+    pay for starting a Spark application (``NEW_APPLICATION_FACTOR`` x ``min_records``,
+    :func:`~airflow_provider_eo.core.commit.resolve_commit_mode`), else ``local``.
 
     ``master`` is called only when the answer depends on it (a small checkpoint never looks
     the connection up); it returns ``None`` when there is no Spark connection, and ``auto``
@@ -67,7 +67,10 @@ def choose_commit_mode(
     found = master()
     if found is None:
         return "local"
-    return resolve_commit_mode("auto", master=found, records=records, min_records=min_records)
+    # A spark-mode commit here is a new Spark application: its start is paid first.
+    return resolve_commit_mode(
+        "auto", master=found, records=records, min_records=min_records, session_running=False
+    )
 
 
 class EoCommitOperator(PipelineTaskMixin, SparkSubmitOperator):

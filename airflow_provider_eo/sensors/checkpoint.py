@@ -25,6 +25,7 @@ from airflow_provider_eo.version_compat import (
     BaseSensorOperator,
     Context,
     PokeReturnValue,
+    default_deferrable,
 )
 
 
@@ -70,7 +71,8 @@ class EoCheckpointSensor(PipelineTaskMixin, BaseSensorOperator):
         UTC). (templated)
     :param ledger_conn_id: optional ``eo_ledger`` connection replacing the pipeline's
         ledger URL. (templated)
-    :param deferrable: wait in the triggerer (default) instead of poking.
+    :param deferrable: wait in the triggerer instead of poking; ``None`` (default): Airflow's
+        ``[operators] default_deferrable``.
     :param check_before_defer: read the ledger once before deferring and return at once
         when the checkpoint is already PREPARED (saves a trip through the triggerer when
         the prepare job ran in client mode).
@@ -87,7 +89,7 @@ class EoCheckpointSensor(PipelineTaskMixin, BaseSensorOperator):
         ledger_conn_id: str | None = None,
         wait_for: str = "prepared",
         committed_after: dt.datetime | str | None = None,
-        deferrable: bool = True,
+        deferrable: bool | None = None,
         check_before_defer: bool = True,
         poke_interval: float = 5.0,
         timeout: float = 3600.0,
@@ -103,7 +105,7 @@ class EoCheckpointSensor(PipelineTaskMixin, BaseSensorOperator):
         self.done = done_states(wait_for)  # ValueError for an unknown mode, at parse time
         self.wait_for = wait_for
         self.committed_after = committed_after
-        self.deferrable = deferrable
+        self.deferrable = default_deferrable() if deferrable is None else bool(deferrable)
         self.check_before_defer = check_before_defer
 
     def _after(self) -> dt.datetime | None:

@@ -37,6 +37,7 @@ from airflow_provider_eo.core.shard import (
     ShardTask,
     commit_shard,
 )
+from airflow_provider_eo.spark.session import is_local_master
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -200,6 +201,28 @@ class SparkShardRunner:
             return str(running.sparkContext.master)
         conf = self.pipeline.spark_conf
         return str(conf.get("spark.master") or os.environ.get("EO_SPARK_MASTER") or "local[2]")
+
+    @property
+    def session_running(self) -> bool:
+        """A session is running in this process already."""
+        return self._running() is not None
+
+    @property
+    def executors_elsewhere(self) -> bool:
+        """Some executor of the running session is on another host than the driver (True
+        while none has registered, or when this cannot be read)."""
+        running = self._running()
+        if running is None:
+            return True
+        try:
+            sc = running.sparkContext
+            driver = str(sc.getConf().get("spark.driver.host") or "")
+            status = sc._jsc.sc().getExecutorMemoryStatus()  # "host:port" of every block manager
+            hosts = {str(k).rsplit(":", 1)[0] for k in status.keySet().toArray()}
+        except Exception:
+            return True
+        others = hosts - {driver}
+        return bool(others) or (len(hosts) <= 1 and not is_local_master(str(sc.master)))
 
     @property
     def spark(self) -> SparkSession:

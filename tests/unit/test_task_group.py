@@ -36,9 +36,28 @@ def test_group_shape() -> None:
     assert prepare.checkpoint_id == wait.checkpoint_id == commit.checkpoint_id == template
     assert prepare._conn_id == "spark_x"
     assert wait.deferrable is False and wait.mode == "reschedule"
-    assert all(
-        t.retries == 4 and t.retry_delay == timedelta(seconds=30) for t in (plan, prepare, wait, commit)
-    )
+    assert all(t.retries == 4 for t in (plan, prepare, wait, commit))
+
+
+def test_retries_and_deferrable_come_from_the_dag_and_airflow_unless_given(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """No forced retries over the DAG's default_args; the sensor's deferrable default is
+    Airflow's [operators] default_deferrable."""
+    default_args = {"retries": 7, "retry_delay": timedelta(seconds=11)}
+    for flag in ("True", "False"):
+        monkeypatch.setenv("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE", flag)
+        with DAG(
+            f"d{flag}", schedule=None, start_date=datetime(2025, 1, 1), default_args=default_args
+        ) as dag:
+            eo_pipeline_group("m:P", group_id="a")
+            eo_pipeline_group(
+                "m:P", group_id="b", retries=1, retry_delay=timedelta(seconds=2), deferrable=True
+            )
+        a = [dag.get_task(f"a.{t}") for t in ("plan", "prepare", "wait", "commit")]
+        b = [dag.get_task(f"b.{t}") for t in ("plan", "prepare", "wait", "commit")]
+        assert all(t.retries == 7 and t.retry_delay == timedelta(seconds=11) for t in a)
+        assert all(t.retries == 1 and t.retry_delay == timedelta(seconds=2) for t in b)
+        assert dag.get_task("a.wait").deferrable is (flag == "True")
+        assert dag.get_task("b.wait").deferrable is True
 
 
 def test_example_dag_parses_without_services() -> None:

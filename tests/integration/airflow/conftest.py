@@ -44,6 +44,8 @@ def airflow_base_env(home: Path, dags: Path) -> dict[str, str]:
             "AIRFLOW__CORE__FERNET_KEY": "",
             "AIRFLOW__API_AUTH__JWT_SECRET": "eo-tests-jwt-secret-not-for-production",
             "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
+            # The sensors wait in the triggerer, as a deployment that turns it on does.
+            "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": "True",
             "AIRFLOW_CONN_SPARK_DEFAULT": SPARK_CONN,
             # No build tool at task time: a task that would run Maven or javac fails.
             "EO_FORBID_BUILD_TOOLS": "1",

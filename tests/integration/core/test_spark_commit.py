@@ -72,6 +72,14 @@ class _StopBeforeLast:
     def master(self) -> str:
         return self.inner.master
 
+    @property
+    def session_running(self) -> bool:
+        return self.inner.session_running
+
+    @property
+    def executors_elsewhere(self) -> bool:
+        return self.inner.executors_elsewhere
+
     def run(
         self, tasks: list[ShardTask], on_outcome: Callable[[Publisher | ShardFailure], None]
     ) -> list[tuple[int, Publisher | ShardFailure | BaseException]]:
@@ -144,6 +152,14 @@ class _Spy:
     @property
     def master(self) -> str:
         return self.inner.master
+
+    @property
+    def session_running(self) -> bool:
+        return self.inner.session_running
+
+    @property
+    def executors_elsewhere(self) -> bool:
+        return self.inner.executors_elsewhere
 
     def run(
         self, tasks: list[ShardTask], on_outcome: Callable[[Publisher | ShardFailure], None]

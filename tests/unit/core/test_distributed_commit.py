@@ -33,6 +33,8 @@ class InProcessRunner:
     recording the phases and what the ledger held when each phase started."""
 
     master = "spark://cluster:7077"
+    session_running = True
+    executors_elsewhere = True
 
     def __init__(
         self,
@@ -200,6 +202,29 @@ def test_auto_picks_spark_only_on_a_cluster_for_a_large_checkpoint(
     requested: str, master: str, records: int, expected: str
 ) -> None:
     assert resolve_commit_mode(requested, master=master, records=records, min_records=200_000) == expected
+
+
+@pytest.mark.parametrize(
+    ("running", "elsewhere", "records", "expected"),
+    [
+        (True, True, 200_000, "spark"),
+        (True, False, 10**9, "local"),  # executors on this host: processes, not cores
+        (False, True, 1_999_999, "local"),  # a new application's start is paid first
+        (False, True, 2_000_000, "spark"),
+    ],
+)
+def test_auto_weighs_the_session_and_where_its_executors_are(
+    running: bool, elsewhere: bool, records: int, expected: str
+) -> None:
+    got = resolve_commit_mode(
+        "auto",
+        master="spark://m:7077",
+        records=records,
+        min_records=200_000,
+        session_running=running,
+        executors_elsewhere=elsewhere,
+    )
+    assert got == expected
 
 
 def test_commit_mode_is_validated_and_travels(pipeline: Pipeline) -> None:

@@ -42,8 +42,9 @@ def _never() -> str | None:
     [
         ("local", 10**9, "spark://m:7077", "local"),
         ("spark", 0, "local[2]", "spark"),
-        ("auto", 500, "spark://m:7077", "spark"),
-        ("auto", 499, "spark://m:7077", "local"),
+        ("auto", 5000, "spark://m:7077", "spark"),  # 10 x min_records: worth a new application
+        ("auto", 4999, "spark://m:7077", "local"),
+        ("auto", 500, "spark://m:7077", "local"),
         ("auto", 10**6, "yarn", "spark"),
         ("auto", 10**6, "k8s://https://api:6443", "spark"),
         ("auto", 10**6, "local", "local"),

@@ -41,7 +41,10 @@ def _sensor(ref: str, **kwargs: Any) -> EoCheckpointSensor:
 
 def test_no_work_at_construction() -> None:
     sensor = EoCheckpointSensor(task_id="w", pipeline="no.such.module:X", checkpoint_id="{{ x }}")
-    assert sensor.deferrable is True and sensor.check_before_defer is True
+    from airflow_provider_eo.version_compat import default_deferrable
+
+    # deferrable follows Airflow's [operators] default_deferrable unless given.
+    assert sensor.deferrable is default_deferrable() and sensor.check_before_defer is True
 
 
 def test_poke_mode(pipeline_ref: str, planned: Any, context: dict[str, Any]) -> None:
