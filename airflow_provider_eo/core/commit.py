@@ -546,36 +546,30 @@ def _publish_on_spark(
     rows = {row.shard: row for row in ledger.get(name, cid).shards}
     ttl = 2 * max(c.timeout_s for c in committables) + 30
     ledger.acquire_commit_lease(name, cid, owner=owner, ttl_s=ttl)
+
+    def row(c: ShardCommittable, state: str, records: int, publish_s: float | None = None) -> None:
+        ledger.record_shard(
+            name,
+            cid,
+            c.shard,
+            transactional_id=c.transactional_id,
+            producer_id=None,
+            producer_epoch=None,
+            state=state,
+            records=records,
+            publish_s=publish_s,
+        )
+
     for c in committables:
-        row = rows.get(c.shard)
-        if row is None or row.state.value != "COMMITTED":
-            ledger.record_shard(
-                name,
-                cid,
-                c.shard,
-                transactional_id=c.transactional_id,
-                producer_id=None,
-                producer_epoch=None,
-                state="PENDING",
-                records=c.records,
-            )
+        if c.shard not in rows or rows[c.shard].state.value != "COMMITTED":
+            row(c, "PENDING", c.records)
     by_shard = {c.shard: c for c in committables}
     publishers: list[Publisher] = []
 
     def record(outcome: Publisher | ShardFailure) -> None:
         if isinstance(outcome, Publisher):
             c = by_shard[outcome.shard]
-            ledger.record_shard(
-                name,
-                cid,
-                c.shard,
-                transactional_id=c.transactional_id,
-                producer_id=None,
-                producer_epoch=None,
-                state="COMMITTED",
-                records=c.records if outcome.skipped else outcome.records,
-                publish_s=outcome.publish_s,
-            )
+            row(c, "COMMITTED", c.records if outcome.skipped else outcome.records, outcome.publish_s)
             publishers.append(outcome)
 
     keeper = _LeaseKeeper(ledger, name, cid, owner, ttl)

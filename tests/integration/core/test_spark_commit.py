@@ -60,13 +60,11 @@ def test_spark_mode_publishes_every_shard_in_spark_tasks(harness: Callable[..., 
     assert again.published == 0 and again.note == "already COMMITTED"
 
 
-class _StopBeforeLast:
-    """A runner that runs the first phase on Spark, then 'dies' before the last shard (the
-    one that moves the pipeline's group): a driver lost between the two phases."""
+class _Wrapped:
+    """A real Spark runner wrapped by a test runner (same placement answers)."""
 
     def __init__(self, inner: SparkShardRunner) -> None:
         self.inner = inner
-        self.calls = 0
 
     @property
     def master(self) -> str:
@@ -79,6 +77,15 @@ class _StopBeforeLast:
     @property
     def executors_elsewhere(self) -> bool:
         return self.inner.executors_elsewhere
+
+
+class _StopBeforeLast(_Wrapped):
+    """A runner that runs the first phase on Spark, then 'dies' before the last shard (the
+    one that moves the pipeline's group): a driver lost between the two phases."""
+
+    def __init__(self, inner: SparkShardRunner) -> None:
+        super().__init__(inner)
+        self.calls = 0
 
     def run(
         self, tasks: list[ShardTask], on_outcome: Callable[[Publisher | ShardFailure], None]
@@ -118,7 +125,8 @@ def test_spark_mode_without_a_runner_is_refused_and_auto_stays_local(harness: Ca
         commit_checkpoint(h.pipeline, h.ledger, cid, commit_mode="spark")
     assert h.ledger.get(h.pipeline.name, cid).state is CheckpointState.PREPARED
     assert group_offsets(h.pipeline, _source(h)) == {}
-    # auto on a local master: this process commits.
+    # auto on a local master (its executors are this process's JVM): this process commits.
+    assert SparkShardRunner(h.pipeline, h.spark).executors_elsewhere is False
     result = commit_checkpoint(
         h.pipeline, h.ledger, cid, commit_mode="auto", runner=SparkShardRunner(h.pipeline, h.spark)
     )
@@ -142,24 +150,12 @@ def test_cli_commit_json_names_the_publishers(harness: Callable[..., Any]) -> No
     assert "commit_mode='cluster' must be one of local, spark, auto" in " ".join(bad.stderr.split())
 
 
-class _Spy:
+class _Spy(_Wrapped):
     """The real Spark runner, recording every shard outcome it returned."""
 
     def __init__(self, inner: SparkShardRunner) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.outcomes: list[Publisher | ShardFailure | BaseException] = []
-
-    @property
-    def master(self) -> str:
-        return self.inner.master
-
-    @property
-    def session_running(self) -> bool:
-        return self.inner.session_running
-
-    @property
-    def executors_elsewhere(self) -> bool:
-        return self.inner.executors_elsewhere
 
     def run(
         self, tasks: list[ShardTask], on_outcome: Callable[[Publisher | ShardFailure], None]

@@ -110,6 +110,16 @@ def test_executor_killed_mid_shard_is_retried_by_spark_exactly_once(
     assert again.returncode == 0 and parse_json_line(again.stdout)["published"] == 0
 
 
+def _commit_with_a_zombie(h: Any, cluster: StandaloneCluster, tmp_path: Path) -> tuple[Any, Path]:
+    """`eo commit --commit-mode spark` whose first commit task to reach the end of its
+    transaction stops itself there (marker and records sent, commit_transaction next)."""
+    flag = tmp_path / "zombie"
+    faulty = _on_cluster(
+        h, cluster, EO_FAULT="commit.before_end_txn", EO_FAULT_ACTION="zombie", EO_FAULT_ONCE=str(flag)
+    )
+    return faulty.cli("commit", "--commit-mode", "spark", wait=False), flag
+
+
 def _zombie_pid(flag: Path, child: Any = None) -> int:
     pid_file = Path(f"{flag}.pid")
     wait_for(pid_file.exists, "a commit task to stop itself inside its transaction", timeout=300, child=child)
@@ -143,11 +153,7 @@ def test_driver_killed_mid_job_then_rerun_fences_the_orphaned_task(
 ) -> None:
     records = 20_000
     h, cid = _prepared(harness, records)
-    flag = tmp_path / "zombie"
-    faulty = _on_cluster(
-        h, cluster, EO_FAULT="commit.before_end_txn", EO_FAULT_ACTION="zombie", EO_FAULT_ONCE=str(flag)
-    )
-    child = faulty.cli("commit", "--commit-mode", "spark", wait=False)
+    child, flag = _commit_with_a_zombie(h, cluster, tmp_path)
     zombie = None
     try:
         zombie = _zombie_pid(flag, child)
@@ -175,11 +181,7 @@ def test_task_attempt_alive_while_spark_reruns_it_is_fenced(
 ) -> None:
     records = 20_000
     h, cid = _prepared(harness, records)
-    flag = tmp_path / "zombie"
-    faulty = _on_cluster(
-        h, cluster, EO_FAULT="commit.before_end_txn", EO_FAULT_ACTION="zombie", EO_FAULT_ONCE=str(flag)
-    )
-    child = faulty.cli("commit", "--commit-mode", "spark", wait=False)
+    child, flag = _commit_with_a_zombie(h, cluster, tmp_path)
     zombie = None
     try:
         zombie = _zombie_pid(flag, child)
