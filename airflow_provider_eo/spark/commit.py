@@ -91,6 +91,24 @@ def _task_identity() -> tuple[str, int]:
     return _executor_of_this_worker(), (ctx.attemptNumber() if ctx is not None else 0)
 
 
+def _on_this_host(host: str, driver: str) -> bool:
+    """``host`` (a block manager's) is this machine: a loopback address, the driver's
+    address, or this host name's (names resolved: Spark may say ``localhost`` for the driver
+    and ``127.0.0.1`` for an executor on the same machine)."""
+
+    def resolve(name: str) -> str | None:
+        try:
+            return socket.gethostbyname(name)
+        except OSError:
+            return None
+
+    address = resolve(host)
+    if address is None:
+        return False
+    here = {resolve(driver), resolve(socket.gethostname())}
+    return address.startswith("127.") or address in here
+
+
 def run_shard_task(
     tasks: Iterable[ShardTask], clients: KafkaClients = REAL_KAFKA
 ) -> Iterator[Publisher | ShardFailure]:
@@ -217,12 +235,16 @@ class SparkShardRunner:
         try:
             sc = running.sparkContext
             driver = str(sc.getConf().get("spark.driver.host") or "")
-            status = sc._jsc.sc().getExecutorMemoryStatus()  # "host:port" of every block manager
-            hosts = {str(k).rsplit(":", 1)[0] for k in status.keySet().toArray()}
+            # "host:port" of every block manager, the driver's included (a Scala Map).
+            status = sc._jsc.sc().getExecutorMemoryStatus()
+            managers = [str(k).rsplit(":", 1)[0] for k in str(status.keys().mkString("\n")).split("\n") if k]
         except Exception:
             return True
-        others = hosts - {driver}
-        return bool(others) or (len(hosts) <= 1 and not is_local_master(str(sc.master)))
+        if is_local_master(str(sc.master)):
+            return False  # the executors are the driver's own JVM
+        if len(managers) <= 1:
+            return True  # no executor registered yet: a cluster's usually are elsewhere
+        return not all(_on_this_host(host, driver) for host in managers)
 
     @property
     def spark(self) -> SparkSession:

@@ -236,3 +236,14 @@ def test_commit_mode_is_validated_and_travels(pipeline: Pipeline) -> None:
     back = Pipeline.from_json(spark.to_json())
     assert (back.commit_mode, back.spark_commit_min_records) == ("spark", 5)
     assert names.lease_owner(back) == names.lease_owner(pipeline)
+
+
+def test_this_host_is_recognised_whatever_spark_calls_it() -> None:
+    """Spark may name the driver ``localhost`` and an executor on the same machine
+    ``127.0.0.1``: both are this host, so ``auto`` stays local there."""
+    import socket
+
+    assert spark_commit._on_this_host("127.0.0.1", "localhost")
+    assert spark_commit._on_this_host("localhost", "127.0.0.1")
+    assert spark_commit._on_this_host(socket.gethostname(), "localhost")
+    assert not spark_commit._on_this_host("no-such-host.invalid", "localhost")
