@@ -7,15 +7,16 @@ Everything here observes real processes (``/proc``), never mocks them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import tempfile
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from eo_harness import EO, Child, Harness, process_state, wait_for
+from eo_harness import EO, Child, Harness, poll_until, process_state, wait_for
 
 from airflow_provider_eo import names
 from airflow_provider_eo.kafka import admin
@@ -53,6 +54,41 @@ def finish(child: Child, timeout: float = 240.0) -> tuple[int, str, str]:
     out, err = child.communicate(timeout=timeout)
     assert child.returncode is not None
     return child.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+def zombie_pid(
+    flag: Path,
+    *,
+    timeout: float = 300.0,
+    child: Child | None = None,
+    gone: Callable[[], str | None] | None = None,
+) -> int:
+    """The pid of the Spark commit task that stopped itself inside its open transaction
+    (``EO_FAULT_ACTION=zombie`` with ``EO_FAULT_ONCE=flag``: it writes ``<flag>.pid``).
+    Fails early when ``child`` exits, or when ``gone`` returns why the run ended."""
+    pid_file = Path(f"{flag}.pid")
+
+    def stopped() -> bool:
+        reason = gone() if gone is not None else None
+        if reason:
+            raise AssertionError(f"the run ended before a commit task stopped itself: {reason}")
+        text = pid_file.read_text().strip() if pid_file.exists() else ""
+        return bool(text) and process_state(int(text)) == "T"
+
+    wait_for(stopped, "a commit task to stop itself inside its transaction", timeout=timeout, child=child)
+    return int(pid_file.read_text())
+
+
+def resume_and_reap(pid: int, timeout: float = 60.0) -> None:
+    """Let a stopped task go on (a later committer fenced it: it fails on its own), then make
+    sure it is gone."""
+    try:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+        poll_until(lambda: process_state(pid) in ("", "Z"), timeout)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def kill_child(child: Child) -> None:

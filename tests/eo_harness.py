@@ -173,8 +173,24 @@ class Harness:
 
 
 def process_state(pid: int) -> str:
-    """The one-letter state of a process (R, S, T = stopped, Z, ...)."""
-    return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0]
+    """The one-letter state of a process (R, S, T = stopped, Z, ...); ``""`` once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0]
+    except (OSError, IndexError):
+        return ""
+
+
+def poll_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.2) -> bool:
+    """Call ``predicate`` until it is true (True) or ``timeout`` seconds passed (False)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)
 
 
 def wait_for(
@@ -182,20 +198,20 @@ def wait_for(
 ) -> None:
     """Poll ``predicate`` until true or fail after ``timeout`` seconds (or when ``child``
     exits first, showing its output)."""
-    import time
 
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def ready() -> bool:
         if predicate():
-            return
+            return True
         if child is not None and child.poll() is not None:
             out, err = child.communicate()
             raise AssertionError(
                 f"child exited ({child.returncode}) before {what}:\n"
                 f"{out.decode()[-2000:]}\n{err.decode()[-4000:]}"
             )
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+        return False
+
+    if not poll_until(ready, timeout):
+        raise AssertionError(f"timed out waiting for {what}")
 
 
 def parse_json_line(stdout: str) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
@@ -73,6 +74,19 @@ def read_topic(
     """Every record of ``topic`` from the log start up to ``ends`` (per partition), read with
     ``isolation`` (``read_committed``: what real consumers see; ``read_uncommitted``: aborted
     transactions too, for tests that compare input with output)."""
+    return list(iter_topic(config, topic, ends, isolation=isolation, timeout_s=timeout_s))
+
+
+def iter_topic(
+    config: dict[str, Any],
+    topic: str,
+    ends: dict[tuple[str, int], int],
+    *,
+    isolation: str,
+    timeout_s: float = 120.0,
+) -> Iterator[Any]:
+    """:func:`read_topic`'s records one at a time (memory bounded: millions of records are
+    counted, not held). TimeoutError when a partition was not read to its end in time."""
     parts = sorted(p for t, p in ends if t == topic)
     starts = admin.list_offsets(config, [(topic, p) for p in parts], spec="earliest")
     todo = {p for p in parts if ends[(topic, p)] > starts[(topic, p)]}
@@ -85,7 +99,6 @@ def read_topic(
             "enable.partition.eof": True,
         }
     )
-    out: list[Any] = []
     deadline = time.monotonic() + timeout_s
     try:
         consumer.assign([TopicPartition(topic, p, starts[(topic, p)]) for p in todo])
@@ -99,14 +112,13 @@ def read_topic(
                         if pos >= ends[(topic, partition)]:
                             todo.discard(partition)
                     continue
-                out.append(msg)
+                yield msg
                 if int(msg.offset() or 0) + 1 >= ends[(topic, partition)]:
                     todo.discard(partition)
     finally:
         consumer.close()
     if todo:
         raise TimeoutError(f"audit: could not read {topic} partitions {sorted(todo)} to the end")
-    return out
 
 
 def _checkpoint_of(msg: Any, pipeline_name: str, ident: str) -> int | None:

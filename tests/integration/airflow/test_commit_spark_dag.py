@@ -12,12 +12,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from eo_faultlib import assert_group_offsets_match_ledger, group_offsets, marker
+from eo_faultlib import assert_group_offsets_match_ledger, group_offsets, marker, resume_and_reap, zombie_pid
+from eo_harness import poll_until
 from eo_source_sink import assert_sink_is_source_exactly_once
 
 from airflow_provider_eo.core.audit import audit_pipeline
@@ -149,9 +149,7 @@ def _stop_leftovers(airflow_env: AirflowEnv, grace_s: float = 30.0) -> list[int]
     """Wait up to ``grace_s`` for every process of this test's pipeline to end, then SIGCONT
     and SIGKILL what is left; returns the pids that had to be killed."""
     name = airflow_env.env["EO_DEMO_PIPELINE"]
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and _processes_with_env("EO_DEMO_PIPELINE", name):
-        time.sleep(0.5)
+    poll_until(lambda: not _processes_with_env("EO_DEMO_PIPELINE", name), grace_s, interval=0.5)
     left = _processes_with_env("EO_DEMO_PIPELINE", name)
     for pid in left:
         with contextlib.suppress(ProcessLookupError):
@@ -195,41 +193,6 @@ def test_spark_mode_commit_is_published_by_spark_tasks_not_the_airflow_task(
     assert leftovers == [], f"processes still running after the DAG run: {leftovers}"
 
 
-def _wait_for_zombie(flag: Path, proc: subprocess.Popen[bytes], log: Path, timeout: float = 420) -> int:
-    """The pid of the commit task that stopped itself inside its transaction."""
-    pid_file = Path(f"{flag}.pid")
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pid_file.exists() and pid_file.read_text().strip():
-            pid = int(pid_file.read_text())
-            with contextlib.suppress(OSError):
-                if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T":
-                    return pid
-        if proc.poll() is not None:
-            raise AssertionError(
-                f"dag.test exited ({proc.returncode}) before a commit task stopped:\n"
-                f"{log.read_text(errors='replace')[-6000:]}"
-            )
-        time.sleep(0.2)
-    raise AssertionError(f"no commit task stopped itself:\n{log.read_text(errors='replace')[-6000:]}")
-
-
-def _resume_and_reap(pid: int) -> None:
-    """Let the zombie go on (the retry's init_transactions fenced it) and make sure it is gone."""
-    try:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGCONT)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
-            with contextlib.suppress(OSError):
-                if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-                    break
-            time.sleep(0.2)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-
-
 def test_airflow_task_killed_mid_commit_job_retry_commits_exactly_once(
     airflow_env: AirflowEnv, kafka_bootstrap: str, tmp_path: Path
 ) -> None:
@@ -252,7 +215,15 @@ def test_airflow_task_killed_mid_commit_job_retry_commits_exactly_once(
                 start_new_session=True,
             )
         airflow_env.procs.append(proc)
-        zombie = _wait_for_zombie(flag, proc, log)
+        zombie = zombie_pid(
+            flag,
+            timeout=420,
+            gone=lambda: (
+                None
+                if proc.poll() is None
+                else f"dag.test exited ({proc.returncode}):\n{log.read_text(errors='replace')[-6000:]}"
+            ),
+        )
         # One commit task's records, marker and (if it is the last shard) the group's
         # offsets sit in its open transaction. The Airflow task process dies with its
         # spark-submit child and the driver (a worker host lost mid-job).
@@ -283,7 +254,7 @@ def test_airflow_task_killed_mid_commit_job_retry_commits_exactly_once(
         if proc is not None:
             _kill_group(proc)
         if zombie is not None:
-            _resume_and_reap(zombie)
+            resume_and_reap(zombie)
         leftovers = _stop_leftovers(airflow_env)
     # The zombie's transaction was aborted by the fence: nothing of it is visible.
     _assert_exactly_once(pipeline, committed)

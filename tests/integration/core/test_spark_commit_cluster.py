@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from eo_faultlib import group_offsets, marker
-from eo_harness import parse_json_line, wait_for
+from eo_faultlib import group_offsets, marker, resume_and_reap, zombie_pid
+from eo_harness import parse_json_line
 from eo_spark_standalone import StandaloneCluster
 
 from airflow_provider_eo.ledger import CheckpointState
@@ -120,32 +119,12 @@ def _commit_with_a_zombie(h: Any, cluster: StandaloneCluster, tmp_path: Path) ->
     return faulty.cli("commit", "--commit-mode", "spark", wait=False), flag
 
 
-def _zombie_pid(flag: Path, child: Any = None) -> int:
-    pid_file = Path(f"{flag}.pid")
-    wait_for(pid_file.exists, "a commit task to stop itself inside its transaction", timeout=300, child=child)
-    pid = int(pid_file.read_text())
-    wait_for(lambda: Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] == "T", "the zombie to stop")
-    return pid
-
-
 def _jvm_above(pid: int) -> int:
     while pid > 1:
         if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].endswith(b"java"):
             return pid
         pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
     raise AssertionError("no JVM above the zombie")
-
-
-def _resume_and_reap(pid: int) -> None:
-    """Let the zombie go on (it finds itself fenced) and make sure it is gone."""
-    try:
-        os.kill(pid, signal.SIGCONT)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
-            time.sleep(0.2)
-    finally:
-        if Path(f"/proc/{pid}").exists():
-            os.kill(pid, signal.SIGKILL)
 
 
 def test_driver_killed_mid_job_then_rerun_fences_the_orphaned_task(
@@ -156,7 +135,7 @@ def test_driver_killed_mid_job_then_rerun_fences_the_orphaned_task(
     child, flag = _commit_with_a_zombie(h, cluster, tmp_path)
     zombie = None
     try:
-        zombie = _zombie_pid(flag, child)
+        zombie = zombie_pid(flag, child=child)
         # Shard 0's records and marker sit in the stopped task's open transaction.
         child.send_signal(signal.SIGKILL)  # the driver, mid-job
         child.proc.wait(30)
@@ -168,7 +147,7 @@ def test_driver_killed_mid_job_then_rerun_fences_the_orphaned_task(
         assert parse_json_line(rerun.stdout)["state"] == "COMMITTED"
     finally:
         if zombie is not None:
-            _resume_and_reap(zombie)
+            resume_and_reap(zombie)
         if child.poll() is None:
             child.send_signal(signal.SIGKILL)
             child.proc.wait(30)
@@ -184,7 +163,7 @@ def test_task_attempt_alive_while_spark_reruns_it_is_fenced(
     child, flag = _commit_with_a_zombie(h, cluster, tmp_path)
     zombie = None
     try:
-        zombie = _zombie_pid(flag, child)
+        zombie = zombie_pid(flag, child=child)
         # The executor dies under the stopped attempt, which lives on: Spark re-runs the task
         # on a new executor while the first attempt still holds its open transaction.
         os.kill(_jvm_above(zombie), signal.SIGKILL)
@@ -196,7 +175,7 @@ def test_task_attempt_alive_while_spark_reruns_it_is_fenced(
         assert retried, summary  # the killed shard was published by a later attempt
     finally:
         if zombie is not None:
-            _resume_and_reap(zombie)
+            resume_and_reap(zombie)
         if child.poll() is None:
             child.send_signal(signal.SIGKILL)
             child.proc.wait(30)
