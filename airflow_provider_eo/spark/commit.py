@@ -147,8 +147,8 @@ def run_shard_job(spark: SparkSession, task: ShardTask, *, description: str) -> 
     finishes it.
     """
     sc = spark.sparkContext
-    sc.setJobGroup(f"eo-commit-{task.committable.pipeline}-{task.committable.checkpoint_id}", description)
-    sc.setLocalProperty("spark.job.description", description)
+    group = names.commit_app_name(task.committable.pipeline, task.committable.checkpoint_id)
+    sc.setJobGroup(group, description)  # the description is what the Spark UI shows
     (outcome,) = sc.parallelize([task], 1).mapPartitions(run_shard_task).collect()
     return outcome
 
