@@ -11,10 +11,11 @@ import os
 from airflow_provider_eo.ledger.records import CommitPlan
 from airflow_provider_eo.pipeline import Pipeline
 
-PIPELINE_OVERRIDES_ENV = "EO_PIPELINE_OVERRIDES_JSON"
-"""Environment variable carrying the settings that came from Airflow connections (JSON with
-``kafka`` and ``ledger_url``) from the submit operator to the prepare driver; never put on a
-command line (it holds secrets)."""
+CONNECTIONS_FILE_ENV = "EO_CONNECTIONS_FILE"
+"""Environment variable naming the private file through which an Airflow task hands the
+settings it read from connections to the Spark driver it starts in client deploy mode (the
+path only: the settings themselves never travel in the environment; see
+:mod:`airflow_provider_eo.connections`)."""
 
 PREPARE_APP = "eo-prepare"
 """The Spark application name of a prepare job (``spark-submit --name``)."""

@@ -67,7 +67,8 @@ class Pipeline:
     """One exactly-once Kafka -> PySpark -> Kafka pipeline.
 
     :param name: unique pipeline name (letters, digits, ``.``, ``_``, ``-``).
-    :param kafka: librdkafka-style client config (``bootstrap.servers`` at least); used for
+    :param kafka: librdkafka-style client config (``bootstrap.servers`` at least, unless
+        ``kafka_conn_id`` names a connection that has it); used for
         the source, the sink and the admin calls. A ``java.<setting>`` key goes only to
         Spark's (Java) Kafka source as ``kafka.<setting>``: e.g. ``java.fetch.max.wait.ms``
         (eo's bounded reads use 20 ms unless it is set; the Java default, 500 ms, is waited
@@ -79,6 +80,12 @@ class Pipeline:
         and returns at least ``value``, optionally ``key``, ``headers``, ``partition``.
         ``None`` copies key and value unchanged.
     :param ledger_url: SQLAlchemy URL of the checkpoint ledger.
+    :param kafka_conn_id: an Airflow ``kafka`` connection whose config is merged over
+        ``kafka`` (its settings win): endpoints and credentials then live in Airflow's
+        connections or secrets backend, not in code. Each process that needs it reads it
+        (the Airflow task, the Spark driver, ``eo`` commands; see docs/deployment.md).
+    :param ledger_conn_id: an Airflow ``eo_ledger`` or ``postgres`` connection whose URL
+        replaces ``ledger_url``.
     :param staging_dir: where prepared output is staged until it is committed.
     :param max_records_per_checkpoint: cap of offsets planned per checkpoint (all partitions).
         Plan also keeps a checkpoint small enough that its commit publishes within half of
@@ -117,9 +124,9 @@ class Pipeline:
     """
 
     name: str
-    kafka: Mapping[str, Any]
-    source_topics: Sequence[str]
-    sink_topic: str
+    kafka: Mapping[str, Any] = field(default_factory=dict)
+    source_topics: Sequence[str] = ()
+    sink_topic: str = ""
     transform: str | None = None
     ledger_url: str = DEFAULT_LEDGER_URL
     staging_dir: str = ".eo/staging"
@@ -139,6 +146,8 @@ class Pipeline:
     dead_letter_topic: str | None = None
     max_dead_letters_per_checkpoint: int = 0
     backfill_of: str | None = None
+    kafka_conn_id: str | None = None
+    ledger_conn_id: str | None = None
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name or ""):
@@ -152,13 +161,18 @@ class Pipeline:
             )
         if not self.source_topics:
             raise PipelineConfigError(f"pipeline {self.name!r}: source_topics is empty")
+        if not self.sink_topic:
+            raise PipelineConfigError(f"pipeline {self.name!r}: sink_topic is required")
         if self.sink_topic in self.source_topics:
             raise PipelineConfigError(
                 f"pipeline {self.name!r}: sink_topic {self.sink_topic!r} is also a source topic; "
                 "a pipeline that reads its own output never finishes a checkpoint"
             )
-        if not self.kafka.get("bootstrap.servers"):
-            raise PipelineConfigError(f"pipeline {self.name!r}: kafka config needs 'bootstrap.servers'")
+        if not self.kafka.get("bootstrap.servers") and not self.kafka_conn_id:
+            raise PipelineConfigError(
+                f"pipeline {self.name!r}: kafka config needs 'bootstrap.servers' (or "
+                "kafka_conn_id=<an Airflow kafka connection that has it>)"
+            )
         for key, why in _FORBIDDEN_CLIENT_KEYS.items():
             if key in self.kafka:
                 raise PipelineConfigError(
@@ -220,6 +234,13 @@ class Pipeline:
         return self.dead_letter_topic is not None and self.max_dead_letters_per_checkpoint > 0
 
     @property
+    def connection_ids(self) -> dict[str, str]:
+        """The Airflow connections this pipeline still reads its settings from (empty once
+        they are applied: see :mod:`airflow_provider_eo.connections`)."""
+        ids = {"kafka_conn_id": self.kafka_conn_id, "ledger_conn_id": self.ledger_conn_id}
+        return {k: v for k, v in ids.items() if v}
+
+    @property
     def group_id(self) -> str:
         """The consumer group whose offsets each commit moves."""
         return self.consumer_group or f"eo.{self.name}"
@@ -269,6 +290,8 @@ class Pipeline:
             "dead_letter_topic": self.dead_letter_topic,
             "max_dead_letters_per_checkpoint": self.max_dead_letters_per_checkpoint,
             "backfill_of": self.backfill_of,
+            "kafka_conn_id": self.kafka_conn_id,
+            "ledger_conn_id": self.ledger_conn_id,
         }
         return json.dumps(doc)
 

@@ -54,8 +54,6 @@ with DAG(
         pipeline="eo_demo_pipelines:demo_pipeline",
         sink_topic="{{ params.sink_topic }}",
         conn_id=os.environ.get("EO_SPARK_CONN_ID", "spark_default"),
-        kafka_conn_id=os.environ.get("EO_KAFKA_CONN_ID") or None,
-        ledger_conn_id=os.environ.get("EO_LEDGER_CONN_ID") or None,
         retries=2,
         retry_delay=timedelta(seconds=float(os.environ.get("EO_RETRY_DELAY_S", "30"))),
     )

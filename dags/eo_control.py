@@ -11,7 +11,6 @@ The same as ``eo stop MODULE:ATTR`` / ``eo resume MODULE:ATTR``.
 
 from __future__ import annotations
 
-import os
 from datetime import datetime
 
 from airflow.sdk import DAG, Param
@@ -42,6 +41,4 @@ with DAG(
         pipeline="{{ params.pipeline }}",
         action="{{ params.action }}",
         reason="{{ params.reason }}",
-        kafka_conn_id=os.environ.get("EO_KAFKA_CONN_ID") or None,
-        ledger_conn_id=os.environ.get("EO_LEDGER_CONN_ID") or None,
     )

@@ -15,7 +15,8 @@ or a savepoint taken with "stop") makes every run skip, with the reason, until
 ``eo resume``.
 
 Connections: ``spark_default`` (e.g. host ``local[2]``), optionally a ``kafka``
-connection named by ``EO_KAFKA_CONN_ID`` and an ``eo_ledger`` one by ``EO_LEDGER_CONN_ID``.
+connection named by ``EO_KAFKA_CONN_ID`` and an ``eo_ledger`` one by ``EO_LEDGER_CONN_ID``
+(the pipeline names them: see ``eo_demo_pipelines.py``).
 """
 
 from __future__ import annotations
@@ -49,8 +50,6 @@ with DAG(
         "eo_demo_pipelines:demo_pipeline",
         group_id="eo",
         spark_conn_id=os.environ.get("EO_SPARK_CONN_ID", "spark_default"),
-        kafka_conn_id=os.environ.get("EO_KAFKA_CONN_ID") or None,
-        ledger_conn_id=os.environ.get("EO_LEDGER_CONN_ID") or None,
         # The Kafka connector as for any Spark job (else: the jars `eo setup jars` installed).
         prepare_kwargs={
             "packages": os.environ.get("EO_SPARK_PACKAGES") or None,

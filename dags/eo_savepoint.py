@@ -18,7 +18,6 @@ from it by triggering ``eo_pipeline`` with ``{"restore_from": "<name>"}``, or
 
 from __future__ import annotations
 
-import os
 from datetime import datetime
 
 from airflow.sdk import DAG, Param
@@ -70,6 +69,4 @@ with DAG(
         note="{{ params.note }}",
         stop="{{ params.stop }}",
         wait_seconds="{{ params.wait_seconds }}",
-        kafka_conn_id=os.environ.get("EO_KAFKA_CONN_ID") or None,
-        ledger_conn_id=os.environ.get("EO_LEDGER_CONN_ID") or None,
     )

@@ -62,8 +62,6 @@ def _stream(commit: str, *, deferrable: bool = False) -> EoStreamOperator:
         checkpoints="{{ params.checkpoints }}",
         duration="{{ params.duration }}",
         spark_conn_id=SPARK_CONN_ID,
-        kafka_conn_id=os.environ.get("EO_KAFKA_CONN_ID") or None,
-        ledger_conn_id=os.environ.get("EO_LEDGER_CONN_ID") or None,
         deferrable=deferrable,
         heartbeat=HEARTBEAT_S,
         poll_interval=min(5.0, HEARTBEAT_S),
@@ -102,12 +100,12 @@ prepared = Asset(
     watchers=[
         AssetWatcher(
             name=f"eo_prepared_{_pipeline.name}",
-            # With EO_LEDGER_CONN_ID the triggerer looks the ledger up by connection id: a
+            # With a ledger connection the triggerer looks the ledger up by its id: a
             # trigger's kwargs never carry a password (a password-free URL is accepted).
             trigger=EoPreparedCheckpointTrigger(
                 pipeline=_pipeline.name,
-                ledger_url=None if os.environ.get("EO_LEDGER_CONN_ID") else _pipeline.ledger_url,
-                ledger_conn_id=os.environ.get("EO_LEDGER_CONN_ID") or None,
+                ledger_url=None if _pipeline.ledger_conn_id else _pipeline.ledger_url,
+                ledger_conn_id=_pipeline.ledger_conn_id,
                 poll_interval=2.0,
             ),
         )
@@ -124,7 +122,7 @@ def lowest_prepared() -> int:
     from airflow_provider_eo.operators.base import open_ledger, resolve_pipeline
     from airflow_provider_eo.version_compat import AirflowSkipException
 
-    pipeline = resolve_pipeline(PIPELINE, ledger_conn_id=os.environ.get("EO_LEDGER_CONN_ID") or None)
+    pipeline = resolve_pipeline(PIPELINE)
     with open_ledger(pipeline) as ledger:
         unfinished = unfinished_checkpoints(ledger, pipeline.name)
     if not unfinished or unfinished[0].state is not CheckpointState.PREPARED:
@@ -149,6 +147,4 @@ with DAG(
         task_id="commit",
         pipeline=PIPELINE,
         checkpoint_id=lowest_prepared(),
-        kafka_conn_id=os.environ.get("EO_KAFKA_CONN_ID") or None,
-        ledger_conn_id=os.environ.get("EO_LEDGER_CONN_ID") or None,
     )

@@ -53,10 +53,16 @@ def say_ledger(url: str) -> None:
 
 
 def load(ref: str) -> Pipeline:
-    """Import the pipeline ``MODULE:ATTR`` and say which ledger it uses."""
+    """Import the pipeline ``MODULE:ATTR``, read the Airflow connections it names
+    (``kafka_conn_id`` / ``ledger_conn_id``: ``AIRFLOW_CONN_*`` or the configured secrets
+    backend) and say which ledger it uses."""
     from airflow_provider_eo.pipeline import load_pipeline
 
     pipeline = load_pipeline(ref)
+    if pipeline.connection_ids:
+        from airflow_provider_eo.hooks.base import resolve_connections
+
+        pipeline, _ = resolve_connections(pipeline)
     say_ledger(pipeline.ledger_url)
     return pipeline
 

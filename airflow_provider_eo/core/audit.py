@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_provider_eo import names
+from airflow_provider_eo.connections import require_applied
 from airflow_provider_eo.kafka.audit import read_sink
 from airflow_provider_eo.kafka.client_config import librdkafka_config
 from airflow_provider_eo.kafka.source_read import read_source_ranges
@@ -127,6 +128,7 @@ class AuditReport:
 def audit_pipeline(pipeline: Pipeline, ledger: Ledger) -> AuditReport:
     """Audit the pipeline's sink against its ledger and its source (reads the whole sink
     topic, and the source ranges of every committed checkpoint)."""
+    require_applied(pipeline, where="the audit")
     config = librdkafka_config(pipeline.kafka)
     report = AuditReport(pipeline=pipeline.name, sink_topic=pipeline.sink_topic)
     checkpoints = {c.checkpoint_id: c for c in ledger.list_checkpoints(pipeline.name)}

@@ -54,6 +54,7 @@ from typing import Literal
 from confluent_kafka import KafkaException
 
 from airflow_provider_eo import names, staging
+from airflow_provider_eo.connections import require_applied
 from airflow_provider_eo.core.abort import abort_checkpoint
 from airflow_provider_eo.core.fault_seam import fault_point
 from airflow_provider_eo.core.markers import decide_marker
@@ -339,6 +340,7 @@ def commit_checkpoint(
     :param runner: where a spark-mode commit runs its shards (spark/commit.py's
         ``SparkShardRunner``); without one, ``auto`` commits locally and ``spark`` is refused.
     """
+    require_applied(pipeline, where="the commit")
     requested = commit_mode or pipeline.commit_mode
     started = time.monotonic()
     cp = ledger.get(pipeline.name, checkpoint_id)

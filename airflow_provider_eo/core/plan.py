@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from airflow_provider_eo import names
+from airflow_provider_eo.connections import require_applied
 from airflow_provider_eo.core.abort import abort_checkpoint
 from airflow_provider_eo.core.sink_guard import check_sink
 from airflow_provider_eo.errors import ConfigError, DataLossError, PipelineStopped, SourceError
@@ -348,6 +349,7 @@ def plan_checkpoint(
     :class:`PipelineStopped` even while earlier checkpoints are unfinished: they finish,
     nothing new starts.
     """
+    require_applied(pipeline, where="the plan")
     ledger.ensure_pipeline(pipeline.name, pipeline.fingerprint())
     # One transactional-id namespace per pipeline: pinned by its first plan, then checked.
     prefix = ledger.pin_transactional_id_prefix(pipeline.name, pipeline.transactional_id_prefix)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from airflow_provider_eo import names, staging
+from airflow_provider_eo.connections import require_applied
 from airflow_provider_eo.core.fault_seam import fault_point
 from airflow_provider_eo.core.plan import data_loss_error, frozen_commit_plan, lost_ranges
 from airflow_provider_eo.errors import PrepareError, StagingError
@@ -252,6 +253,7 @@ def prepare_checkpoint(
     its own folder. Each step is safe to repeat after a crash: a new attempt writes a new
     folder, and a folder without a manifest is never published.
     """
+    require_applied(pipeline, where="the prepare")
     stager.start(pipeline)
     started = time.monotonic()
     where = f"pipeline {pipeline.name!r}, checkpoint {checkpoint_id}"

@@ -67,6 +67,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_provider_eo.connections import require_applied
 from airflow_provider_eo.core.prepare import Stager, prepare_checkpoint
 from airflow_provider_eo.core.shard import ShardRunner
 from airflow_provider_eo.core.stream_contract import DEFAULT_HEARTBEAT_S, CommitMode, check_stream_settings
@@ -574,6 +575,7 @@ def run_stream(
         checkpoints=max_checkpoints,
         heartbeat=heartbeat_s,
     )
+    require_applied(pipeline, where="the stream")
     own = ledger is None
     ledger = ledger or Ledger(pipeline.ledger_url)
     actor = actor or Actor.here()

@@ -1,7 +1,7 @@
 """What crosses the process boundary of the streaming application (docs/design.md §8).
 
 ``EoStreamOperator`` (Airflow side) and ``eo stream`` start the application; the
-application (``spark/stream_app.py``, a spark-submit driver) runs
+application (``apps/stream.py``, a spark-submit driver) runs
 :func:`~airflow_provider_eo.core.stream.run_stream`. Two objects travel between them:
 
 - :class:`StreamAppArgs`, the application's command line: built by the starter,
@@ -111,6 +111,8 @@ def _parser(description: str | None) -> argparse.ArgumentParser:
         "--heartbeat", type=float, default=DEFAULT_HEARTBEAT_S, help="seconds between the run's heartbeats"
     )
     parser.add_argument("--log-path", default=None, help="where this driver's output goes (recorded)")
+    parser.add_argument("--kafka-conn-id", default=None, help="Airflow kafka connection of the pipeline")
+    parser.add_argument("--ledger-conn-id", default=None, help="Airflow connection of the ledger")
     return parser
 
 
@@ -135,6 +137,9 @@ class StreamAppArgs:
     :param run_id: the run's id in the ledger (``None``: a fresh one).
     :param heartbeat: seconds between the run's heartbeats in the ledger.
     :param log_path: where the driver's output goes (recorded on the run's row).
+    :param kafka_conn_id: an Airflow ``kafka`` connection given to the operator (its id only;
+        the settings reach the driver as :mod:`airflow_provider_eo.connections` says).
+    :param ledger_conn_id: the same for the ledger's connection.
     """
 
     pipeline: str
@@ -147,6 +152,8 @@ class StreamAppArgs:
     run_id: str | None = None
     heartbeat: float = DEFAULT_HEARTBEAT_S
     log_path: str | None = None
+    kafka_conn_id: str | None = None
+    ledger_conn_id: str | None = None
 
     def validate(self) -> StreamAppArgs:
         """``self``, or :class:`StreamArgsError` naming the impossible setting."""
@@ -182,6 +189,10 @@ class StreamAppArgs:
         if self.actor is not None:
             known = {k: v for k, v in dataclasses.asdict(self.actor).items() if v is not None}
             argv += _option("--actor-json", json.dumps(known))
+        if self.kafka_conn_id is not None:
+            argv += _option("--kafka-conn-id", self.kafka_conn_id)
+        if self.ledger_conn_id is not None:
+            argv += _option("--ledger-conn-id", self.ledger_conn_id)
         return argv
 
     @classmethod
@@ -202,6 +213,8 @@ class StreamAppArgs:
             run_id=ns.run_id,
             heartbeat=ns.heartbeat,
             log_path=ns.log_path,
+            kafka_conn_id=ns.kafka_conn_id,
+            ledger_conn_id=ns.ledger_conn_id,
         )
 
 

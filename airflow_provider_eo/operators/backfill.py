@@ -9,6 +9,7 @@ from typing import Any
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
 from airflow_provider_eo import names
+from airflow_provider_eo.connections import ConnectionSettings
 from airflow_provider_eo.core.backfill import run_backfill
 from airflow_provider_eo.ledger import CheckpointState, Ledger
 from airflow_provider_eo.operators.base import (
@@ -188,7 +189,7 @@ class EoBackfillOperator(PipelineTaskMixin, SparkSubmitOperator):
         checkpoint_id: int,
         *,
         extra_args: Sequence[str],
-        overrides: str | None,
+        overrides: ConnectionSettings | None,
     ) -> None:
         """Prepare one backfill checkpoint with spark-submit; return once it is PREPARED."""
         cp = ledger.get(backfill.name, checkpoint_id)

@@ -3,17 +3,17 @@
 
 A pipeline is referenced by its import path ``"module:ATTR"`` so that parsing a DAG
 imports nothing heavy and touches no Kafka, Spark or ledger. At execute time the
-reference is loaded and, when connection ids are given, the Kafka config of a ``kafka``
-connection is merged over the pipeline's and the ledger URL of an ``eo_ledger``
+reference is loaded and its connections are read (the task's ``kafka_conn_id`` /
+``ledger_conn_id``, else the pipeline's own): the Kafka config of a ``kafka`` connection is
+merged over the pipeline's and the ledger URL of an ``eo_ledger`` (or ``postgres``)
 connection replaces the pipeline's.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from typing import Any
 
+from airflow_provider_eo.connections import ConnectionSettings
 from airflow_provider_eo.ledger import Actor, Ledger
 from airflow_provider_eo.pipeline import Pipeline, load_pipeline
 from airflow_provider_eo.version_compat import AirflowSkipException, Context, mask_secret, task_identity
@@ -39,35 +39,27 @@ def mask_pipeline_secrets(pipeline: Pipeline) -> None:
             mask_secret(str(value))
 
 
+def resolve_pipeline_settings(
+    ref: str, *, kafka_conn_id: str | None = None, ledger_conn_id: str | None = None
+) -> tuple[Pipeline, ConnectionSettings]:
+    """Load ``ref`` and apply its Airflow connections (``kafka_conn_id`` / ``ledger_conn_id``
+    when given, else the pipeline's own); its secrets are masked in the task log from here
+    on (:func:`mask_pipeline_secrets`). Also returns the settings read, which a Spark driver
+    started by the task is handed (:mod:`airflow_provider_eo.connections`)."""
+    from airflow_provider_eo.hooks.base import resolve_connections
+
+    pipeline, settings = resolve_connections(
+        load_pipeline(ref), kafka_conn_id=kafka_conn_id, ledger_conn_id=ledger_conn_id
+    )
+    mask_pipeline_secrets(pipeline)
+    return pipeline, settings
+
+
 def resolve_pipeline(
     ref: str, *, kafka_conn_id: str | None = None, ledger_conn_id: str | None = None
 ) -> Pipeline:
-    """Load ``ref`` and apply the Airflow connections (when given) over its settings; its
-    secrets are masked in the task log from here on (:func:`mask_pipeline_secrets`)."""
-    pipeline = load_pipeline(ref)
-    if kafka_conn_id:
-        from airflow_provider_eo.hooks.kafka import EoKafkaHook
-
-        pipeline = EoKafkaHook(kafka_config_id=kafka_conn_id).apply_to(pipeline)
-    if ledger_conn_id:
-        from airflow_provider_eo.hooks.ledger import LedgerHook
-
-        url = LedgerHook(eo_ledger_conn_id=ledger_conn_id).get_url()
-        pipeline = dataclasses.replace(pipeline, ledger_url=url)
-    mask_pipeline_secrets(pipeline)
-    return pipeline
-
-
-def pipeline_overrides(
-    pipeline: Pipeline, *, kafka_conn_id: str | None, ledger_conn_id: str | None
-) -> str | None:
-    """JSON of the settings that came from connections (secrets included: never log it)."""
-    doc: dict[str, Any] = {}
-    if kafka_conn_id:
-        doc["kafka"] = dict(pipeline.kafka)
-    if ledger_conn_id:
-        doc["ledger_url"] = pipeline.ledger_url
-    return json.dumps(doc) if doc else None
+    """The pipeline of :func:`resolve_pipeline_settings`."""
+    return resolve_pipeline_settings(ref, kafka_conn_id=kafka_conn_id, ledger_conn_id=ledger_conn_id)[0]
 
 
 def open_ledger(pipeline: Pipeline) -> Ledger:
@@ -126,18 +118,29 @@ class PipelineTaskMixin:
         self.ledger_conn_id = ledger_conn_id
 
     def resolve_pipeline(self) -> Pipeline:
-        """The pipeline with this task's connections applied (see :func:`resolve_pipeline`)."""
-        return resolve_pipeline(
+        """The pipeline with its connections applied (see :func:`resolve_pipeline_settings`);
+        the settings read are kept for :meth:`pipeline_overrides`."""
+        pipeline, settings = resolve_pipeline_settings(
             self.pipeline, kafka_conn_id=self.kafka_conn_id, ledger_conn_id=self.ledger_conn_id
         )
+        self._eo_connection_settings = settings
+        return pipeline
 
     def target_checkpoint(self) -> int:
         """The (rendered) ``checkpoint_id`` as an int; skips the task when the plan had none."""
         return parse_checkpoint_id(self.checkpoint_id, task_id=self.task_id)
 
-    def pipeline_overrides(self, pipeline: Pipeline) -> str | None:
-        """JSON of the settings that came from this task's connections (see
-        :func:`pipeline_overrides`; secrets included: never log it)."""
-        return pipeline_overrides(
-            pipeline, kafka_conn_id=self.kafka_conn_id, ledger_conn_id=self.ledger_conn_id
-        )
+    def ledger_connection_id(self) -> str | None:
+        """The ledger connection this task reads (its ``ledger_conn_id``, else the pipeline's
+        own, as :meth:`resolve_pipeline` found it): what a trigger is given instead of a URL
+        with a password."""
+        settings: ConnectionSettings | None = getattr(self, "_eo_connection_settings", None)
+        if settings is not None and settings.ledger_conn_id:
+            return settings.ledger_conn_id
+        return self.ledger_conn_id or None
+
+    def pipeline_overrides(self, pipeline: Pipeline) -> ConnectionSettings | None:
+        """The settings :meth:`resolve_pipeline` read from connections (``None`` when the
+        pipeline names none), to hand to the Spark driver; secrets included: never log them."""
+        settings: ConnectionSettings | None = getattr(self, "_eo_connection_settings", None)
+        return settings or None

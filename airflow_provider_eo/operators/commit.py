@@ -34,7 +34,7 @@ from airflow_provider_eo.pipeline import COMMIT_MODES, Pipeline
 from airflow_provider_eo.ui.links import LINK_ATTR, EoCheckpointLink
 from airflow_provider_eo.version_compat import AirflowException, Context
 
-COMMIT_MODULE = "airflow_provider_eo.spark.commit_app"
+COMMIT_MODULE = "airflow_provider_eo.apps.commit"
 
 
 class CommitNotRecorded(AirflowException):
@@ -42,7 +42,7 @@ class CommitNotRecorded(AirflowException):
 
 
 def commit_application() -> str:
-    """File path of the PySpark application ``airflow_provider_eo/spark/commit_app.py``."""
+    """File path of the PySpark application ``airflow_provider_eo/apps/commit.py``."""
     return provider_application(COMMIT_MODULE)
 
 
@@ -85,7 +85,7 @@ class EoCommitOperator(PipelineTaskMixin, SparkSubmitOperator):
 
     - ``"local"``: in this task's process, one shard after another.
     - ``"spark"``: ``spark-submit`` of the provider's commit application
-      (``airflow_provider_eo/spark/commit_app.py``) with this task's Spark settings (the
+      (``airflow_provider_eo/apps/commit.py``) with this task's Spark settings (the
       ``conn_id`` connection, ``conf``, ``deploy_mode``, ``env_vars`` ... as for
       :class:`SparkSubmitOperator`; the pipeline module is shipped in ``py_files``, and the
       ``kafka_conn_id``/``ledger_conn_id`` settings reach a client-mode driver in its

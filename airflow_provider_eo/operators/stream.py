@@ -1,6 +1,6 @@
 """Run a pipeline in streaming mode (docs/design.md §8) as one Airflow task.
 
-The task spark-submits ``airflow_provider_eo/spark/stream_app.py``, the long-running
+The task spark-submits ``airflow_provider_eo/apps/stream.py``, the long-running
 application that plans, prepares and (``commit="inline"``) commits a checkpoint every
 ``interval`` seconds with the ledger as its only offset store.
 
@@ -23,8 +23,9 @@ Where the driver runs, and what holds a worker slot (honest about both modes):
 - **cluster deploy mode** (standalone cluster, YARN cluster, Kubernetes): the Spark
   provider's durable submission tracks the driver (``SparkSubmitOperator``'s resumable
   path: a task retry re-attaches to a driver that is still running instead of submitting
-  a second one). The task still polls from its worker slot. ``kafka_conn_id`` and
-  ``ledger_conn_id`` are refused there (they would travel in Spark conf).
+  a second one). The task still polls from its worker slot. The driver reads the pipeline's
+  connections itself there (Airflow's secrets backend or ``AIRFLOW_CONN_*`` on its host):
+  a task never sends secrets in Spark conf.
 
 A driver that dies fails the task with :class:`StreamDriverFailed`: the exit code, the
 driver's error (its exception and traceback, which the application appends to a report
@@ -69,7 +70,7 @@ from airflow_provider_eo.operators.submit import (
 from airflow_provider_eo.triggers.stream import EoStreamRunTrigger
 from airflow_provider_eo.version_compat import AirflowException, AirflowFailException, Context
 
-STREAM_MODULE = "airflow_provider_eo.spark.stream_app"
+STREAM_MODULE = "airflow_provider_eo.apps.stream"
 STREAM_APP = "eo-stream"
 _EXIT_CODE = re.compile(r"Error code is: (-?\d+)")
 
@@ -101,7 +102,7 @@ class EoStreamOperator(PipelineTaskMixin, SparkSubmitOperator):
     """Submit the pipeline's long-running streaming application and track it until it ends.
 
     A :class:`SparkSubmitOperator` whose application is
-    ``airflow_provider_eo/spark/stream_app.py`` (see the module docstring for where the
+    ``airflow_provider_eo/apps/stream.py`` (see the module docstring for where the
     driver runs and the worker slot). The task succeeds when the application exits 0: after
     ``duration`` seconds, after ``checkpoints`` checkpoints, on SIGTERM, or when the
     pipeline is stopped (``eo stop``, a stop-with-savepoint). It fails with
@@ -374,10 +375,9 @@ class EoStreamOperator(PipelineTaskMixin, SparkSubmitOperator):
         return live
 
     def _defer_on(self, pipeline: Any, run_id: str) -> None:
+        ledger_conn_id = self.ledger_connection_id()
         ledger_ref: dict[str, Any] = (
-            {"ledger_conn_id": self.ledger_conn_id}
-            if self.ledger_conn_id
-            else {"ledger_url": pipeline.ledger_url}
+            {"ledger_conn_id": ledger_conn_id} if ledger_conn_id else {"ledger_url": pipeline.ledger_url}
         )
         try:
             trigger = EoStreamRunTrigger(

@@ -13,6 +13,7 @@ from typing import Any
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
 from airflow_provider_eo import names
+from airflow_provider_eo.connections import ConnectionSettings, remove_handoff, write_handoff
 from airflow_provider_eo.ledger import CheckpointState
 from airflow_provider_eo.operators.base import (
     PIPELINE_TEMPLATE_FIELDS,
@@ -28,7 +29,7 @@ from airflow_provider_eo.version_compat import (
     task_identity,
 )
 
-PREPARE_MODULE = "airflow_provider_eo.spark.prepare"
+PREPARE_MODULE = "airflow_provider_eo.apps.prepare"
 
 
 class PrepareNotRecorded(AirflowException):
@@ -36,7 +37,7 @@ class PrepareNotRecorded(AirflowException):
 
 
 def prepare_application() -> str:
-    """File path of the PySpark application ``airflow_provider_eo/spark/prepare.py``."""
+    """File path of the PySpark application ``airflow_provider_eo/apps/prepare.py``."""
     return provider_application(PREPARE_MODULE)
 
 
@@ -168,7 +169,7 @@ def configure_submit(
     application_args: Sequence[str],
     pipeline_ref: str,
     pipeline_name: str,
-    overrides: str | None,
+    overrides: ConnectionSettings | None,
     ship: Sequence[str | None] = (),
     spark_kafka: bool = True,
 ) -> bool:
@@ -186,12 +187,26 @@ def configure_submit(
     Shared by the submit, backfill and stream operators; may be called more than once on
     the same task (the next ``execute`` builds its hook afresh; the merges are idempotent).
 
-    :param overrides: JSON of connection-provided settings (see
-        :func:`~airflow_provider_eo.operators.base.pipeline_overrides`); refused in
-        cluster mode, where it would travel in Spark conf.
+    :param overrides: the settings the task read from Airflow connections
+        (:meth:`~airflow_provider_eo.operators.base.PipelineTaskMixin.pipeline_overrides`).
+        A client-mode driver is handed them through a private file
+        (:mod:`airflow_provider_eo.connections`; removed by :func:`end_submit`); a
+        cluster-mode driver gets only the connection ids and reads the connections itself.
+        Neither way puts a secret on the command line, in the environment or in Spark conf.
     """
+    end_submit(task)  # a previous submit's hand-off, if its driver never read it
     task.application = task.application or application
-    task.application_args = [*application_args, "--actor-json", json.dumps(task_identity(context))]
+    conn_args: list[str] = []
+    if overrides and overrides.kafka_conn_id:
+        conn_args += ["--kafka-conn-id", overrides.kafka_conn_id]
+    if overrides and overrides.ledger_conn_id:
+        conn_args += ["--ledger-conn-id", overrides.ledger_conn_id]
+    task.application_args = [
+        *application_args,
+        *conn_args,
+        "--actor-json",
+        json.dumps(task_identity(context)),
+    ]
     if spark_kafka:
         add_task_time_jars(task, pipeline_name)
     shipped = ship_py_files([pipeline_ref, *ship])
@@ -200,19 +215,32 @@ def configure_submit(
         task.log.info("shipping to the executors (py_files): %s", ", ".join(shipped))
     _master, deploy_mode = spark_target(task)
     _rebuild_hook(task)
+    env = {**(task.env_vars or {})}
+    env.pop(names.CONNECTIONS_FILE_ENV, None)
     if deploy_mode == "cluster":
         if overrides:
-            raise AirflowFailException(
-                f"pipeline {pipeline_name!r}: kafka_conn_id/ledger_conn_id cannot reach a "
-                "cluster-mode driver (it would carry secrets in Spark conf); let the pipeline "
-                "module read its settings on the cluster, or use client deploy mode"
+            task.log.info(
+                "pipeline %s: cluster deploy mode: the driver reads connection(s) %s itself "
+                "(Airflow's secrets backend or AIRFLOW_CONN_* on the host it runs on)",
+                pipeline_name,
+                ", ".join(i for i in (overrides.kafka_conn_id, overrides.ledger_conn_id) if i),
             )
+        task.env_vars = env
         return True
-    env = {**local_driver_env(pipeline_ref), **(task.env_vars or {})}
+    env = {**local_driver_env(pipeline_ref), **env}
     if overrides:
-        env[names.PIPELINE_OVERRIDES_ENV] = overrides
+        handoff = write_handoff(overrides)
+        task._eo_handoff = str(handoff)
+        env[names.CONNECTIONS_FILE_ENV] = str(handoff)
     task.env_vars = env
     return False
+
+
+def end_submit(task: SparkSubmitOperator) -> None:
+    """Remove the connection hand-off file of the task's last submit (the driver deletes it
+    when it reads it; this covers a driver that never started)."""
+    remove_handoff(getattr(task, "_eo_handoff", None))
+    task._eo_handoff = None
 
 
 def submit_prepare(
@@ -222,7 +250,7 @@ def submit_prepare(
     pipeline_ref: str,
     pipeline_name: str,
     checkpoint_id: int,
-    overrides: str | None,
+    overrides: ConnectionSettings | None,
     extra_args: Sequence[str] = (),
     ship: Sequence[str | None] = (),
 ) -> None:
@@ -256,14 +284,17 @@ def submit_prepare(
         # Kubernetes tracking as configured on the operator) waits for the driver and fails
         # the task with its final state when it dies; the ledger then says PREPARED or not.
         task.log.info("prepare job: cluster deploy mode, the Spark provider tracks the driver")
-    SparkSubmitOperator.execute(task, context)
+    try:
+        SparkSubmitOperator.execute(task, context)
+    finally:
+        end_submit(task)
 
 
 class EoSubmitOperator(PipelineTaskMixin, SparkSubmitOperator):
     """Run the provider's prepare job for one checkpoint with ``spark-submit``.
 
     A :class:`SparkSubmitOperator` (any ``spark`` connection, client or cluster deploy
-    mode) whose application is ``airflow_provider_eo/spark/prepare.py`` and whose
+    mode) whose application is ``airflow_provider_eo/apps/prepare.py`` and whose
     arguments name the pipeline, the checkpoint and this task instance (recorded in the
     ledger). The Kafka connector jars are added to ``jars`` at execute time.
 

@@ -133,10 +133,11 @@ class EoCheckpointSensor(PipelineTaskMixin, BaseSensorOperator):
         }
 
     def _trigger_ledger(self, url: str) -> dict[str, str | None]:
-        """How the trigger names the ledger: the task's ``ledger_conn_id`` (looked up in
-        the triggerer; the password never enters the trigger's stored kwargs), else the
-        pipeline's URL, refused when it carries a password."""
-        conn_id = self.ledger_conn_id or None
+        """How the trigger names the ledger: the ledger connection read (the task's
+        ``ledger_conn_id``, else the pipeline's; looked up in the triggerer, so the password
+        never enters the trigger's stored kwargs), else the pipeline's URL, refused when it
+        carries a password."""
+        conn_id = self.ledger_connection_id()
         if conn_id:
             return {"ledger_url": None, "ledger_conn_id": str(conn_id)}
         check_ledger_ref(url, None, where=f"task {self.task_id!r}")

@@ -184,7 +184,7 @@ def test_spark_mode_commit_is_published_by_spark_tasks_not_the_airflow_task(
     assert all(p["executor"] == "driver" and not p["skipped"] for p in publishers), out
     assert sum(p["records"] for p in publishers) == committed, out
     log = airflow_env.log_text()
-    assert "commit_app.py" in log and "on Spark executors" in log
+    assert "apps/commit.py" in log and "on Spark executors" in log
     _assert_exactly_once(pipeline, committed)
     with Ledger(pipeline.ledger_url) as ledger:
         events = ledger.events(pipeline.name, 1)

@@ -1,5 +1,5 @@
 """dags/eo_stream.py under ``dag.test()``: real Airflow 3, Kafka and spark-submit of the
-streaming application (``spark/stream_app.py`` on ``local[2]``, client mode)."""
+streaming application (``apps/stream.py`` on ``local[2]``, client mode)."""
 
 from __future__ import annotations
 

@@ -72,7 +72,7 @@ def test_commit_mode_is_templated_and_defaults_to_the_pipeline() -> None:
 
 
 def test_commit_application_is_the_package_file() -> None:
-    assert commit_application().endswith("airflow_provider_eo/spark/commit_app.py")
+    assert commit_application().endswith("airflow_provider_eo/apps/commit.py")
 
 
 def _committed(pipeline_ref: str) -> None:

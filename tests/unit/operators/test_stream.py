@@ -24,7 +24,7 @@ def test_no_work_at_construction(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _fake_submit(monkeypatch: pytest.MonkeyPatch, lines: list[str], error: str | None) -> list[Any]:
     """spark-submit faked: the "application" appends ``lines`` to its --report-file (as
-    stream_app.py does), then exits with ``error`` (the provider's AirflowException)."""
+    apps/stream.py does), then exits with ``error`` (the provider's AirflowException)."""
     import airflow_provider_eo.operators.stream as mod
 
     calls: list[Any] = []
@@ -101,7 +101,7 @@ def test_success_returns_the_summary(
     op = EoStreamOperator(task_id="stream", pipeline=pipeline_ref, interval="2", checkpoints="2")
     result = op.execute(context)
     assert result["checkpoints"] == 2 and result["records"] == 7 and result["unfinished"] == []
-    assert calls[0]["application"].endswith("airflow_provider_eo/spark/stream_app.py")
+    assert calls[0]["application"].endswith("airflow_provider_eo/apps/stream.py")
     args = calls[0]["application_args"]
     assert args[args.index("--checkpoints") + 1] == "2"
     report = args[args.index("--report-file") + 1]

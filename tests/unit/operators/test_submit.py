@@ -30,7 +30,7 @@ def test_no_work_at_construction(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_prepare_application_is_the_package_file() -> None:
     path = prepare_application()
-    assert path.endswith("airflow_provider_eo/spark/prepare.py")
+    assert path.endswith("airflow_provider_eo/apps/prepare.py")
 
 
 def test_module_root_and_env(pipeline_ref: str, tmp_path: Any) -> None:

@@ -2,9 +2,10 @@
 transaction runs in a Spark task on an executor (spark/commit.py), this driver keeps the
 ledger.
 
-Runnable by ``spark-submit`` (``spark-submit .../commit_app.py --pipeline mod:ATTR
---checkpoint N``); ``EoCommitOperator(commit_mode="spark")`` submits it. Never imports
-Airflow.
+Runnable by ``spark-submit`` (``spark-submit .../apps/commit.py --pipeline mod:ATTR
+--checkpoint N``); ``EoCommitOperator(commit_mode="spark")`` submits it. Imports Airflow
+only to read a connection no task handed over (see
+:func:`~airflow_provider_eo.apps.driver_pipeline`).
 
 Prints the commit's summary (``CommitResult.summary()``: the checkpoint, ``published``,
 ``commit_mode``, the ``committer`` (this driver) and the ``publishers`` of every shard) as
@@ -22,12 +23,11 @@ import sys
 from pathlib import Path
 
 from airflow_provider_eo import names
+from airflow_provider_eo.apps import add_connection_args, driver_pipeline
 from airflow_provider_eo.core.commit import commit_checkpoint
 from airflow_provider_eo.errors import EoError
 from airflow_provider_eo.ledger import Actor, Ledger
-from airflow_provider_eo.pipeline import load_pipeline
 from airflow_provider_eo.spark.commit import SparkShardRunner
-from airflow_provider_eo.spark.prepare import apply_overrides
 
 __all__ = ["EXIT_FAILED", "main"]
 
@@ -44,19 +44,20 @@ def _write_summary(path: str, line: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``spark-submit commit_app.py --pipeline MOD:ATTR --checkpoint N [--actor-json J]
+    """``spark-submit apps/commit.py --pipeline MOD:ATTR --checkpoint N [--actor-json J]
     [--summary-file PATH]``."""
     parser = argparse.ArgumentParser(prog=names.COMMIT_APP, description=__doc__.splitlines()[0])
     parser.add_argument("--pipeline", required=True, help="MODULE:ATTR of the Pipeline")
     parser.add_argument("--checkpoint", type=int, required=True)
     parser.add_argument("--actor-json", default=None, help="Airflow lineage for the ledger")
+    add_connection_args(parser)
     parser.add_argument(
         "--summary-file", default=None, help="also write the summary JSON to this file (client mode)"
     )
     args = parser.parse_args(argv)
-    # Settings that came from Airflow connections (kafka_conn_id / ledger_conn_id) arrive in
-    # the environment, never on the command line.
-    pipeline = apply_overrides(load_pipeline(args.pipeline), os.environ.get(names.PIPELINE_OVERRIDES_ENV))
+    pipeline = driver_pipeline(
+        args.pipeline, kafka_conn_id=args.kafka_conn_id, ledger_conn_id=args.ledger_conn_id
+    )
     actor = Actor(**json.loads(args.actor_json)) if args.actor_json else Actor.here()
 
     from airflow_provider_eo.spark.session import get_spark

@@ -1,7 +1,8 @@
 """Prepare one checkpoint with PySpark: read exactly its planned ranges, transform, stage.
 
 Runnable by ``spark-submit`` (``spark-submit .../prepare.py --pipeline mod:ATTR --checkpoint N``).
-Never imports Airflow.
+Imports Airflow only to read a connection no task handed over (see
+:func:`~airflow_provider_eo.apps.driver_pipeline`).
 
 The protocol step is :func:`airflow_provider_eo.core.prepare.prepare_checkpoint`; the Spark
 work behind it is :class:`airflow_provider_eo.spark.stager.SparkStager`. This module parses
@@ -11,32 +12,16 @@ the arguments, builds the pipeline and runs the two.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
-import os
 import sys
 
 from airflow_provider_eo import names
+from airflow_provider_eo.apps import add_connection_args, driver_pipeline
 from airflow_provider_eo.core.prepare import prepare_checkpoint
 from airflow_provider_eo.ledger import Actor, Ledger
-from airflow_provider_eo.pipeline import Pipeline, load_pipeline
 from airflow_provider_eo.spark.stager import SparkStager
 
-__all__ = ["apply_overrides", "main"]
-
-
-def apply_overrides(pipeline: Pipeline, overrides: str | None) -> Pipeline:
-    """``pipeline`` with the settings that came from Airflow connections (the JSON the submit
-    operator puts in :data:`names.PIPELINE_OVERRIDES_ENV`: ``kafka`` merged over the
-    pipeline's, ``ledger_url`` replacing it); unchanged when ``overrides`` is empty."""
-    if not overrides:
-        return pipeline
-    doc = json.loads(overrides)
-    return dataclasses.replace(
-        pipeline,
-        kafka={**pipeline.kafka, **doc.get("kafka", {})},
-        ledger_url=doc.get("ledger_url", pipeline.ledger_url),
-    )
+__all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint", type=int, required=True)
     parser.add_argument("--attempt", default=None)
     parser.add_argument("--actor-json", default=None, help="Airflow lineage for the ledger")
+    add_connection_args(parser)
     parser.add_argument(
         "--backfill-sink-topic", default=None, help="prepare a checkpoint of the backfill into TOPIC"
     )
@@ -57,9 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.backfill_transform and not args.backfill_sink_topic:
         parser.error("--backfill-transform needs --backfill-sink-topic")
-    # Settings that came from Airflow connections (EoSubmitOperator kafka_conn_id /
-    # ledger_conn_id) arrive in the environment, never on the command line.
-    pipeline = apply_overrides(load_pipeline(args.pipeline), os.environ.get(names.PIPELINE_OVERRIDES_ENV))
+    pipeline = driver_pipeline(
+        args.pipeline, kafka_conn_id=args.kafka_conn_id, ledger_conn_id=args.ledger_conn_id
+    )
     if args.backfill_sink_topic:
         from airflow_provider_eo.core.backfill import backfill_pipeline
 

@@ -1,12 +1,13 @@
 """The streaming application's ``spark-submit`` entry point (docs/design.md §8):
 
-    spark-submit .../stream_app.py --pipeline MOD:ATTR [--interval S] [--commit inline|airflow]
+    spark-submit .../apps/stream.py --pipeline MOD:ATTR [--interval S] [--commit inline|airflow]
                                    [--duration S | --checkpoints N] [--run-id ID]
                                    [--heartbeat S] [--log-path PATH]
 
 Runs :func:`airflow_provider_eo.core.stream.run_stream` on the session spark-submit gives
 (local, standalone, YARN, Kubernetes); prints one JSON line per checkpoint and the summary
-last. SIGTERM ends it cleanly (exit 0). Never imports Airflow.
+last. SIGTERM ends it cleanly (exit 0). Imports Airflow only to read a connection no task
+handed over (see :func:`~airflow_provider_eo.apps.driver_pipeline`).
 
 ``--report-file PATH`` appends the same JSON lines to ``PATH`` and, when the application
 fails, a last ``{"error": ..., "traceback": [...]}`` line: how ``EoStreamOperator`` learns the
@@ -23,15 +24,12 @@ row from the triggerer (heartbeat, ENDED with the summary, FAILED with the error
 
 from __future__ import annotations
 
-import os
 import sys
 
-from airflow_provider_eo import names
+from airflow_provider_eo.apps import driver_pipeline
 from airflow_provider_eo.core.stream import StreamCheckpoint, run_stream
 from airflow_provider_eo.core.stream_contract import StreamAppArgs, StreamFailure, StreamReportWriter
 from airflow_provider_eo.ledger import Actor
-from airflow_provider_eo.pipeline import load_pipeline
-from airflow_provider_eo.spark.prepare import apply_overrides
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,7 +41,9 @@ def main(argv: list[str] | None = None) -> int:
         from airflow_provider_eo.spark.stager import SparkStager
 
         args.validate()
-        pipeline = apply_overrides(load_pipeline(args.pipeline), os.environ.get(names.PIPELINE_OVERRIDES_ENV))
+        pipeline = driver_pipeline(
+            args.pipeline, kafka_conn_id=args.kafka_conn_id, ledger_conn_id=args.ledger_conn_id
+        )
         actor = args.actor or Actor.here()
         stager = SparkStager(app_name=f"eo-stream-{pipeline.name}")
         stager.start(pipeline)
