@@ -14,6 +14,62 @@ if TYPE_CHECKING:
     from airflow_provider_eo.ledger.store import Ledger
 
 _SQLITE_TYPES = {"sqlite", "eo_ledger_sqlite"}
+_DRIVER = "postgresql+psycopg"
+
+#: libpq connection parameters a ``postgres`` connection's extra may carry (as the Postgres
+#: provider's connection form documents them); they go into the URL's query, which psycopg
+#: passes to libpq.
+LIBPQ_EXTRAS = frozenset(
+    {
+        "sslmode",
+        "sslcert",
+        "sslkey",
+        "sslpassword",
+        "sslrootcert",
+        "sslcrl",
+        "sslcrldir",
+        "sslsni",
+        "sslcompression",
+        "ssl_min_protocol_version",
+        "ssl_max_protocol_version",
+        "gssencmode",
+        "krbsrvname",
+        "gsslib",
+        "requirepeer",
+        "require_auth",
+        "channel_binding",
+        "connect_timeout",
+        "client_encoding",
+        "options",
+        "application_name",
+        "fallback_application_name",
+        "keepalives",
+        "keepalives_idle",
+        "keepalives_interval",
+        "keepalives_count",
+        "tcp_user_timeout",
+        "target_session_attrs",
+        "load_balance_hosts",
+        "service",
+        "passfile",
+    }
+)
+#: Extra keys of the Postgres provider's form that are not libpq parameters.
+_PROVIDER_ONLY_EXTRAS = frozenset(
+    {
+        "cursor",
+        "sqlalchemy_scheme",
+        "sqlalchemy_query",
+        "enable_log_db_messages",
+        "aws_conn_id",
+        "azure_conn_id",
+        "cluster-identifier",
+        "port",
+        "region_name",
+        "redshift",
+        "redshift-serverless",
+    }
+)
 
 
 class LedgerHook(BaseHook):
@@ -70,7 +126,27 @@ class LedgerHook(BaseHook):
                     "path in the host field"
                 )
             return f"sqlite:///{host}"
-        driver = str(extra.get("driver") or "postgresql+psycopg")
+        if extra.get("iam"):
+            raise ConfigError(
+                f"connection {self.eo_ledger_conn_id!r}: IAM authentication (extra 'iam') is not "
+                "supported for the ledger; give it a password, or a full URL in the extra "
+                "'sqlalchemy_url'"
+            )
+        driver = str(extra.get("driver") or _DRIVER)
+        query = {k: str(v) for k, v in extra.items() if k in LIBPQ_EXTRAS and v is not None}
+        unknown = sorted(
+            k
+            for k in extra
+            if k not in LIBPQ_EXTRAS
+            and k not in _PROVIDER_ONLY_EXTRAS
+            and k not in {"driver", "dialect", "sqlalchemy_url", "iam"}
+        )
+        if unknown:
+            self.log.warning(
+                "connection %s: ignoring extra %s (not a libpq connection parameter)",
+                self.eo_ledger_conn_id,
+                unknown,
+            )
         return URL.create(
             drivername=driver,
             username=conn.login or None,
@@ -78,6 +154,7 @@ class LedgerHook(BaseHook):
             host=host or None,
             port=conn.port or None,
             database=conn.schema or None,
+            query=query,
         ).render_as_string(hide_password=False)
 
     def get_ledger(self) -> Ledger:

@@ -65,3 +65,39 @@ def test_unreachable_reports_without_password() -> None:
         sqlalchemy_url="postgresql+psycopg://eo:hunter2@127.0.0.1:1/eo"
     ).test_connection()
     assert not ok and "hunter2" not in message and "unavailable" in message
+
+
+def test_a_postgres_connections_libpq_extras_reach_the_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Postgres provider's form keeps sslmode & co. in the extra: they go into the URL's
+    query (psycopg hands them to libpq); the provider's own keys are not libpq's and stay out."""
+    _conn_env(
+        monkeypatch,
+        "pg_ssl",
+        conn_type="postgres",
+        host="db.example",
+        schema="eo",
+        login="eo",
+        extra={
+            "sslmode": "verify-full",
+            "sslrootcert": "/etc/ssl/ca.pem",
+            "application_name": "eo-ledger",
+            "cursor": "dictcursor",
+        },
+    )
+    from sqlalchemy.engine import make_url
+
+    url = make_url(LedgerHook("pg_ssl").get_url())
+    assert url.drivername == "postgresql+psycopg" and url.host == "db.example"
+    assert dict(url.query) == {
+        "sslmode": "verify-full",
+        "sslrootcert": "/etc/ssl/ca.pem",
+        "application_name": "eo-ledger",
+    }
+
+
+def test_iam_authentication_is_refused_with_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_provider_eo.errors import ConfigError
+
+    _conn_env(monkeypatch, "pg_iam", conn_type="postgres", host="db.example", extra={"iam": True})
+    with pytest.raises(ConfigError, match=r"'pg_iam': IAM authentication.*sqlalchemy_url"):
+        LedgerHook("pg_iam").get_url()
