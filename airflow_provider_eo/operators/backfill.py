@@ -75,6 +75,15 @@ class EoBackfillOperator(PipelineTaskMixin, SparkSubmitOperator):
     In client deploy mode the task runs each driver; in cluster mode the Spark provider
     tracks each driver until it ends (see :class:`~airflow_provider_eo.operators.submit.EoSubmitOperator`).
 
+    Retries in cluster deploy mode (Airflow >= 3.3, the Spark provider's ``durable``
+    submission): the id of each checkpoint's prepare driver is kept in the task's
+    ``task_state_store`` under a key of its own (the backfill pipeline and the checkpoint),
+    so the prepares one try submits in turn never take each other's drivers for their own.
+    A retry resumes the unfinished checkpoint and re-attaches to that checkpoint's driver
+    while it still runs; once the driver has ended, in whatever state, the ledger decides:
+    PREPARED is done, anything else is prepared again by a new driver. Client deploy mode,
+    and Airflow < 3.3, submit each prepare anew.
+
     Returns (XCom) ``{"pipeline", "backfill_pipeline", "checkpoints", "records", "start",
     "end", "sink_topic"}``.
 

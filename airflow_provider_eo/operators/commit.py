@@ -18,6 +18,7 @@ from airflow_provider_eo import names
 from airflow_provider_eo.core.commit import commit_checkpoint, resolve_commit_mode
 from airflow_provider_eo.errors import NotPrepared
 from airflow_provider_eo.ledger import CheckpointRecord, CheckpointState
+from airflow_provider_eo.operators._resume import resume_key, resume_submission
 from airflow_provider_eo.operators.base import (
     PIPELINE_TEMPLATE_FIELDS,
     PipelineTaskMixin,
@@ -93,6 +94,14 @@ class EoCommitOperator(PipelineTaskMixin, SparkSubmitOperator):
       executor and the driver keeps the ledger: no record passes through this worker. After
       the job ends the task reads the ledger and succeeds only when the checkpoint is
       COMMITTED. No Kafka connector jar is needed (the commit reads the staged files itself).
+      A retry (or a cleared task) of a cluster-deploy-mode commit re-attaches to the commit
+      driver it submitted for this checkpoint while that driver still runs (Airflow >= 3.3:
+      the Spark provider's ``durable`` submission, the driver's id kept in the task's
+      ``task_state_store`` per pipeline and checkpoint, never another checkpoint's). Once
+      that driver has ended, in whatever state, the ledger decides: COMMITTED is done,
+      anything else is committed again by a new driver (the shards its markers show
+      committed are skipped, a zombie's transaction is fenced). Client deploy mode, and
+      Airflow < 3.3, submit a new commit job on every try.
     - ``"auto"``: ``spark`` when the checkpoint has at least the pipeline's
       ``spark_commit_min_records`` records and the Spark connection's master is a cluster
       (not ``local``/``local[N]``), else ``local`` (also when there is no Spark connection).
@@ -255,12 +264,21 @@ class EoCommitOperator(PipelineTaskMixin, SparkSubmitOperator):
                 checkpoint_id,
                 cp.records,
             )
+            # Re-attach only to a commit driver of this checkpoint (see the class docstring).
+            resume_submission(
+                self,
+                context,
+                key=resume_key("commit", pipeline.name, checkpoint_id),
+                what=f"pipeline {pipeline.name!r}: the commit of checkpoint {checkpoint_id}",
+            )
             self._submitted = True
-            failure: AirflowException | None = None
+            failure: Exception | None = None
             try:
                 SparkSubmitOperator.execute(self, context)
-            except AirflowException as exc:
-                failure = exc  # the ledger decides below
+            except (AirflowException, RuntimeError) as exc:
+                # spark-submit's failure, or a tracked cluster driver's final state (the
+                # Spark provider raises RuntimeError for those): the ledger decides below.
+                failure = exc
             summary = _read_summary(summary_file)
         finally:
             if summary_dir:

@@ -20,12 +20,17 @@ Where the driver runs, and what holds a worker slot (honest about both modes):
   task still alive and re-attaches to it instead of starting a second driver. Needs a
   worker host that outlives the task (Local/Celery executors; not a Kubernetes-executor pod,
   which is deleted when the task defers).
-- **cluster deploy mode** (standalone cluster, YARN cluster, Kubernetes): the Spark
-  provider's durable submission tracks the driver (``SparkSubmitOperator``'s resumable
-  path: a task retry re-attaches to a driver that is still running instead of submitting
-  a second one). The task still polls from its worker slot. The driver reads the pipeline's
-  connections itself there (Airflow's secrets backend or ``AIRFLOW_CONN_*`` on its host):
-  a task never sends secrets in Spark conf.
+- **cluster deploy mode** (YARN cluster with ``yarn_track_via_rm_api=True``, Kubernetes
+  with ``track_driver_via_k8s_api=True``; Spark refuses cluster deploy mode for Python
+  applications on a standalone master): the Spark provider's durable submission tracks the
+  driver. On Airflow >= 3.3 a retry (or a cleared task) re-attaches to this pipeline's
+  stream driver while it still runs instead of submitting a second one (its id is kept in
+  the task's ``task_state_store`` per pipeline); once that driver has ended, whether it
+  finished, failed or is unknown to the cluster, the next try submits a new stream, which
+  resumes the unfinished checkpoints from the ledger (an ended stream is not taken for this
+  try's work). Below Airflow 3.3 every try submits. The task still polls from its worker
+  slot. The driver reads the pipeline's connections itself there (Airflow's secrets
+  backend or ``AIRFLOW_CONN_*`` on its host): a task never sends secrets in Spark conf.
 
 A driver that dies fails the task with :class:`StreamDriverFailed`: the exit code, the
 driver's error (its exception and traceback, which the application appends to a report
@@ -56,6 +61,7 @@ from airflow_provider_eo.core.stream_contract import (
     StreamReport,
     check_stream_settings,
 )
+from airflow_provider_eo.operators._resume import resume_key, resume_submission
 from airflow_provider_eo.operators.base import (
     PIPELINE_TEMPLATE_FIELDS,
     PipelineTaskMixin,
@@ -240,10 +246,20 @@ class EoStreamOperator(PipelineTaskMixin, SparkSubmitOperator):
             self.commit,
             self._unfinished(pipeline) or "none",
         )
+        # One stream driver per pipeline: a running one of this task is re-attached to, an
+        # ended one is forgotten and the stream submitted again (see the module docstring).
+        resume_submission(
+            self,
+            context,
+            key=resume_key("stream", pipeline.name),
+            what=f"pipeline {pipeline.name!r}: the streaming application",
+        )
         try:
             SparkSubmitOperator.execute(self, context)
             reported = StreamReport.read(report)
-        except AirflowException as exc:
+        except (AirflowException, RuntimeError) as exc:
+            # spark-submit's failure, or a tracked cluster driver's final state (the Spark
+            # provider raises RuntimeError for those).
             match = _EXIT_CODE.search(str(exc))
             exit_code = int(match.group(1)) if match else None
             failure = StreamReport.read(report).failure
