@@ -5,17 +5,20 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy import Connection
 from sqlalchemy.exc import OperationalError
 
 from airflow_provider_eo.ledger.engine import Database
 from airflow_provider_eo.ledger.errors import LedgerError
 from airflow_provider_eo.ledger.models import VERSION_TABLE
+
+if TYPE_CHECKING:
+    from alembic.config import Config
+
+# Alembic is imported where a schema is read or migrated, not with the module: the ledger
+# package is imported when a DAG file imports an operator, and DAG parsing stays light.
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 
@@ -24,6 +27,8 @@ _MIGRATE_LOCK_KEY = zlib.crc32(b"eo-ledger-migrate")
 
 
 def _alembic_config(connection: Connection | None = None) -> Config:
+    from alembic.config import Config
+
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
     cfg.set_main_option("path_separator", "os")
@@ -34,6 +39,8 @@ def _alembic_config(connection: Connection | None = None) -> Config:
 
 def head_revision() -> str:
     """The schema revision this package needs."""
+    from alembic.script import ScriptDirectory
+
     head = ScriptDirectory.from_config(_alembic_config()).get_current_head()
     if head is None:
         raise LedgerError(f"no ledger migrations found under {MIGRATIONS_DIR}: the package is broken")
@@ -42,6 +49,8 @@ def head_revision() -> str:
 
 def current_revision(db: Database) -> str | None:
     """The schema revision in the database, None when it has no ledger schema."""
+    from alembic.runtime.migration import MigrationContext
+
     try:
         with db.engine.connect() as conn:
             ctx = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
@@ -63,11 +72,15 @@ def _migrate(db: Database, fn: Callable[[Config, str], None], revision: str) -> 
 
 def upgrade(db: Database, revision: str = "head") -> None:
     """Migrate the schema up to ``revision`` (idempotent)."""
+    from alembic import command
+
     _migrate(db, command.upgrade, revision)
 
 
 def downgrade(db: Database, revision: str = "base") -> None:
     """Migrate the schema down to ``revision``; ``base`` drops every ledger table."""
+    from alembic import command
+
     _migrate(db, command.downgrade, revision)
 
 

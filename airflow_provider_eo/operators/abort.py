@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from airflow_provider_eo.core.abort import abort_checkpoint
 from airflow_provider_eo.operators.base import (
     PIPELINE_TEMPLATE_FIELDS,
     PipelineTaskMixin,
@@ -64,6 +63,8 @@ class EoAbortOperator(PipelineTaskMixin, BaseOperator):
         )
 
     def execute(self, context: Context) -> dict[str, Any]:
+        from airflow_provider_eo.core.abort import abort_checkpoint
+
         if not str(self.reason).strip():
             raise ValueError(f"task {self.task_id!r}: reason must not be empty (it is recorded)")
         checkpoint_id = self.target_checkpoint()

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from airflow_provider_eo.core.savepoint import resume_pipeline, stop_pipeline
 from airflow_provider_eo.operators.base import (
     PIPELINE_TEMPLATE_FIELDS,
     PipelineTaskMixin,
@@ -47,6 +46,8 @@ class EoPipelineControlOperator(PipelineTaskMixin, BaseOperator):
         self.reason = reason
 
     def execute(self, context: Context) -> dict[str, Any]:
+        from airflow_provider_eo.core.savepoint import resume_pipeline, stop_pipeline
+
         action = str(self.action).strip().lower()
         if action not in ACTIONS:
             raise AirflowFailException(

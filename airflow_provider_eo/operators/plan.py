@@ -5,9 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from airflow_provider_eo.core.doctor import run_doctor
-from airflow_provider_eo.core.plan import plan_checkpoint
-from airflow_provider_eo.core.restore import restore_from_savepoint
 from airflow_provider_eo.errors import PipelineStopped
 from airflow_provider_eo.ledger import CheckpointConflict, CheckpointRecord, InvariantViolation
 from airflow_provider_eo.operators.base import (
@@ -125,6 +122,8 @@ class EoPlanOperator(PipelineTaskMixin, BaseOperator):
 
     def _preflight(self, pipeline: Pipeline) -> None:
         """``eo doctor`` without the Spark checks: fail on a failing finding, log warnings."""
+        from airflow_provider_eo.core.doctor import run_doctor
+
         report = run_doctor(pipeline, spark=False)
         for f in report.findings:
             if f.severity == "warn":
@@ -139,6 +138,9 @@ class EoPlanOperator(PipelineTaskMixin, BaseOperator):
         self.log.info("pipeline %s: preflight ok (%d checks)", pipeline.name, len(report.findings))
 
     def execute(self, context: Context) -> dict[str, Any] | None:
+        from airflow_provider_eo.core.plan import plan_checkpoint
+        from airflow_provider_eo.core.restore import restore_from_savepoint
+
         pipeline = self.resolve_pipeline()
         if self.preflight:
             self._preflight(pipeline)

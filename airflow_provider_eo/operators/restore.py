@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from airflow_provider_eo.core.restore import restore_from_savepoint
 from airflow_provider_eo.operators.base import (
     PIPELINE_TEMPLATE_FIELDS,
     PipelineTaskMixin,
@@ -67,6 +66,8 @@ class EoRestoreOperator(PipelineTaskMixin, BaseOperator):
         self.allow_non_restored = allow_non_restored
 
     def execute(self, context: Context) -> dict[str, Any]:
+        from airflow_provider_eo.core.restore import restore_from_savepoint
+
         name = str(self.savepoint or "").strip()
         if not name or name == "None":
             raise ValueError(f"task {self.task_id!r}: savepoint must name a savepoint")

@@ -6,7 +6,6 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from airflow_provider_eo.core.savepoint import take_savepoint
 from airflow_provider_eo.ledger import CheckpointNotFound, SavepointNotFound
 from airflow_provider_eo.operators.base import (
     PIPELINE_TEMPLATE_FIELDS,
@@ -127,6 +126,8 @@ class EoSavepointOperator(PipelineTaskMixin, BaseOperator):
         self.poll_seconds = poll_seconds
 
     def execute(self, context: Context) -> dict[str, Any]:
+        from airflow_provider_eo.core.savepoint import take_savepoint
+
         name = str(self.savepoint_name).strip()
         if not re.fullmatch(SAVEPOINT_NAME_PATTERN, name):
             raise AirflowFailException(

@@ -71,7 +71,7 @@ def test_no_checkpoint_skips(pipeline_ref: str, context: dict[str, Any]) -> None
 def test_force_live_reaches_the_abort(
     pipeline_ref: str, context: dict[str, Any], monkeypatch: pytest.MonkeyPatch, force_live: bool
 ) -> None:
-    from airflow_provider_eo.operators import abort as abort_module
+    from airflow_provider_eo.core import abort as core_abort
 
     seen: dict[str, Any] = {}
 
@@ -79,7 +79,7 @@ def test_force_live_reaches_the_abort(
         seen.update(kw)
         return ledger.abort(pipeline.name, checkpoint_id, reason=kw["reason"])
 
-    monkeypatch.setattr(abort_module, "abort_checkpoint", fake_abort)
+    monkeypatch.setattr(core_abort, "abort_checkpoint", fake_abort)
     _planned(pipeline_ref).close()
     op = EoAbortOperator(
         task_id="abort", pipeline=pipeline_ref, checkpoint_id="1", reason="dead worker", force_live=force_live

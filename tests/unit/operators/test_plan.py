@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_eo.core import doctor as core_doctor
+from airflow_provider_eo.core import plan as core_plan
 from airflow_provider_eo.core.doctor import DoctorReport, Finding
 from airflow_provider_eo.ledger import CheckpointConflict, InvariantViolation, Ledger, RangeSpec
-from airflow_provider_eo.operators import plan as plan_module
 from airflow_provider_eo.operators.plan import EoPlanOperator, PlanRefused, PreflightFailed
 from airflow_provider_eo.ui.links import EoCheckpointLink
 from airflow_provider_eo.version_compat import AirflowSkipException
@@ -30,7 +31,7 @@ def test_no_work_at_construction() -> None:
 def test_nothing_new_skips(
     pipeline_ref: str, context: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(plan_module, "plan_checkpoint", lambda *_a, **_k: None)
+    monkeypatch.setattr(core_plan, "plan_checkpoint", lambda *_a, **_k: None)
     with pytest.raises(AirflowSkipException, match="nothing new"):
         EoPlanOperator(task_id="plan", pipeline=pipeline_ref, preflight=False).execute(context)
     op = EoPlanOperator(task_id="p", pipeline=pipeline_ref, skip_when_empty=False, preflight=False)
@@ -50,7 +51,7 @@ def test_ledger_refusal_is_typed(
     def refuse(*_a: Any, **_k: Any) -> None:
         raise error
 
-    monkeypatch.setattr(plan_module, "plan_checkpoint", refuse)
+    monkeypatch.setattr(core_plan, "plan_checkpoint", refuse)
     with pytest.raises(PlanRefused, match="orders"):
         EoPlanOperator(task_id="plan", pipeline=pipeline_ref, preflight=False).execute(context)
 
@@ -65,7 +66,7 @@ def test_xcom_summary_and_lineage(
         ledger.ensure_pipeline(pipeline.name, pipeline.fingerprint())
         return ledger.plan(pipeline.name, [RangeSpec("in", 0, 0, 7), RangeSpec("in", 1, 3, 5)], actor=actor)
 
-    monkeypatch.setattr(plan_module, "plan_checkpoint", fake_plan)
+    monkeypatch.setattr(core_plan, "plan_checkpoint", fake_plan)
     op = EoPlanOperator(task_id="plan", pipeline=pipeline_ref, preflight=False)
     out = op.execute(context)
     # The Checkpoint extra link (computed by Airflow right after execute) points at it.
@@ -97,9 +98,9 @@ def test_preflight_failure_stops_before_planning(
         ),
     )
     monkeypatch.setattr(
-        plan_module, "run_doctor", lambda *_a, **kw: report if kw == {"spark": False} else None
+        core_doctor, "run_doctor", lambda *_a, **kw: report if kw == {"spark": False} else None
     )
-    monkeypatch.setattr(plan_module, "plan_checkpoint", lambda *a, **_k: planned.append(a))
+    monkeypatch.setattr(core_plan, "plan_checkpoint", lambda *a, **_k: planned.append(a))
     with pytest.raises(
         PreflightFailed,
         match=r"(?s)preflight failed, nothing was planned.*sink-topic: sink topic 'x'.*-> create it",
@@ -109,7 +110,7 @@ def test_preflight_failure_stops_before_planning(
     ok = DoctorReport(
         "orders", (Finding("open-transactions", "warn", "open on sink[0]", "run `eo recover`"),)
     )
-    monkeypatch.setattr(plan_module, "run_doctor", lambda *_a, **_k: ok)
-    monkeypatch.setattr(plan_module, "plan_checkpoint", lambda *a, **_k: None)
+    monkeypatch.setattr(core_doctor, "run_doctor", lambda *_a, **_k: ok)
+    monkeypatch.setattr(core_plan, "plan_checkpoint", lambda *a, **_k: None)
     with pytest.raises(AirflowSkipException):  # warnings do not stop the plan
         EoPlanOperator(task_id="plan", pipeline=pipeline_ref).execute(context)

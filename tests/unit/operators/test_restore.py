@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_eo.core import plan as core_plan
+from airflow_provider_eo.core import restore as core_restore
 from airflow_provider_eo.core.restore import RestoreResult
 from airflow_provider_eo.errors import PipelineStopped
-from airflow_provider_eo.operators import plan as plan_module
-from airflow_provider_eo.operators import restore as restore_module
+from airflow_provider_eo.operators import restore as restore_module  # noqa: F401
 from airflow_provider_eo.operators.plan import EoPlanOperator, savepoint_to_restore
 from airflow_provider_eo.operators.restore import EoRestoreOperator, restore_request_key
 from airflow_provider_eo.version_compat import AirflowSkipException
@@ -37,7 +38,7 @@ def test_restore_operator(
     pipeline_ref: str, context: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[dict[str, Any]] = []
-    monkeypatch.setattr(restore_module, "restore_from_savepoint", _fake_restore(calls))
+    monkeypatch.setattr(core_restore, "restore_from_savepoint", _fake_restore(calls))
     op = EoRestoreOperator(task_id="r", pipeline=pipeline_ref, savepoint="sp1", allow_non_restored="true")
     assert {"pipeline", "savepoint", "allow_non_restored"} <= set(op.template_fields)
     out = op.execute(context)
@@ -70,8 +71,8 @@ def test_plan_restores_first_then_plans(
     def plan(*_a: Any, **_k: Any) -> None:
         order.append("plan")
 
-    monkeypatch.setattr(plan_module, "restore_from_savepoint", restore)
-    monkeypatch.setattr(plan_module, "plan_checkpoint", plan)
+    monkeypatch.setattr(core_restore, "restore_from_savepoint", restore)
+    monkeypatch.setattr(core_plan, "plan_checkpoint", plan)
     op = EoPlanOperator(
         task_id="plan", pipeline=pipeline_ref, restore_from="sp1", skip_when_empty=False, preflight=False
     )
@@ -91,7 +92,7 @@ def test_stopped_pipeline_skips_with_the_reason(
     def stopped(*_a: Any, **_k: Any) -> None:
         raise PipelineStopped("pipeline 'orders' is stopped by alice: maintenance; `eo resume MODULE:ATTR`")
 
-    monkeypatch.setattr(plan_module, "plan_checkpoint", stopped)
+    monkeypatch.setattr(core_plan, "plan_checkpoint", stopped)
     with pytest.raises(AirflowSkipException, match="stopped by alice: maintenance"):
         EoPlanOperator(task_id="plan", pipeline=pipeline_ref, skip_when_empty=False, preflight=False).execute(
             context

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_eo.core import savepoint as core_savepoint
 from airflow_provider_eo.ledger import Ledger
 from airflow_provider_eo.operators import savepoint as savepoint_module
 from airflow_provider_eo.operators.savepoint import (
@@ -46,7 +47,7 @@ def test_rendered_params_reach_take_savepoint(
     pipeline_ref: str, context: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seen: dict[str, Any] = {}
-    monkeypatch.setattr(savepoint_module, "take_savepoint", _fake_take(seen))
+    monkeypatch.setattr(core_savepoint, "take_savepoint", _fake_take(seen))
     context["dag_run"] = SimpleNamespace(triggering_user_name="alice")
     op = EoSavepointOperator(
         task_id="sp",
@@ -92,7 +93,7 @@ def test_retry_of_the_same_run_returns_the_recorded_savepoint(
         calls.append("take")
         raise AssertionError("must not be called")
 
-    monkeypatch.setattr(savepoint_module, "take_savepoint", take)
+    monkeypatch.setattr(core_savepoint, "take_savepoint", take)
     # Recorded by this run: the retry returns it.
     monkeypatch.setattr(
         savepoint_module.EoSavepointOperator,
@@ -142,7 +143,7 @@ def test_the_log_says_where_a_savepoint_without_a_checkpoint_points(
         info=lambda msg, *args: logged.append(msg % args), warning=lambda *a: None, debug=lambda *a: None
     )
     monkeypatch.setattr(EoSavepointOperator, "log", log)
-    monkeypatch.setattr(savepoint_module, "take_savepoint", _fake_take({}))
+    monkeypatch.setattr(core_savepoint, "take_savepoint", _fake_take({}))
     op = EoSavepointOperator(task_id="sp", pipeline=pipeline_ref, savepoint_name="replay-start")
     assert op.execute(context)["checkpoint_id"] is None
     (line,) = [m for m in logged if "savepoint 'replay-start'" in m]
