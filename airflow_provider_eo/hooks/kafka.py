@@ -170,14 +170,12 @@ class EoKafkaHook(KafkaBaseHook):
         return dataclasses.replace(pipeline, kafka=merged)
 
     def test_connection(self) -> tuple[bool, str]:
-        """Used by the Airflow UI's "Test" button: lists the cluster's topics."""
+        """Used by the Airflow UI's "Test" button: one connection to the cluster; a refused
+        login or TLS handshake is reported as such at once."""
         try:
-            from confluent_kafka.admin import AdminClient
+            from airflow_provider_eo.kafka.login import check_login
 
-            from airflow_provider_eo.kafka.client_config import librdkafka_config
-
-            config = librdkafka_config(self.get_config())
-            metadata = AdminClient(config).list_topics(timeout=10)
+            brokers = check_login(self.get_config(), owner=f"connection {self.kafka_config_id!r}")
         except Exception as exc:
             return False, str(exc)
-        return True, f"connected: {len(metadata.brokers)} broker(s), {len(metadata.topics)} topic(s)"
+        return True, f"connected: {brokers} broker(s)"

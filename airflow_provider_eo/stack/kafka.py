@@ -1,7 +1,8 @@
 """A real single-node Apache Kafka broker (KRaft, transactions on) on 127.0.0.1.
 
 Started from Maven Central jars by ``eo dev up``, the demo and the test fixtures; the
-state (config, data, logs, pid, ports) lives under ``<state_dir>/kafka``.
+state (config, data, logs, pid, ports) lives under ``<state_dir>/kafka``. Its client
+listener is PLAINTEXT, or SASL_SSL with SCRAM users (:class:`ListenerSecurity`).
 """
 
 from __future__ import annotations
@@ -69,6 +70,79 @@ def new_cluster_id(random_bytes: Callable[[], bytes] = lambda: uuid.uuid4().byte
             return cluster_id
 
 
+SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
+
+
+@dataclass(frozen=True)
+class ListenerSecurity:
+    """A SASL_SSL client listener with SCRAM users (the broker's own inter-broker traffic
+    uses it too, as the first user).
+
+    :param key_store: PEM file with the broker's private key (PKCS#8, unencrypted) and its
+        certificate chain; the certificate must name 127.0.0.1 (clients verify it).
+    :param ca: PEM file of the CA that signed it.
+    :param users: SCRAM users (name -> password) created when the storage is formatted;
+        the first one is the broker's own.
+    :param mechanism: ``SCRAM-SHA-256`` or ``SCRAM-SHA-512``.
+    """
+
+    key_store: Path
+    ca: Path
+    users: Mapping[str, str]
+    mechanism: str = "SCRAM-SHA-512"
+
+    def __post_init__(self) -> None:
+        if self.mechanism not in SCRAM_MECHANISMS:
+            raise ValueError(f"mechanism must be one of {SCRAM_MECHANISMS}, not {self.mechanism!r}")
+        if not self.users:
+            raise ValueError("a SASL_SSL listener needs at least one SCRAM user (the broker's own)")
+        for name, password in self.users.items():
+            # The storage tool's --add-scram syntax has no quoting for these.
+            if not name or any(c in f"{name}{password}" for c in '[],="'):
+                raise ValueError(f'SCRAM user {name!r}: names and passwords may not contain [ ] , = "')
+
+    @property
+    def broker_user(self) -> tuple[str, str]:
+        """The user the broker logs in as to itself."""
+        return next(iter(self.users.items()))
+
+    def broker_config(self) -> dict[str, str]:
+        """``server.properties`` settings of the SASL_SSL listener (named ``SASL_SSL``)."""
+        user, password = self.broker_user
+        login = "org.apache.kafka.common.security.scram.ScramLoginModule"
+        return {
+            "sasl.enabled.mechanisms": self.mechanism,
+            "sasl.mechanism.inter.broker.protocol": self.mechanism,
+            f"listener.name.sasl_ssl.{self.mechanism.lower()}.sasl.jaas.config": (
+                f'{login} required username="{user}" password="{password}";'
+            ),
+            "ssl.keystore.type": "PEM",
+            "ssl.keystore.location": str(self.key_store),
+            "ssl.truststore.type": "PEM",
+            "ssl.truststore.location": str(self.ca),
+            "ssl.endpoint.identification.algorithm": "https",
+        }
+
+    def format_args(self) -> list[str]:
+        """``kafka-storage format`` arguments that create the SCRAM users."""
+        args: list[str] = []
+        for name, password in self.users.items():
+            args += ["--add-scram", f"{self.mechanism}=[name={name},password={password}]"]
+        return args
+
+    def client_config(self, bootstrap: str) -> dict[str, str]:
+        """librdkafka settings of the broker's own user for ``bootstrap``."""
+        user, password = self.broker_user
+        return {
+            "bootstrap.servers": bootstrap,
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanism": self.mechanism,
+            "sasl.username": user,
+            "sasl.password": password,
+            "ssl.ca.location": str(self.ca),
+        }
+
+
 @dataclass(frozen=True)
 class BrokerInfo:
     """What ``up`` started: enough for ``down`` to stop exactly that process."""
@@ -94,6 +168,7 @@ class LocalKafka:
         e.g. ``{"offsets.retention.minutes": "1"}`` for a test of expiring group offsets.
     :param cluster_id: KRaft cluster id used when formatting the storage (default: a new
         one); the nodes of one multi-node cluster must share it.
+    :param security: a SASL_SSL client listener with SCRAM users instead of PLAINTEXT.
     """
 
     def __init__(
@@ -104,12 +179,14 @@ class LocalKafka:
         version: str = KAFKA_VERSION,
         extra_config: Mapping[str, str] | None = None,
         cluster_id: str | None = None,
+        security: ListenerSecurity | None = None,
     ) -> None:
         self.home = home or state_dir() / "kafka"
         self.requested_port = port
         self.version = version
         self.extra_config = dict(extra_config or {})
         self.cluster_id = cluster_id
+        self.security = security
 
     # -- state files -----------------------------------------------------------------
     @property
@@ -148,17 +225,33 @@ class LocalKafka:
         ports_file.write_text(json.dumps({"port": port, "controller_port": controller}))
         return port, controller
 
+    def client_config(self, info: BrokerInfo) -> dict[str, str]:
+        """librdkafka settings that reach the running broker (its own SCRAM user on a
+        SASL_SSL listener)."""
+        if self.security is not None:
+            return self.security.client_config(info.bootstrap)
+        return {"bootstrap.servers": info.bootstrap}
+
+    def _listener_config(self, port: int, controller: int) -> dict[str, str]:
+        name = "PLAINTEXT" if self.security is None else "SASL_SSL"
+        props = {
+            "listeners": f"{name}://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}",
+            "advertised.listeners": f"{name}://127.0.0.1:{port}",
+            "inter.broker.listener.name": name,
+            "listener.security.protocol.map": f"{name}:{name},CONTROLLER:PLAINTEXT",
+        }
+        if self.security is not None:
+            props.update(self.security.broker_config())
+        return props
+
     def _write_config(self, port: int, controller: int) -> Path:
         data = self.home / "data"
         props = {
             "process.roles": "broker,controller",
             "node.id": "1",
             "controller.quorum.voters": f"1@127.0.0.1:{controller}",
-            "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}",
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+            **self._listener_config(port, controller),
             "controller.listener.names": "CONTROLLER",
-            "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
             "log.dirs": str(data),
             "num.partitions": "1",
             # A single node: the internal topics cannot have more than one replica.
@@ -214,8 +307,9 @@ class LocalKafka:
         ]
         if not (self.home / "data" / "meta.properties").is_file():
             cluster_id = self.cluster_id or new_cluster_id()
+            scram = self.security.format_args() if self.security is not None else []
             fmt = subprocess.run(
-                [*jvm, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)],
+                [*jvm, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config), *scram],
                 capture_output=True,
                 text=True,
                 check=False,
@@ -251,7 +345,7 @@ class LocalKafka:
         from confluent_kafka.admin import AdminClient
 
         deadline = time.monotonic() + timeout_s
-        admin = AdminClient({"bootstrap.servers": info.bootstrap, "log_level": 0})
+        admin = AdminClient({**self.client_config(info), "log_level": 0})
         last_error = "no answer"
         while time.monotonic() < deadline:
             if (proc is not None and proc.poll() is not None) or not pid_alive(info.pid):

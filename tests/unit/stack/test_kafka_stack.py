@@ -1,4 +1,4 @@
-"""Clear errors from the local stack: port collisions, missing tools."""
+"""The local stack: clear errors (port collisions, missing tools) and the broker's listener settings."""
 
 from __future__ import annotations
 
@@ -57,3 +57,42 @@ def test_cluster_id_never_starts_with_a_dash() -> None:
     draws = iter([b"\xfb" + bytes(15), bytes(16)])  # base64 "-w…", then "AAAA…"
     cluster_id = new_cluster_id(lambda: next(draws))
     assert cluster_id == "A" * 22
+
+
+def test_a_sasl_ssl_listener_config(tmp_path: Path) -> None:
+    from airflow_provider_eo.stack.kafka import ListenerSecurity
+
+    security = ListenerSecurity(
+        key_store=tmp_path / "broker.pem", ca=tmp_path / "ca.crt", users={"broker": "b-pw", "eo": "e-pw"}
+    )
+    kafka = LocalKafka(home=tmp_path, security=security)
+    props = dict(line.split("=", 1) for line in kafka._write_config(9093, 9094).read_text().splitlines())
+    assert props["listeners"] == "SASL_SSL://127.0.0.1:9093,CONTROLLER://127.0.0.1:9094"
+    assert props["advertised.listeners"] == "SASL_SSL://127.0.0.1:9093"
+    assert props["inter.broker.listener.name"] == "SASL_SSL"
+    assert props["listener.security.protocol.map"] == "SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT"
+    assert (
+        props["sasl.enabled.mechanisms"] == props["sasl.mechanism.inter.broker.protocol"] == "SCRAM-SHA-512"
+    )
+    assert (
+        'username="broker" password="b-pw"' in props["listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config"]
+    )
+    assert security.format_args() == [
+        "--add-scram",
+        "SCRAM-SHA-512=[name=broker,password=b-pw]",
+        "--add-scram",
+        "SCRAM-SHA-512=[name=eo,password=e-pw]",
+    ]
+    assert security.client_config("127.0.0.1:9093")["sasl.username"] == "broker"
+    plain = LocalKafka(home=tmp_path / "plain")
+    plain.home.mkdir()
+    assert "PLAINTEXT://127.0.0.1:9093" in plain._write_config(9093, 9094).read_text()
+
+
+def test_scram_users_the_storage_tool_cannot_spell_are_refused(tmp_path: Path) -> None:
+    from airflow_provider_eo.stack.kafka import ListenerSecurity
+
+    with pytest.raises(ValueError, match="may not contain"):
+        ListenerSecurity(key_store=tmp_path, ca=tmp_path, users={"eo": "a,b"})
+    with pytest.raises(ValueError, match="mechanism"):
+        ListenerSecurity(key_store=tmp_path, ca=tmp_path, users={"eo": "x"}, mechanism="PLAIN")

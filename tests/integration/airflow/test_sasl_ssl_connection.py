@@ -1,0 +1,202 @@
+"""One Airflow ``kafka`` connection to a SASL_SSL + SCRAM-SHA-512 broker carries the whole
+pipeline: the plan's admin calls, Spark's source read (the Java client, from the translated
+settings), the commit's transactions and the audit.
+
+The module starts its own broker (self-signed CA made here, SCRAM users created when its
+storage is formatted) on 127.0.0.1 and stops it at the end; ``kafka_bootstrap`` and
+``kafka_config`` are overridden for this module, so the Airflow fixtures create their topics
+there. The pipeline's own ``bootstrap.servers`` points at a port nothing listens on: a client
+that did not go through the connection would find no cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from eo_source_sink import assert_sink_is_source_exactly_once
+from eo_tls import issue, make_ca
+
+from airflow_provider_eo.stack.kafka import ListenerSecurity, LocalKafka, free_port
+
+pytestmark = [pytest.mark.airflow, pytest.mark.kafka, pytest.mark.spark, pytest.mark.timeout(600)]
+
+CONN_ID = "eo_secure_kafka"
+MECHANISM = "SCRAM-SHA-512"
+
+
+@dataclass(frozen=True)
+class SecureBroker:
+    """The module's SASL_SSL broker and the SCRAM user the pipeline logs in as."""
+
+    bootstrap: str
+    ca: Path
+    user: str
+    password: str
+
+    def config(self, **changes: str) -> dict[str, Any]:
+        """librdkafka settings of the pipeline's user (``changes`` applied)."""
+        return {
+            "bootstrap.servers": self.bootstrap,
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanism": MECHANISM,
+            "sasl.username": self.user,
+            "sasl.password": self.password,
+            "ssl.ca.location": str(self.ca),
+            **changes,
+        }
+
+    def connection(self, **changes: str) -> str:
+        """The ``AIRFLOW_CONN_<ID>`` value (JSON form) of an apache-kafka ``kafka`` connection;
+        its ``group.id`` is for other consumers and is dropped by eo."""
+        return json.dumps({"conn_type": "kafka", "extra": {**self.config(**changes), "group.id": "others"}})
+
+
+@pytest.fixture(scope="module")
+def secure_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureBroker]:
+    """A SASL_SSL (SCRAM-SHA-512) broker with a CA of its own, for this module."""
+    from airflow_provider_eo.kafka.admin import close_shared_clients
+
+    folder = tmp_path_factory.mktemp("sasl-ssl")
+    ca = make_ca(folder)
+    server = issue(ca, folder, "broker", server=True)
+    key_store = folder / "broker-key-store.pem"
+    key_store.write_text(server.key.read_text() + server.cert.read_text())
+    password = secrets.token_urlsafe(16)
+    users = {"eo-broker": secrets.token_urlsafe(16), "eo": password}
+    kafka = LocalKafka(
+        home=folder / "kafka",
+        security=ListenerSecurity(key_store=key_store, ca=ca.cert, users=users, mechanism=MECHANISM),
+    )
+    info = kafka.up(timeout_s=120)
+    try:
+        yield SecureBroker(bootstrap=info.bootstrap, ca=ca.cert, user="eo", password=password)
+    finally:
+        close_shared_clients()  # while the broker still answers (see tests/conftest.py)
+        kafka.wipe()
+
+
+@pytest.fixture(scope="module")
+def kafka_bootstrap(secure_broker: SecureBroker) -> str:
+    """This module's broker instead of the session's plaintext one."""
+    return secure_broker.bootstrap
+
+
+@pytest.fixture(scope="module")
+def kafka_config(secure_broker: SecureBroker) -> dict[str, Any]:
+    """Client settings for this module's broker (``make_topic`` creates topics with them)."""
+    return secure_broker.config()
+
+
+def _produce(config: dict[str, Any], topic: str) -> int:
+    """Two committed transactions of 20 records around an aborted one; returns how many
+    records a read_committed consumer sees (40)."""
+    from confluent_kafka import Producer
+
+    producer = Producer({**config, "transactional.id": f"eo-sasl-input-{uuid.uuid4().hex[:8]}"})
+    producer.init_transactions(30)
+    committed = 0
+    for batch, commit in ((0, True), (1, False), (2, True)):
+        producer.begin_transaction()
+        for i in range(20):
+            value = json.dumps({"batch": batch, "seq": i, "user": f"user-{i % 7}", "amount": i})
+            producer.produce(topic, key=f"user-{i % 7}", value=value, partition=i % 3)
+        if commit:
+            producer.commit_transaction(30)
+            committed += 20
+        else:
+            producer.flush(30)
+            producer.abort_transaction(30)
+    return committed
+
+
+def test_pipeline_runs_through_one_sasl_ssl_connection(
+    airflow_env: Any, secure_broker: SecureBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow_provider_eo.core.audit import audit_pipeline
+    from airflow_provider_eo.hooks.base import resolve_connections
+    from airflow_provider_eo.ledger import CheckpointState, Ledger
+
+    connection = secure_broker.connection()
+    airflow_env.env[f"AIRFLOW_CONN_{CONN_ID.upper()}"] = connection
+    airflow_env.env["EO_KAFKA_BOOTSTRAP"] = f"127.0.0.1:{free_port()}"  # nothing there
+    airflow_env.env["EO_DEMO_MAX_RECORDS"] = "1000"  # one checkpoint takes the whole input
+    # The example pipeline reads EO_KAFKA_CONN_ID into Pipeline(kafka_conn_id=...): every
+    # process (the tasks, the Spark driver) takes its Kafka settings from the connection.
+    airflow_env.env["EO_KAFKA_CONN_ID"] = CONN_ID
+    committed = _produce(secure_broker.config(), airflow_env.env["EO_DEMO_SOURCE_TOPIC"])
+
+    (run,) = airflow_env.run_dag_test("eo_pipeline", runs=1)
+
+    assert run["state"] == "success", run
+    assert run["xcoms"]["eo.commit"]["state"] == "COMMITTED", run
+    assert run["xcoms"]["eo.commit"]["published"] == committed == 40, run
+    # The audit and the exactly-once count read through the same connection, here.
+    monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", connection)
+    pipeline, _ = resolve_connections(airflow_env.pipeline())
+    assert pipeline.kafka["bootstrap.servers"] == secure_broker.bootstrap
+    assert "group.id" not in pipeline.kafka
+    with Ledger(pipeline.ledger_url) as ledger:
+        report = audit_pipeline(pipeline, ledger)
+        (checkpoint,) = ledger.list_checkpoints(pipeline.name)
+    assert report.ok and report.duplicates == 0 and report.missing == 0, report.as_dict()
+    assert checkpoint.state is CheckpointState.COMMITTED and checkpoint.records == committed
+    assert_sink_is_source_exactly_once(dict(pipeline.kafka), pipeline, source_records=committed)
+    # The secret never reached a task log.
+    logs = airflow_env.log_text() + "".join(
+        p.read_text(errors="replace") for p in (airflow_env.home / "logs").rglob("*") if p.is_file()
+    )
+    assert secure_broker.password not in logs
+
+
+def test_a_wrong_password_is_an_authentication_error_at_once(
+    secure_broker: SecureBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow_provider_eo.hooks.kafka import EoKafkaHook
+    from airflow_provider_eo.kafka.login import KafkaLoginRefused, check_login
+
+    monkeypatch.setenv(
+        f"AIRFLOW_CONN_{CONN_ID.upper()}", secure_broker.connection(**{"sasl.password": "wrong"})
+    )
+    hook = EoKafkaHook(kafka_config_id=CONN_ID)
+    started = time.monotonic()
+    ok, message = hook.test_connection()
+    assert not ok
+    assert time.monotonic() - started < 10, "a refused login must not wait for a time-out"
+    assert message.startswith(
+        f"connection {CONN_ID!r}: Kafka at {secure_broker.bootstrap!r} refused the login"
+    )
+    assert f"user 'eo' ({MECHANISM})" in message and "invalid credentials" in message, message
+    with pytest.raises(KafkaLoginRefused, match=r"check sasl\.username/sasl\.password"):
+        check_login(hook.get_config(), owner=f"connection {CONN_ID!r}")
+
+    monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", secure_broker.connection())
+    assert EoKafkaHook(kafka_config_id=CONN_ID).test_connection() == (True, "connected: 1 broker(s)")
+
+
+def test_spark_reads_with_the_translated_settings_and_a_wrong_password_fails_at_once(
+    spark: Any, secure_broker: SecureBroker, make_topic: Any
+) -> None:
+    """Spark's Java client: the translated SASL_SSL settings read the committed records; a
+    wrong password fails the read with the broker's authentication error, not a time-out."""
+    from airflow_provider_eo.kafka.client_config import java_client_options
+
+    topic = make_topic("sasl-java", 3)
+    committed = _produce(secure_broker.config(), topic)
+
+    def read(config: dict[str, Any]) -> int:
+        options = {**java_client_options(config), "kafka.isolation.level": "read_committed"}
+        return int(spark.read.format("kafka").options(**options).option("subscribe", topic).load().count())
+
+    assert read(secure_broker.config()) == committed
+    started = time.monotonic()
+    with pytest.raises(Exception, match=r"SaslAuthenticationException.*invalid credentials.*SCRAM-SHA-512"):
+        read(secure_broker.config(**{"sasl.password": "wrong"}))
+    assert time.monotonic() - started < 60, "a refused login must not wait for a time-out"
