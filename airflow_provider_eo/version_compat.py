@@ -1,27 +1,77 @@
 """The one place that knows where Airflow keeps the classes this provider uses.
 
-The package requires Airflow 3 (``apache-airflow>=3.3``), so there is no version branch
-today; when a future Airflow moves a class, its check goes here and nowhere else.
-Everything else imports Airflow names from this module.
+The provider supports Airflow 3.1 and later (``apache-airflow>=3.1``). A few names moved
+into the Task SDK (``airflow.sdk``) after 3.1: each is imported from its newest home first
+and from the 3.1 one otherwise, here and nowhere else. Everything else imports Airflow
+names from this module.
+
+Airflow 3.0 is not supported: its core requires SQLAlchemy < 2, and the ledger is written
+for SQLAlchemy 2.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook, BaseOperator, BaseOperatorLink, BaseSensorOperator, Context, TaskGroup
 from airflow.sdk.bases.sensor import PokeReturnValue
-from airflow.sdk.exceptions import (
-    AirflowException,
-    AirflowFailException,
-    AirflowSkipException,
-)
 
 # Registers a value with the task log's secrets masker (also applied to rendered fields).
 from airflow.sdk.log import mask_secret
 
 # Triggers still live in airflow-core on Airflow 3 (the triggerer runs them).
 from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
+
+if TYPE_CHECKING:
+    from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
+else:
+    try:  # Airflow >= 3.2: the task runner catches the Task SDK's exceptions.
+        from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
+    except ImportError:  # Airflow 3.1: they are airflow-core's.
+        from airflow.exceptions import AirflowException, AirflowFailException, AirflowSkipException
+
+if TYPE_CHECKING:
+    from airflow.sdk import CronDataIntervalTimetable
+else:
+    try:  # Airflow >= 3.2
+        from airflow.sdk import CronDataIntervalTimetable
+    except ImportError:  # Airflow 3.1
+        from airflow.timetables.interval import CronDataIntervalTimetable
+
+
+def airflow_conf() -> Any:
+    """Airflow's configuration as the running process sees it (the Task SDK's ``conf`` on
+    Airflow >= 3.2, airflow-core's on 3.1)."""
+    try:
+        from airflow.sdk import conf as sdk_conf
+    except ImportError:
+        from airflow.configuration import conf as core_conf
+
+        return core_conf
+    return sdk_conf
+
+
+async def request_user(request: Any) -> Any:
+    """The Airflow user making ``request`` to a plugin's FastAPI app: from its bearer token,
+    else from the UI's JWT cookie (what the page's browser requests carry), as Airflow's own
+    ``get_user`` resolves it. Raises FastAPI's ``HTTPException`` (401/403) as Airflow does.
+
+    Airflow 3.1.0's ``get_user`` takes no request and reads no cookie: the same precedence is
+    applied here from the token resolver it shares with later versions.
+    """
+    import inspect
+
+    from airflow.api_fastapi.core_api.security import bearer_scheme, get_user
+
+    credentials = await bearer_scheme(request)
+    if "request" in inspect.signature(get_user).parameters:  # Airflow >= 3.1.x with cookie support
+        return await get_user(request, None, credentials)
+    from airflow.api_fastapi.auth.managers.base_auth_manager import COOKIE_NAME_JWT_TOKEN
+    from airflow.api_fastapi.core_api.security import resolve_user_from_token
+
+    if credentials and credentials.scheme.lower() == "bearer":
+        return await resolve_user_from_token(credentials.credentials)
+    return await resolve_user_from_token(request.cookies.get(COOKIE_NAME_JWT_TOKEN))
 
 
 def default_deferrable() -> bool:
@@ -54,10 +104,13 @@ __all__ = [
     "BaseSensorOperator",
     "BaseTrigger",
     "Context",
+    "CronDataIntervalTimetable",
     "PokeReturnValue",
     "TaskGroup",
     "TriggerEvent",
+    "airflow_conf",
     "default_deferrable",
     "mask_secret",
+    "request_user",
     "task_identity",
 ]

@@ -20,9 +20,12 @@ from __future__ import annotations
 import os
 from datetime import datetime, timedelta, timezone
 
-from airflow.sdk import DAG, CronDataIntervalTimetable, Param
+from airflow.sdk import DAG, Param
 
 from airflow_provider_eo.operators.backfill import EoBackfillOperator
+
+# Airflow's own timetable (in airflow.sdk from Airflow 3.2 on, elsewhere on 3.1).
+from airflow_provider_eo.version_compat import CronDataIntervalTimetable
 
 SINK_TOPIC = os.environ.get("EO_BACKFILL_SINK_TOPIC") or (
     os.environ.get("EO_DEMO_SINK_TOPIC", "eo-demo-enriched") + ".backfill"

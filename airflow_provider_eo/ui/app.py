@@ -116,10 +116,10 @@ class Access:
 
 async def _access(request: Request) -> Access:
     from airflow.api_fastapi.app import get_auth_manager
-    from airflow.api_fastapi.core_api.security import bearer_scheme, get_user
 
-    credentials = await bearer_scheme(request)
-    user = await get_user(request, None, credentials)
+    from airflow_provider_eo.version_compat import request_user
+
+    user = await request_user(request)
     return Access(user, get_auth_manager().is_authorized_dag)
 
 

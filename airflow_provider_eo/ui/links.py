@@ -35,9 +35,9 @@ class EoCheckpointLink(BaseOperatorLink):
             return ""
         pipeline, checkpoint_id = found
         try:
-            from airflow.sdk import conf
+            from airflow_provider_eo.version_compat import airflow_conf
 
-            base_url = str(conf.get("api", "base_url", fallback="") or "")
+            base_url = str(airflow_conf().get("api", "base_url", fallback="") or "")
         except Exception:  # a relative link still works when Airflow is served at /
             base_url = ""
         return checkpoint_page_url(pipeline, checkpoint_id, base_url)
