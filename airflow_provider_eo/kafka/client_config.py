@@ -235,33 +235,56 @@ def _key_store(config: Mapping[str, Any], problems: list[str]) -> dict[str, str]
         )
         return {}
     if cert is not None and key is not None:
-        key = str(key)
-        encrypted = "BEGIN ENCRYPTED PRIVATE KEY" in key
-        if not encrypted and "BEGIN PRIVATE KEY" not in key:
-            problems.append(
-                "'ssl.key.location' is not a PKCS#8 PEM key (the Java client reads 'BEGIN PRIVATE "
-                "KEY' or 'BEGIN ENCRYPTED PRIVATE KEY'): convert it with `openssl pkcs8 -topk8 "
-                "-in key.pem -out key-pkcs8.pem` (librdkafka reads that form too)"
-            )
+        java_key = _pkcs8_key(str(key), config.get("ssl.key.password"), problems)
+        if java_key is None:
             return {}
-        out = {
+        return {
             "ssl.keystore.type": "PEM",
             "ssl.keystore.certificate.chain": str(cert).strip() + "\n",
-            "ssl.keystore.key": key.strip() + "\n",
+            "ssl.keystore.key": java_key.strip() + "\n",
         }
-        if encrypted:
-            if not config.get("ssl.key.password"):
-                problems.append("the client key is encrypted but 'ssl.key.password' is not set")
-                return {}
-            out["ssl.key.password"] = str(config["ssl.key.password"])
-        # An unencrypted key takes no password in the Java client (it would try to decrypt).
-        return out
     if config.get("ssl.keystore.location"):
         out = {"ssl.keystore.type": "PKCS12", "ssl.keystore.location": str(config["ssl.keystore.location"])}
         if config.get("ssl.keystore.password") is not None:
             out["ssl.keystore.password"] = str(config["ssl.keystore.password"])
         return out
     return {}
+
+
+def _pkcs8_key(key: str, password: Any, problems: list[str]) -> str | None:
+    """``key`` as an unencrypted PKCS#8 PEM key (``BEGIN PRIVATE KEY``).
+
+    The Java client's PEM key store reads PKCS#8 only, and on JDK 17 no PBES2-encrypted
+    key (``PBES2 SecretKeyFactory not available``), the form OpenSSL 3 and Python's
+    ``cryptography`` write; librdkafka reads any OpenSSL key. So a key in another form, or
+    encrypted, is decrypted here with ``ssl.key.password``: the password would travel in the
+    same options as the encrypted key, so the clear key exposes nothing more.
+    """
+    if "BEGIN PRIVATE KEY" in key:
+        return key  # librdkafka ignores a password for a clear key; so does this
+    try:
+        from cryptography.hazmat.primitives import serialization
+    except ImportError:  # an Airflow dependency: missing only in a bare Spark environment
+        problems.append(
+            "the client key is not an unencrypted PKCS#8 key and Python 'cryptography' is not "
+            "installed here to convert it: set java.ssl.keystore.key (a 'BEGIN PRIVATE KEY' PEM)"
+        )
+        return None
+    secret = str(password).encode() if password else None
+    try:
+        try:
+            loaded = serialization.load_pem_private_key(key.encode(), secret)
+        except TypeError:  # a password given for a clear key: ignored, as librdkafka does
+            if secret is None:
+                problems.append("the client key is encrypted but 'ssl.key.password' is not set")
+                return None
+            loaded = serialization.load_pem_private_key(key.encode(), None)
+    except (ValueError, TypeError) as exc:
+        problems.append(f"the client key cannot be read with 'ssl.key.password' ({exc})")
+        return None
+    return loaded.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode()
 
 
 def _jaas(module: str, options: Mapping[str, str | bool]) -> str:
@@ -295,6 +318,8 @@ def _sasl_options(config: Mapping[str, Any], given: Mapping[str, str], problems:
             module = PLAIN_LOGIN_MODULE if mechanism == "PLAIN" else SCRAM_LOGIN_MODULE
             out["sasl.jaas.config"] = _jaas(module, {"username": str(user), "password": str(password)})
     elif mechanism == "GSSAPI":
+        # librdkafka's default service name; the Java client has none and refuses to start.
+        out.setdefault("sasl.kerberos.service.name", "kafka")
         out["sasl.jaas.config"] = _kerberos_login(config)
     elif mechanism == "OAUTHBEARER":
         out.update(_oauthbearer(config, given, problems))

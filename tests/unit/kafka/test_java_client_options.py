@@ -102,6 +102,8 @@ def test_gssapi_keytab_and_ticket_cache() -> None:
     # librdkafka's default mechanism is GSSAPI, and so is the Java client's.
     cache = java_client_options({**BROKER, "security.protocol": "SASL_PLAINTEXT"})
     assert cache["kafka.sasl.mechanism"] == "GSSAPI"
+    # librdkafka's default service name (the Java client has none and would not start).
+    assert cache["kafka.sasl.kerberos.service.name"] == "kafka"
     assert cache["kafka.sasl.jaas.config"] == f"{KERBEROS_LOGIN_MODULE} required useTicketCache=true;"
 
 
@@ -184,14 +186,20 @@ def test_client_certificate_becomes_a_pem_key_store(tmp_path: Path) -> None:
     # librdkafka ignores a password for a clear key; the Java client would try to decrypt it.
     assert "kafka.ssl.key.password" not in opts
 
+    # Java's PEM key store reads unencrypted PKCS#8 only (and no PBES2-encrypted key on JDK
+    # 17): an encrypted or traditional key is handed over decrypted, in PKCS#8.
+    clear = opts["kafka.ssl.keystore.key"]
     locked = write_key(client.private_key, tmp_path / "locked.key", password="pw")
-    opts = java_client_options({**tls, "ssl.key.location": str(locked), "ssl.key.password": "pw"})
-    assert opts["kafka.ssl.keystore.key"].startswith("-----BEGIN ENCRYPTED PRIVATE KEY-----")
-    assert opts["kafka.ssl.key.password"] == "pw"
-    _refused({**tls, "ssl.key.location": str(locked)}, "'ssl.key.password' is not set")
-
     traditional = write_key(client.private_key, tmp_path / "ec.key", form="traditional")
-    _refused({**tls, "ssl.key.location": str(traditional)}, "not a PKCS#8 PEM key", "openssl pkcs8 -topk8")
+    for key, password in ((locked, "pw"), (traditional, None), (traditional, "ignored")):
+        opts = java_client_options({**tls, "ssl.key.location": str(key), "ssl.key.password": password or ""})
+        assert opts["kafka.ssl.keystore.key"] == clear, key
+        assert "kafka.ssl.key.password" not in opts
+    _refused({**tls, "ssl.key.location": str(locked)}, "'ssl.key.password' is not set")
+    _refused(
+        {**tls, "ssl.key.location": str(locked), "ssl.key.password": "wrong"},
+        "cannot be read with 'ssl.key.password'",
+    )
     _refused(tls, "'ssl.key.location' is missing")
 
 
