@@ -559,7 +559,11 @@ def _broker_max_timeouts(config: Mapping[str, Any]) -> dict[int, int | None]:
     from confluent_kafka.admin import ConfigResource, ResourceType
 
     from airflow_provider_eo.kafka import admin
+    from airflow_provider_eo.kafka.login import check_login
 
+    # A refused login or TLS handshake is named at once (librdkafka would retry it until the
+    # time-out and report a transport failure).
+    check_login(config)
     client = admin.admin_client(config)
     md = client.list_topics(timeout=15)
     out: dict[int, int | None] = {}

@@ -60,7 +60,7 @@ def reader_options(pipeline: Pipeline, ranges: list[RangeSpec]) -> dict[str, str
     ranges, ``read_committed`` and ``failOnDataLoss``."""
     return {
         "kafka.fetch.max.wait.ms": str(FETCH_MAX_WAIT_MS),
-        **java_client_options(pipeline.kafka),
+        **java_client_options(pipeline.kafka, owner=f"pipeline {pipeline.name!r}"),
         **source_options(ranges),
         "kafka.isolation.level": "read_committed",  # never aborted/open txn data
         # Offsets that vanished between plan and read are loud, never skipped.
