@@ -24,6 +24,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -63,8 +64,10 @@ def _run(
     cmd: list[str], *, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 900
 ) -> str:
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout, check=False)
+    shown = " ".join(cmd)
+    shown = shown if len(shown) < 400 else shown[:400] + " ..."
     assert proc.returncode == 0, (
-        f"{cmd} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+        f"{shown} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     )
     return proc.stdout
 
@@ -133,9 +136,21 @@ class AirflowVenv:
     def python(self) -> str:
         return str(self.path / "bin" / "python")
 
-    def install(self, *specs: str) -> None:
-        """``uv pip install`` into this virtualenv (uv's cache makes a repeat cheap)."""
+    def install(self, *specs: str, cached_first: bool = False) -> None:
+        """``uv pip install`` into this virtualenv (uv's cache makes a repeat cheap).
+
+        ``cached_first``: from uv's cache alone when it holds everything (``--offline``),
+        else from the registry. For pyspark, an sdist: uv revalidates it with the registry on
+        every install and, told it changed, builds it again (~30 s); offline it takes the
+        wheel it built last time.
+        """
         cmd = [UV, "pip", "install", "-q", "--python", self.python, *self.constraints, *specs]
+        if cached_first:
+            offline = subprocess.run(
+                [*cmd, "--offline", *self.requirements], capture_output=True, env=self.env, timeout=900
+            )
+            if offline.returncode == 0:
+                return
         _run(cmd + self.requirements, env=self.env)
 
     def run(self, *args: str, timeout: float = 900) -> str:
@@ -296,7 +311,7 @@ def floor_spark_airflow(
     # The Spark this checkout's bootstrap fetched the Kafka connector for (the jars under .eo);
     # pyspark and the Spark provider's pyspark-client install one module: one version for both.
     spark = version("pyspark")
-    venv.install(f"{venv.wheel}[spark]", f"pyspark=={spark}", f"pyspark-client=={spark}")
+    venv.install(f"{venv.wheel}[spark]", f"pyspark=={spark}", f"pyspark-client=={spark}", cached_first=True)
     venv.seconds["spark"] = round(time.monotonic() - started, 1)
     home, dags = tmp_path / "airflow-home", tmp_path / "dags"
     dags.mkdir()
@@ -394,3 +409,86 @@ def test_pipeline_dag_runs_exactly_once_on_the_lowest_airflow(
         f"Airflow {FLOOR_AIRFLOW}: spark extra {venv.seconds['spark']} s, db migrate "
         f"{venv.seconds['db_migrate']} s, dag.test {seconds} s"
     )
+
+
+# -- The Exactly-once page on the lowest Airflow ---------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.airflow
+def test_exactly_once_page_authenticates_on_the_lowest_airflow(
+    airflow_venvs: Callable[[str], AirflowVenv], tmp_path: Path
+) -> None:
+    """The page's API in the lowest Airflow's api-server (the plugin the wheel registers):
+    a user's bearer token and the UI's login cookie both read it; no credential, 401; a
+    forged cookie, 403. Airflow 3.1.0 resolves users differently from later versions."""
+    import httpx
+    from eo_harness import wait_for
+
+    from airflow_provider_eo.ledger import Ledger
+
+    venv = airflow_venvs("floor")
+    home, dags = tmp_path / "airflow-home", tmp_path / "dags"
+    dags.mkdir()
+    passwords = tmp_path / "passwords.json"
+    passwords.write_text(json.dumps({"admin": "admin-pw-eo"}))
+    ledger_url = f"sqlite:///{tmp_path}/ledger.db"
+    pipeline = f"install-ui-{uuid.uuid4().hex[:6]}"
+    with Ledger(ledger_url) as ledger:
+        ledger.ensure_pipeline(pipeline, "fingerprint")
+    port = _free_port()
+    env = _venv_env(home, venv.path, dags)
+    env.update(
+        AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{home}/airflow.db",
+        AIRFLOW__API__HOST="127.0.0.1",
+        AIRFLOW__API__PORT=str(port),
+        AIRFLOW__API__WORKERS="1",
+        AIRFLOW__API_AUTH__JWT_SECRET="eo-install-tests-jwt-secret-not-for-production",
+        AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS="admin:admin",
+        AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE=str(passwords),
+        EO_LEDGER_URL=ledger_url,
+    )
+    airflow = str(venv.path / "bin" / "airflow")
+    _run([airflow, "db", "migrate"], env=env, cwd=tmp_path, timeout=300)
+    log = tmp_path / "api-server.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [airflow, "api-server"],
+            env=env,
+            cwd=tmp_path,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+
+        def healthy() -> bool:
+            assert proc.poll() is None, f"api-server exited:\n{log.read_text(errors='replace')[-5000:]}"
+            try:
+                return httpx.get(f"{url}/api/v2/monitor/health", timeout=5).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(healthy, f"Airflow {FLOOR_AIRFLOW}'s api-server to answer /api/v2/monitor/health")
+        login = httpx.post(
+            f"{url}/auth/token", json={"username": "admin", "password": "admin-pw-eo"}, timeout=30
+        )
+        assert login.status_code in (200, 201), login.text
+        token = login.json()["access_token"]
+        page = f"{url}/eo/api/pipelines"
+        by_bearer = httpx.get(page, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+        by_cookie = httpx.get(page, cookies={"_token": token}, timeout=30)
+        anonymous = httpx.get(page, timeout=30)
+        forged = httpx.get(page, cookies={"_token": token[:-4] + "AAAA"}, timeout=30)
+    finally:
+        _kill_group(proc)
+    server_log = log.read_text(errors="replace")[-5000:]
+    for response in (by_bearer, by_cookie):
+        assert response.status_code == 200, (response.status_code, response.text, server_log)
+        assert pipeline in [p["name"] for p in response.json()["pipelines"]], response.text
+    assert anonymous.status_code == 401, (anonymous.status_code, anonymous.text)
+    assert forged.status_code == 403, (forged.status_code, forged.text)
