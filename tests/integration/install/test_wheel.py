@@ -1,9 +1,11 @@
 """Install the provider as a team would: the built wheel into a clean virtualenv next to an
 existing Airflow, nothing of this checkout on the path.
 
-Two Airflows, one virtualenv each (built once per test session, with uv and its cache):
+Two Airflows, one virtualenv each (made once for this module, with uv and its cache):
 
-- the lowest Airflow the wheel declares (``apache-airflow>=3.1.0``): ``3.1.0``;
+- the lowest Airflow the wheel declares (``apache-airflow>=3.1.0``): ``3.1.0``, with the
+  Airflow providers the wheel requires at their declared lower bounds, and Airflow 3.1.0's
+  own dependencies as that release needs them (``constraints-airflow-3.1.0.txt``);
 - the newest 3.3 the resolver picks (``apache-airflow>=3.3,<3.4``, nothing pinned).
 
 In each, Airflow lists the provider, every module the provider info advertises imports,
@@ -12,7 +14,8 @@ the example DAGs parse without errors, and no full ``pyspark`` is pulled in (it 
 package data (migrations, Maven poms, Java sources, log4j config). In the lowest
 Airflow's virtualenv, with the ``spark`` extra added, the example pipeline DAG
 (``dags/eo_pipeline.py``) runs under ``dag.test()`` against the session's Kafka broker and
-its sink holds every committed source record exactly once.
+its sink holds every committed source record exactly once; and the Exactly-once page answers
+in its api-server to a user's token and login cookie, and to no one else.
 """
 
 from __future__ import annotations
@@ -321,7 +324,7 @@ def floor_spark_airflow(
     env.update(
         AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{home}/airflow.db",
         AIRFLOW__CORE__EXECUTOR="LocalExecutor",
-        # The sensor waits in the triggerer ([operators] default_deferrable).
+        # The sensor is deferrable, as in the other Airflow tests ([operators] default_deferrable).
         AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE="True",
         AIRFLOW_CONN_SPARK_DEFAULT=json.dumps({"conn_type": "spark", "host": "local[2]"}),
         # The connector and partitioner jars `eo setup jars` (here: scripts/bootstrap.sh) cached.
@@ -352,8 +355,8 @@ def test_pipeline_dag_runs_exactly_once_on_the_lowest_airflow(
     make_topic: Callable[..., str],
     tmp_path: Path,
 ) -> None:
-    """One ``dag.test()`` run of ``eo_pipeline`` (plan, spark-submit prepare, deferred
-    sensor, commit) on the lowest Airflow: every committed source record in the sink once,
+    """One ``dag.test()`` run of ``eo_pipeline`` (plan, spark-submit prepare, sensor,
+    commit) on the lowest Airflow: every committed source record in the sink once,
     none of the aborted transaction's, nothing else."""
     from eo_source_sink import assert_sink_is_source_exactly_once
 
