@@ -1,14 +1,15 @@
 """Durable spark-submit for eo's operators: which Spark driver a try of a task may re-attach to.
 
 On Airflow >= 3.3, :class:`SparkSubmitOperator` is a ``ResumableJobMixin``. When it tracks
-a cluster-mode driver (a ``spark://`` master with ``deploy_mode="cluster"``, YARN cluster
-with ``yarn_track_via_rm_api=True``, Kubernetes with ``track_driver_via_k8s_api=True``) it
-stores the driver's id in the task instance's ``task_state_store`` under
-``external_id_key`` before it polls, and a later try of the task reads it back: a driver
-that still runs is re-attached to, a FINISHED one counts as success and nothing is
-submitted, a failed one is submitted again. In client deploy mode nothing is stored or
-read (the driver is the task's child and ends with it). Below Airflow 3.3 there is no
-store and every try submits (``durable`` has no effect there).
+a cluster-mode driver (YARN cluster with ``yarn_track_via_rm_api=True``, Kubernetes with
+``track_driver_via_k8s_api=True``, a ``spark://`` master with ``deploy_mode="cluster"``,
+which Spark refuses for Python applications such as eo's) it stores the driver's id in
+the task instance's ``task_state_store`` under ``external_id_key`` before it polls, and a
+later try of the task reads it back: a driver that still runs is re-attached to, a
+FINISHED one counts as success and nothing is submitted, a failed one is submitted again.
+In client deploy mode nothing is stored or read (the driver is the task's child and ends
+with it). Below Airflow 3.3 there is no store and every try submits (``durable`` has no
+effect there).
 
 The store belongs to the task instance (DAG run, task id, map index), not to one try: it
 outlives retries and clears. One key per task, the provider's default, is wrong for eo:
