@@ -27,6 +27,7 @@ from airflow_provider_eo.operators.base import (
 )
 from airflow_provider_eo.operators.submit import (
     configure_submit,
+    end_submit,
     provider_application,
     remember_spark_target,
     spark_target,
@@ -281,6 +282,7 @@ class EoCommitOperator(PipelineTaskMixin, SparkSubmitOperator):
                 failure = exc
             summary = _read_summary(summary_file)
         finally:
+            end_submit(self)  # the connection hand-off, if the driver never read it
             if summary_dir:
                 with contextlib.suppress(OSError):
                     for leftover in Path(summary_dir).iterdir():

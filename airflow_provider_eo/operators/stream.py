@@ -69,6 +69,7 @@ from airflow_provider_eo.operators.base import (
 )
 from airflow_provider_eo.operators.submit import (
     configure_submit,
+    end_submit,
     provider_application,
     remember_spark_target,
     spark_target,
@@ -283,6 +284,7 @@ class EoStreamOperator(PipelineTaskMixin, SparkSubmitOperator):
                 unfinished=unfinished,
             ) from exc
         finally:
+            end_submit(self)  # the connection hand-off, if the driver never read it
             if report is not None:
                 report.unlink(missing_ok=True)
         summary = reported.summary or {}

@@ -15,6 +15,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow_provider_eo import names
 from airflow_provider_eo.connections import ConnectionSettings, remove_handoff, write_handoff
 from airflow_provider_eo.ledger import CheckpointState
+from airflow_provider_eo.operators._resume import resume_key, resume_submission
 from airflow_provider_eo.operators.base import (
     PIPELINE_TEMPLATE_FIELDS,
     PipelineTaskMixin,
@@ -265,6 +266,13 @@ def submit_prepare(
     ``--backfill-sink-topic``/``--backfill-transform``). May be called more than once on
     the same task.
 
+    Call it only for a checkpoint the ledger shows not yet PREPARED. In cluster deploy
+    mode on Airflow >= 3.3 the Spark provider keeps the driver's id in the task's
+    ``task_state_store``; here it is kept per pipeline and checkpoint
+    (:mod:`~airflow_provider_eo.operators._resume`), so a retry re-attaches to this
+    checkpoint's driver while it still runs, never to another checkpoint's, and submits
+    anew once that driver has ended.
+
     :param pipeline_ref: ``"module:ATTR"`` given to the application.
     :param pipeline_name: the pipeline's name, for messages.
     :param checkpoint_id: the checkpoint to prepare.
@@ -280,11 +288,19 @@ def submit_prepare(
         overrides=overrides,
         ship=ship,
     ):
-        # The provider's own driver tracking (standalone cluster status polling, YARN and
-        # Kubernetes tracking as configured on the operator) waits for the driver and fails
-        # the task with its final state when it dies; the ledger then says PREPARED or not.
+        # The provider's own driver tracking (YARN and Kubernetes as configured on the
+        # operator; Spark refuses cluster deploy mode for Python applications on a
+        # standalone master) waits for the driver and fails the task with its final state
+        # when it dies; the ledger then says PREPARED or not.
         task.log.info("prepare job: cluster deploy mode, the Spark provider tracks the driver")
     try:
+        # The driver's id is kept per checkpoint: a retry re-attaches only to this checkpoint's.
+        resume_submission(
+            task,
+            context,
+            key=resume_key("prepare", pipeline_name, checkpoint_id),
+            what=f"pipeline {pipeline_name!r}: the prepare of checkpoint {checkpoint_id}",
+        )
         SparkSubmitOperator.execute(task, context)
     finally:
         end_submit(task)
@@ -303,10 +319,13 @@ class EoSubmitOperator(PipelineTaskMixin, SparkSubmitOperator):
     job prepares the same checkpoint again in a new attempt folder.
 
     In client mode the task runs the driver; in cluster mode the Spark provider tracks the
-    driver until it ends (standalone status polling, YARN and Kubernetes as configured on
-    the operator). Either way a dead driver fails the task with its reason (spark-submit's
-    exit and log lines, or the tracked driver's final state), and the task succeeds once
-    the ledger shows the checkpoint PREPARED. Only the provider's public surface is used.
+    driver until it ends (YARN and Kubernetes as configured on the operator; Spark refuses
+    cluster deploy mode for Python applications on a standalone master). Either way a dead
+    driver fails the task with its reason (spark-submit's exit and log lines, or the
+    tracked driver's final state), and the task succeeds once the ledger shows the
+    checkpoint PREPARED. On Airflow >= 3.3 a retry in cluster deploy mode re-attaches to
+    this checkpoint's driver while it still runs (never to another checkpoint's) and submits
+    anew once it has ended; below 3.3 every try submits.
 
     :param pipeline: import path ``"module:ATTR"`` of the pipeline. (templated)
     :param checkpoint_id: the checkpoint to prepare, usually the plan's XCom, e.g.
