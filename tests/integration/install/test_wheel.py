@@ -1,12 +1,13 @@
 """Install the provider as a team would: the built wheel into a clean virtualenv next to an
 existing Airflow, nothing of this checkout on the path.
 
-Two Airflows, one virtualenv each (made once for this module, with uv and its cache):
+Three Airflows, one virtualenv each (made once for this module, with uv and its cache):
 
 - the lowest Airflow the wheel declares (``apache-airflow>=3.1.0``): ``3.1.0``, with the
   Airflow providers the wheel requires at their declared lower bounds, and Airflow 3.1.0's
   own dependencies as that release needs them (``constraints-airflow-3.1.0.txt``);
-- the newest 3.3 the resolver picks (``apache-airflow>=3.3,<3.4``, nothing pinned).
+- the newest 3.2 and the newest 3.3 the resolver picks (``apache-airflow>=3.2,<3.3``,
+  ``>=3.3,<3.4``, nothing pinned; 3.3 is what the rest of the test suite runs).
 
 In each, Airflow lists the provider, every module the provider info advertises imports,
 the example DAGs parse without errors, and no full ``pyspark`` is pulled in (it is the
@@ -59,8 +60,8 @@ RESULT_PREFIX = "EO_RESULT "
 #: and no longer gets from an unconstrained resolve.
 FLOOR_AIRFLOW = "3.1.0"
 FLOOR_CONSTRAINTS = HERE / f"constraints-airflow-{FLOOR_AIRFLOW}.txt"
-#: The newest minor: the resolver picks the patch.
-NEWEST_AIRFLOW = "apache-airflow>=3.3,<3.4"
+#: The minors above the floor: the resolver picks the patch.
+MINORS = {"3.2": "apache-airflow>=3.2,<3.3", "3.3": "apache-airflow>=3.3,<3.4"}
 
 
 def _run(
@@ -203,10 +204,10 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def airflow_venvs(tmp_path_factory: pytest.TempPathFactory, wheel: Path) -> Callable[[str], AirflowVenv]:
-    """``airflow_venvs("floor" | "newest")``: that Airflow's virtualenv, made on first use.
+    """``airflow_venvs("floor" | "3.2" | "3.3")``: that Airflow's virtualenv, made on first use.
 
     The floor: the lowest Airflow with the lowest Airflow providers the wheel declares (the
-    Spark and Kafka providers); the newest: whatever the resolver picks for the newest minor.
+    Spark and Kafka providers); a minor: whatever the resolver picks for it.
     """
     made: dict[str, AirflowVenv] = {}
     specs = {
@@ -214,7 +215,7 @@ def airflow_venvs(tmp_path_factory: pytest.TempPathFactory, wheel: Path) -> Call
             [f"apache-airflow=={FLOOR_AIRFLOW}", *_declared_provider_floors(wheel)],
             ["-c", str(FLOOR_CONSTRAINTS)],
         ),
-        "newest": ([NEWEST_AIRFLOW], []),
+        **{minor: ([spec], []) for minor, spec in MINORS.items()},
     }
 
     def get(which: str) -> AirflowVenv:
@@ -255,7 +256,7 @@ def test_wheel_carries_its_package_data_and_declares_no_pyspark(wheel: Path) -> 
     assert any(r.startswith("apache-airflow-providers-apache-kafka") for r in core), core
 
 
-@pytest.mark.parametrize("which", ["floor", "newest"])
+@pytest.mark.parametrize("which", ["floor", *MINORS])
 def test_wheel_installs_into_a_clean_virtualenv_next_to_airflow(
     which: str, airflow_venvs: Callable[[str], AirflowVenv]
 ) -> None:
@@ -268,7 +269,7 @@ def test_wheel_installs_into_a_clean_virtualenv_next_to_airflow(
             name, _, lowest = floor.partition("==")
             assert facts["providers"][name] == lowest, facts
     else:
-        assert facts["airflow"].startswith("3.3."), facts
+        assert facts["airflow"].startswith(f"{which}."), facts
     assert facts["errors"] == {}, facts
     assert {"eo_pipeline", "eo_savepoint", "eo_backfill", "eo_stream", "eo_control"} <= set(facts["dags"]), (
         facts
