@@ -12,6 +12,7 @@ XComs and every task log are read. Neither password appears anywhere.
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import threading
@@ -52,7 +53,7 @@ with DAG(dag_id="eo_secrets", schedule=None, start_date=datetime(2025, 1, 1), ca
             "spark.eventLog.enabled": "true",
             "spark.eventLog.compress": "false",
             "spark.eventLog.dir": os.environ["EO_TEST_EVENT_LOG_DIR"],
-            "spark.ui.port": "4195",
+            "spark.ui.port": os.environ["EO_TEST_UI_PORT"],
         },
         prepare_kwargs={"jars": os.environ.get("EO_SPARK_JARS") or None},
         poke_interval=2,
@@ -158,7 +159,11 @@ def test_connections_alone_configure_the_pipeline_and_no_secret_leaks(
     )
     produced, _aborted = produce_sample(kafka_bootstrap, pipeline.source_topics[0])
 
-    sampler = Sampler(4195)
+    with socket.socket() as probe:  # a free port for the driver's UI (the sampler polls it)
+        probe.bind(("127.0.0.1", 0))
+        ui_port = probe.getsockname()[1]
+    airflow_env.env["EO_TEST_UI_PORT"] = str(ui_port)
+    sampler = Sampler(ui_port)
     sampler.start()
     try:
         (run,) = airflow_env.run_dag_test("eo_secrets", runs=1)
