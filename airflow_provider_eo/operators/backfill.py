@@ -10,7 +10,6 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 
 from airflow_provider_eo import names
 from airflow_provider_eo.connections import ConnectionSettings
-from airflow_provider_eo.core.backfill import run_backfill
 from airflow_provider_eo.ledger import CheckpointState, Ledger
 from airflow_provider_eo.operators.base import (
     PIPELINE_TEMPLATE_FIELDS,
@@ -158,6 +157,9 @@ class EoBackfillOperator(PipelineTaskMixin, SparkSubmitOperator):
             self._prepare(
                 context, backfill, ledger, checkpoint_id, extra_args=extra_args, overrides=overrides
             )
+
+        # Imported here, not with the module: DAG files import operators, and parsing stays light.
+        from airflow_provider_eo.core.backfill import run_backfill
 
         with open_ledger(live) as ledger:
             result = run_backfill(

@@ -15,7 +15,6 @@ from typing import Any, Literal
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
 from airflow_provider_eo import names
-from airflow_provider_eo.core.commit import commit_checkpoint, resolve_commit_mode
 from airflow_provider_eo.errors import NotPrepared
 from airflow_provider_eo.ledger import CheckpointRecord, CheckpointState
 from airflow_provider_eo.operators._resume import resume_key, resume_submission
@@ -60,6 +59,9 @@ def choose_commit_mode(
     the connection up); it returns ``None`` when there is no Spark connection, and ``auto``
     then commits locally.
     """
+    # Imported here, not with the module: DAG files import operators, and parsing stays light.
+    from airflow_provider_eo.core.commit import resolve_commit_mode
+
     if requested not in COMMIT_MODES:
         raise ValueError(f"commit_mode {requested!r} is not one of {', '.join(COMMIT_MODES)}")
     if requested != "auto":
@@ -218,6 +220,8 @@ class EoCommitOperator(PipelineTaskMixin, SparkSubmitOperator):
 
     def _commit_here(self, context: Context, pipeline: Pipeline, checkpoint_id: int) -> dict[str, Any]:
         """The local commit, in this process (a no-op on a COMMITTED checkpoint)."""
+        from airflow_provider_eo.core.commit import commit_checkpoint
+
         with open_ledger(pipeline) as ledger:
             result = commit_checkpoint(
                 pipeline, ledger, checkpoint_id, actor=actor_for(context), commit_mode="local"

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_eo.core import backfill as core_backfill
 from airflow_provider_eo.ledger import CheckpointState
 from airflow_provider_eo.operators import backfill as backfill_module
 from airflow_provider_eo.operators.backfill import EoBackfillOperator, to_epoch_ms
@@ -75,7 +76,7 @@ def test_runs_the_interval_and_prepares_by_spark_submit(
             }
         )
 
-    monkeypatch.setattr(backfill_module, "run_backfill", fake_run)
+    monkeypatch.setattr(core_backfill, "run_backfill", fake_run)
     monkeypatch.setattr(backfill_module, "submit_prepare", fake_submit)
     op = EoBackfillOperator(
         task_id="b",
@@ -112,7 +113,7 @@ def test_prepare_not_recorded_is_an_error(
     def fake_run(live: Any, ledger: Any, start_ms: int, end_ms: int, **kwargs: Any) -> Any:
         kwargs["prepare"](SimpleNamespace(name="bf", transform=None), FakeLedger(), 1)
 
-    monkeypatch.setattr(backfill_module, "run_backfill", fake_run)
+    monkeypatch.setattr(core_backfill, "run_backfill", fake_run)
     monkeypatch.setattr(backfill_module, "submit_prepare", lambda *_a, **_k: None)
     op = EoBackfillOperator(task_id="b", pipeline=pipeline_ref, start=0, end=DAY, sink_topic="t")
     with pytest.raises(PrepareNotRecorded, match="checkpoint 1 is PLANNED"):

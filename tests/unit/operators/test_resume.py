@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
+from airflow_provider_eo.core import backfill as core_backfill
 from airflow_provider_eo.ledger import CheckpointState, Ledger, RangeSpec
-from airflow_provider_eo.operators import backfill as backfill_module
 from airflow_provider_eo.operators._resume import resume_key, resume_submission, scope_resume_keys
 from airflow_provider_eo.operators.backfill import EoBackfillOperator
 from airflow_provider_eo.operators.commit import EoCommitOperator
@@ -189,7 +189,7 @@ def test_a_backfill_try_submits_one_driver_per_checkpoint(
             kwargs["prepare"](backfill, BackfillLedger(), checkpoint_id)
         return SimpleNamespace(summary=lambda: {"checkpoints": [1, 2, 3], "records": 3})
 
-    monkeypatch.setattr(backfill_module, "run_backfill", run_backfill)
+    monkeypatch.setattr(core_backfill, "run_backfill", run_backfill)
     op = EoBackfillOperator(
         task_id="b", pipeline=pipeline_ref, start=0, end=1, sink_topic="t", packages=CONNECTOR
     )
