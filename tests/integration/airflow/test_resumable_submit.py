@@ -4,19 +4,24 @@ database, through the execution API), the Spark provider's own resumable path (t
 id stored before polling, driver status over the master's REST API), real drivers on the
 cluster's worker, real Kafka and ledger.
 
-- One try of a backfill of several checkpoints submits one driver per checkpoint, each id
-  under the checkpoint's own key, and commits them all (with one key per task the second
-  submission finds the first driver FINISHED, submits nothing, and every try fails with
-  PrepareNotRecorded).
-- A try that dies while its first driver runs (an error raised in the provider's polling,
-  after the id was stored: the worker lost mid-job, as far as the store and the cluster are
-  concerned) is retried: the retry re-attaches to that checkpoint's driver, still running
-  (it waits at ``prepare.before_ledger`` until the test lets it go on), submits nothing for
-  it, then submits the other checkpoints while the store holds the first one's finished
-  driver.
+One backfill of two checkpoints, whose first try dies while its first driver runs (an error
+raised in the provider's polling, after the id was stored: the worker lost mid-job, as far as
+the store and the cluster are concerned). That driver waits at ``prepare.before_ledger``
+until the test lets it go on. The retry
 
-Exactly once is counted against the source (every committed source record once in the
-backfill sink).
+- re-attaches to the first checkpoint's driver, still running, and submits nothing for it;
+- then, in the same try, submits the second checkpoint's driver while the store holds the
+  first one's FINISHED driver: the situation where, with one key per task, the second
+  submission was taken for the first one's finished driver;
+
+and ends with one driver per checkpoint, each id under the checkpoint's own key, both
+checkpoints COMMITTED, and every committed source record once in the backfill sink.
+
+The live pipeline's history is recorded in the ledger through its own transitions (one
+COMMITTED checkpoint over the whole source) instead of being run: the backfill reads only
+the source and the ledger, never the live sink. Every case of the decision the drivers go
+through (ended, unknown, another checkpoint's, no store) is in
+tests/unit/operators/test_resume.py, against a fake cluster.
 
 Spark refuses cluster deploy mode for Python applications on a standalone master
 ("Cluster deploy mode is currently not supported for python applications on standalone
@@ -48,7 +53,9 @@ from eo_source_sink import compare_source_and_sink
 from eo_spark_standalone import StandaloneCluster
 
 from airflow_provider_eo.demo.sample import produce_sample
-from airflow_provider_eo.ledger import CheckpointState, Ledger
+from airflow_provider_eo.kafka import admin
+from airflow_provider_eo.kafka.audit import settled_ends
+from airflow_provider_eo.ledger import CheckpointState, Ledger, RangeSpec
 from airflow_provider_eo.stack.kafka import free_port
 
 from .conftest import DRIVER, RESULT_PREFIX, VENV_BIN, AirflowEnv, _kill_group
@@ -57,11 +64,12 @@ pytestmark = [
     pytest.mark.airflow,
     pytest.mark.kafka,
     pytest.mark.spark,
-    pytest.mark.timeout(1200),
+    pytest.mark.timeout(600),
 ]
 
-#: Offsets per backfill checkpoint: the sample's ~70 source offsets make 3 or more.
-BACKFILL_MAX_RECORDS = "20"
+#: Offsets per backfill checkpoint: the sample's 69 source offsets (60 records, 20 of them
+#: aborted, and the transaction markers) make two.
+BACKFILL_MAX_RECORDS = "40"
 
 LAUNCHER = '''#!{python}
 """spark-submit for the tests' standalone master: a Python application in cluster deploy
@@ -95,9 +103,8 @@ os.execv(REAL, [REAL, *args])
 '''
 
 DAGS = '''
-"""The backfill on the standalone master in cluster deploy mode (durable submission tests).
-
-``dag``: one try. ``retry_dag``: its first try dies while it polls its first driver."""
+"""The backfill on the standalone master in cluster deploy mode; its first try dies while
+it polls its first driver."""
 import os
 from datetime import datetime, timedelta
 
@@ -116,28 +123,23 @@ class DiesWhilePolling(EoBackfillOperator):
         return super().poll_until_complete(external_id, context)
 
 
-def backfill_dag(dag_id, operator, retries):
-    with DAG(dag_id=dag_id, schedule=None, start_date=datetime(2025, 1, 1), catchup=False) as dag:
-        operator(
-            task_id="backfill",
-            pipeline="eo_demo_pipelines:demo_pipeline",
-            sink_topic=os.environ.get("EO_BACKFILL_SINK_TOPIC", "unset"),
-            start=0,
-            end=4102444800000,  # 2100-01-01
-            conn_id="spark_cluster",
-            jars=os.environ.get("EO_SPARK_JARS"),
-            driver_memory="512m",
-            executor_memory="512m",
-            executor_cores=1,
-            total_executor_cores=1,
-            retries=retries,
-            retry_delay=timedelta(seconds=1),
-        )
-    return dag
-
-
-dag = backfill_dag("eo_resume_backfill", EoBackfillOperator, 0)
-retry_dag = backfill_dag("eo_resume_backfill_retry", DiesWhilePolling, 1)
+with DAG(dag_id="eo_resume_backfill", schedule=None, start_date=datetime(2025, 1, 1), catchup=False) as dag:
+    DiesWhilePolling(
+        task_id="backfill",
+        pipeline="eo_demo_pipelines:demo_pipeline",
+        sink_topic=os.environ.get("EO_BACKFILL_SINK_TOPIC", "unset"),
+        start=0,
+        end=4102444800000,  # 2100-01-01
+        conn_id="spark_cluster",
+        jars=os.environ.get("EO_SPARK_JARS"),
+        conf={"spark.ui.enabled": "false"},
+        driver_memory="512m",
+        executor_memory="512m",
+        executor_cores=1,
+        total_executor_cores=1,
+        retries=1,
+        retry_delay=timedelta(seconds=1),
+    )
 '''
 
 
@@ -211,22 +213,37 @@ def on_cluster(
 
 
 def _live_committed(airflow_env: AirflowEnv, kafka_bootstrap: str) -> tuple[Any, int]:
-    """The sample in the source, committed by the live pipeline (one checkpoint, local
-    master); the backfill then plans small checkpoints."""
-    pipeline = airflow_env.pipeline()
-    committed, _aborted = produce_sample(kafka_bootstrap, pipeline.source_topics[0])
-    airflow_env.env["EO_DEMO_MAX_RECORDS"] = "1000"
-    (live,) = airflow_env.run_dag_test("eo_pipeline")
-    assert live["xcoms"]["eo.commit"]["state"] == "COMMITTED", live
+    """The sample in the source, and the live pipeline's one COMMITTED checkpoint over all
+    of it recorded in the ledger (plan, prepared, committed: what a live run leaves there
+    for a backfill). Returns the pipeline and the source's committed records."""
     airflow_env.env["EO_DEMO_MAX_RECORDS"] = BACKFILL_MAX_RECORDS
+    pipeline = airflow_env.pipeline()
+    topic = pipeline.source_topics[0]
+    committed, _aborted = produce_sample(kafka_bootstrap, topic)
+    partitions = [(topic, p) for p in admin.partitions_of(pipeline.kafka, [topic])[topic]]
+    ends = settled_ends(pipeline.kafka, partitions)
+    with Ledger(pipeline.ledger_url) as ledger:
+        ledger.ensure_pipeline(pipeline.name, pipeline.fingerprint())
+        cp = ledger.plan(pipeline.name, [RangeSpec(t, p, 0, end) for (t, p), end in ends.items()])
+        ledger.mark_prepared(
+            pipeline.name,
+            cp.checkpoint_id,
+            attempt="live",
+            staging_location="unused",
+            records=committed,
+            bytes_=0,
+            shard_counts={0: committed},
+        )
+        ledger.mark_committed(pipeline.name, cp.checkpoint_id)
     return pipeline, committed
 
 
-def _stored(airflow_env: AirflowEnv, dag_id: str) -> dict[str, Any]:
+def _stored(airflow_env: AirflowEnv) -> dict[str, Any]:
     """The backfill task's task_state_store rows, from Airflow's metadata database."""
     with contextlib.closing(sqlite3.connect(airflow_env.home / "airflow.db")) as db:
         rows = db.execute(
-            "SELECT key, value FROM task_state_store WHERE dag_id = ? AND task_id = 'backfill'", (dag_id,)
+            "SELECT key, value FROM task_state_store WHERE dag_id = 'eo_resume_backfill' "
+            "AND task_id = 'backfill'"
         ).fetchall()
     return {key: json.loads(value) for key, value in rows}
 
@@ -270,30 +287,10 @@ def _release_stopped(airflow_env: AirflowEnv) -> None:
             os.kill(pid, signal.SIGCONT)
 
 
-def test_one_backfill_try_submits_one_driver_per_checkpoint(
-    on_cluster: AirflowEnv, kafka_bootstrap: str, cluster: RestCluster
-) -> None:
-    _pipeline, committed = _live_committed(on_cluster, kafka_bootstrap)
-    before = {d["id"] for d in cluster.drivers()}
-
-    (run,) = on_cluster.run_dag_test("eo_resume_dags", dag_attr="dag")
-
-    assert run["state"] == "success", (run, on_cluster.log_text()[-6000:], cluster.log_tail())
-    assert run["tis"]["backfill"]["try_number"] == 1, run  # one try did it all
-    name, checkpoints = _backfill_done(on_cluster, run, committed)
-    assert len(checkpoints) >= 3, checkpoints
-    drivers = [d for d in cluster.drivers() if d["id"] not in before]
-    assert len(drivers) == len(checkpoints), drivers  # one driver per checkpoint, no more
-    assert {d["state"] for d in drivers} == {"FINISHED"}, drivers
-    stored = _stored(on_cluster, "eo_resume_backfill")
-    assert set(stored) == {f"eo:prepare:{name}:{c.checkpoint_id}" for c in checkpoints}, stored
-    assert set(stored.values()) == {d["id"] for d in drivers}, (stored, drivers)
-
-
-def test_a_retry_reattaches_to_its_checkpoints_running_driver(
+def test_a_retry_reattaches_to_its_running_driver_then_submits_the_next_checkpoint(
     on_cluster: AirflowEnv, kafka_bootstrap: str, cluster: RestCluster, tmp_path: Path
 ) -> None:
-    _pipeline, committed = _live_committed(on_cluster, kafka_bootstrap)
+    pipeline, committed = _live_committed(on_cluster, kafka_bootstrap)
     before = {d["id"] for d in cluster.drivers()}
     # The first prepare driver to get there stops before it records PREPARED, and goes on
     # when the test sends SIGCONT (the drivers inherit the task's environment).
@@ -305,13 +302,15 @@ def test_a_retry_reattaches_to_its_checkpoints_running_driver(
     }
     log = on_cluster.home / "dagtest-retry.log"
     on_cluster.logs.append(log)
-    args = [sys.executable, str(DRIVER), "--dag-module", "eo_resume_dags", "--dag-attr", "retry_dag"]
+    args = [sys.executable, str(DRIVER), "--dag-module", "eo_resume_dags"]
     with log.open("w") as output:
         proc = subprocess.Popen(
             args, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
         )
     on_cluster.procs.append(proc)
-    reattached = re.compile(r"its Spark driver (driver-[0-9-]+) is still (\w+): re-attaching")
+    reattached = re.compile(
+        r"the prepare of checkpoint (\d+): its Spark driver (driver-[0-9-]+) is still (\w+): re-attaching"
+    )
     try:
 
         def progress() -> bool:
@@ -321,10 +320,11 @@ def test_a_retry_reattaches_to_its_checkpoints_running_driver(
             assert len(new) <= 1, f"a second driver was submitted: {new}\n{text[-6000:]}"
             return bool(reattached.search(text))
 
-        assert poll_until(progress, timeout=600, interval=1), log.read_text(errors="replace")[-6000:]
-        assert poll_until(lambda: bool(_our_processes(on_cluster, stopped=True)), timeout=300, interval=1)
+        # The retry re-attached while the first driver is held (no second driver meanwhile).
+        assert poll_until(progress, timeout=300, interval=0.5), log.read_text(errors="replace")[-6000:]
+        assert poll_until(lambda: bool(_our_processes(on_cluster, stopped=True)), timeout=300, interval=0.5)
         _release_stopped(on_cluster)  # the first driver records PREPARED and ends
-        proc.wait(timeout=900)
+        proc.wait(timeout=300)
     finally:
         _release_stopped(on_cluster)
         _kill_group(proc)
@@ -335,20 +335,33 @@ def test_a_retry_reattaches_to_its_checkpoints_running_driver(
 
     assert run["state"] == "success", (run, text[-6000:])
     assert run["tis"]["backfill"]["try_number"] == 2, run
-    died = re.findall(r"injected: the task dies while polling driver (driver-[0-9-]+)", text)
-    match = reattached.search(text)
-    assert died and match and match.group(1) == died[0], text[-6000:]
-    first_driver = died[0]
     name, checkpoints = _backfill_done(on_cluster, run, committed)
-    first = checkpoints[0].checkpoint_id
+    assert len(checkpoints) == 2, checkpoints
+    first, second = (c.checkpoint_id for c in checkpoints)
+    # Try 1 submitted the first checkpoint's driver and died polling it; the retry
+    # re-attached to that driver and submitted one driver, the second checkpoint's.
+    died = re.findall(r"injected: the task dies while polling driver (driver-[0-9-]+)", text)
+    submitted = re.findall(r"Spark driver submitted: (driver-[0-9-]+)", text)
+    assert [(int(c), d) for c, d, _ in reattached.findall(text)] == [(first, died[0])], text[-6000:]
+    assert len(died) == 1 and len(submitted) == 2 and submitted[0] == died[0], (died, submitted)
     drivers = [d for d in cluster.drivers() if d["id"] not in before]
-    assert len(drivers) == len(checkpoints) >= 3, drivers  # the first checkpoint's driver only once
+    assert {d["id"] for d in drivers} == set(submitted), drivers  # one driver per checkpoint
     assert {d["state"] for d in drivers} == {"FINISHED"}, drivers
-    stored = _stored(on_cluster, "eo_resume_backfill_retry")
-    assert stored[f"eo:prepare:{name}:{first}"] == first_driver, stored
-    assert len(stored) == len(checkpoints) and set(stored.values()) == {d["id"] for d in drivers}, stored
-    # The first checkpoint was prepared by the first try's driver (its actor), re-attached to.
-    with Ledger(on_cluster.pipeline().ledger_url) as ledger:
-        prepared = [e for e in ledger.events(name, first) if e.to_state is CheckpointState.PREPARED]
-    assert [e.try_number for e in prepared] == [1], prepared
+    # Each driver's id under its own checkpoint's key: the second checkpoint's submission
+    # found nothing stored for it, not the first checkpoint's finished driver.
+    assert _stored(on_cluster) == {
+        f"eo:prepare:{name}:{first}": submitted[0],
+        f"eo:prepare:{name}:{second}": submitted[1],
+    }
+    assert "the ledger shows the work not done" not in text, text[-6000:]
+    # The first checkpoint was prepared by the first try's driver (its actor), re-attached
+    # to; the second by the retry's.
+    with Ledger(pipeline.ledger_url) as ledger:
+        prepared = [
+            e.try_number
+            for cp in (first, second)
+            for e in ledger.events(name, cp)
+            if e.to_state is CheckpointState.PREPARED
+        ]
+    assert prepared == [1, 2], prepared
     assert not _our_processes(on_cluster, stopped=True)
