@@ -11,8 +11,8 @@ until the test lets it go on. The retry
 
 - re-attaches to the first checkpoint's driver, still running, and submits nothing for it;
 - then, in the same try, submits the second checkpoint's driver while the store holds the
-  first one's FINISHED driver: the situation where, with one key per task, the second
-  submission was taken for the first one's finished driver;
+  first one's FINISHED driver (with one key per task, the Spark provider would take that
+  driver for the second checkpoint's and submit nothing);
 
 and ends with one driver per checkpoint, each id under the checkpoint's own key, both
 checkpoints COMMITTED, and every committed source record once in the backfill sink.
