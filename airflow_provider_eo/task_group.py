@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal
 
-from airflow_provider_eo.version_compat import TaskGroup
+from airflow_provider_eo.version_compat import Asset, TaskGroup
+
+log = logging.getLogger(__name__)
 
 #: The plan task's default ``restore_from``: the run conf's (or the DAG Param's)
 #: ``restore_from``; renders "" when neither is set.
@@ -33,6 +36,7 @@ def eo_pipeline_group(
     commit_kwargs: Mapping[str, Any] | None = None,
     commit_mode: str | None = None,
     restore_from: str | None = RESTORE_FROM_CONF,
+    sink_asset: Asset | Literal["auto"] | None = None,
     **group_kwargs: Any,
 ) -> TaskGroup:
     """A TaskGroup running one checkpoint of ``pipeline_ref`` per DAG run.
@@ -45,7 +49,12 @@ def eo_pipeline_group(
     (:class:`~airflow_provider_eo.operators.commit.EoCommitOperator`) publishes it exactly
     once. Every step is idempotent, so a retried or cleared task, or the next DAG run,
     continues the same unfinished checkpoint. Nothing is imported or contacted at parse
-    time: the pipeline is loaded by each task when it runs.
+    time: the pipeline is loaded by each task when it runs (``sink_asset="auto"`` is the one
+    exception, below).
+
+    With ``sink_asset``, the commit task has the pipeline's sink topic as an outlet and each
+    committed checkpoint is an asset event other DAGs can be scheduled on
+    (:mod:`airflow_provider_eo.assets`).
 
     A run whose conf (or DAG ``Param``) has ``"restore_from": "<savepoint>"`` restores
     the pipeline from that savepoint in its plan task first (once per run, even across
@@ -79,6 +88,13 @@ def eo_pipeline_group(
         :class:`~airflow_provider_eo.operators.commit.EoCommitOperator`).
     :param restore_from: template (or name) of a savepoint the plan task restores from
         first; default the run conf's ``restore_from``; ``None`` never restores.
+    :param sink_asset: the commit task's outlet: an ``Asset`` (from
+        :func:`~airflow_provider_eo.assets.sink_asset` or
+        :func:`~airflow_provider_eo.assets.kafka_asset`), or ``"auto"`` to build it from
+        the pipeline while the DAG is parsed (its module is imported and a factory called;
+        no connection is read). ``"auto"`` wires no outlet, and logs why, for a pipeline that
+        names its cluster only through ``kafka_conn_id``: pass the asset itself there.
+        ``None`` (default): no outlet.
     :param group_kwargs: passed to :class:`TaskGroup` (``dag``, ``tooltip``, ``parent_group`` ...).
     """
     from airflow_provider_eo.operators.commit import EoCommitOperator
@@ -86,6 +102,12 @@ def eo_pipeline_group(
     from airflow_provider_eo.operators.submit import EoSubmitOperator
     from airflow_provider_eo.sensors.checkpoint import EoCheckpointSensor
 
+    outlet = _sink_outlet(pipeline_ref, sink_asset)
+    if outlet is not None:
+        commit_kwargs = {
+            **(commit_kwargs or {}),
+            "outlets": [*list((commit_kwargs or {}).get("outlets") or []), outlet],
+        }
     group_kwargs.setdefault("tooltip", f"exactly-once checkpoint of {pipeline_ref}")
     # Only what the caller gave: else the DAG's default_args (and Airflow's defaults) apply.
     common: dict[str, Any] = {
@@ -139,3 +161,27 @@ def eo_pipeline_group(
         )
         plan >> prepare >> wait >> commit
     return group
+
+
+def _sink_outlet(pipeline_ref: str, sink_asset: Asset | str | None) -> Asset | None:
+    """The commit task's sink outlet for ``eo_pipeline_group``'s ``sink_asset``."""
+    if sink_asset is None or isinstance(sink_asset, Asset):
+        return sink_asset
+    if sink_asset != "auto":
+        raise ValueError(f"sink_asset must be an Asset, 'auto' or None, got {sink_asset!r}")
+    from airflow_provider_eo import assets
+    from airflow_provider_eo.pipeline import load_pipeline
+
+    pipeline = load_pipeline(pipeline_ref)
+    if not pipeline.kafka.get("bootstrap.servers"):
+        log.warning(
+            "pipeline %s (%s): no sink asset outlet: the pipeline names its Kafka cluster only "
+            "through the connection %r, which is not read while a DAG is parsed; pass "
+            "sink_asset=sink_asset(%r, bootstrap='host:port')",
+            pipeline.name,
+            pipeline_ref,
+            pipeline.kafka_conn_id,
+            pipeline_ref,
+        )
+        return None
+    return assets.sink_asset(pipeline)

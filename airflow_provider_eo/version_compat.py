@@ -11,9 +11,18 @@ for SQLAlchemy 2.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import BaseHook, BaseOperator, BaseOperatorLink, BaseSensorOperator, Context, TaskGroup
+from airflow.sdk import (
+    Asset,
+    BaseHook,
+    BaseOperator,
+    BaseOperatorLink,
+    BaseSensorOperator,
+    Context,
+    TaskGroup,
+)
 from airflow.sdk.bases.sensor import PokeReturnValue
 
 # Registers a value with the task log's secrets masker (also applied to rendered fields).
@@ -82,6 +91,15 @@ def default_deferrable() -> bool:
     return bool(conf.getboolean("operators", "default_deferrable", fallback=False))
 
 
+def set_outlet_extra(context: Context | Mapping[str, Any], asset: Asset, extra: Mapping[str, Any]) -> None:
+    """Make ``extra`` the ``extra`` of the event Airflow emits for the running task's outlet
+    ``asset`` when the task succeeds (``context["outlet_events"][asset].extra``, the same on
+    Airflow 3.1 to 3.3). Replaces what was set before, so a repeated call does not merge."""
+    accessor = context["outlet_events"][asset]
+    accessor.extra.clear()
+    accessor.extra.update(extra)
+
+
 def task_identity(context: Context | dict[str, Any]) -> dict[str, Any]:
     """``dag_id``, ``run_id``, ``task_id``, ``try_number`` of the running task instance."""
     ti = context["ti"]
@@ -97,6 +115,7 @@ __all__ = [
     "AirflowException",
     "AirflowFailException",
     "AirflowSkipException",
+    "Asset",
     "BaseEventTrigger",
     "BaseHook",
     "BaseOperator",
@@ -112,5 +131,6 @@ __all__ = [
     "default_deferrable",
     "mask_secret",
     "request_user",
+    "set_outlet_extra",
     "task_identity",
 ]

@@ -14,6 +14,9 @@ field of the Trigger DAG form): its plan task restores the pipeline from that sa
 or a savepoint taken with "stop") makes every run skip, with the reason, until
 ``eo resume``.
 
+Assets: each committed checkpoint is an event on the sink topic's asset
+(``kafka://<bootstrap>/<sink topic>``); ``dags/eo_downstream.py`` runs on it.
+
 Connections: ``spark_default`` (e.g. host ``local[2]``), optionally a ``kafka``
 connection named by ``EO_KAFKA_CONN_ID`` and an ``eo_ledger`` one by ``EO_LEDGER_CONN_ID``
 (the pipeline names them: see ``eo_demo_pipelines.py``).
@@ -55,6 +58,8 @@ with DAG(
             "packages": os.environ.get("EO_SPARK_PACKAGES") or None,
             "jars": os.environ.get("EO_SPARK_JARS") or None,
         },
+        # The commit announces each checkpoint on the sink topic's asset (dags/eo_downstream.py).
+        sink_asset="auto",
         poke_interval=5,
         timeout=30 * 60,
         retries=2,

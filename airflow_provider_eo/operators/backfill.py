@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
 from airflow_provider_eo import names
+from airflow_provider_eo.assets import checkpoint_extra, emit, topic_outlets
 from airflow_provider_eo.connections import ConnectionSettings
-from airflow_provider_eo.ledger import CheckpointState, Ledger
+from airflow_provider_eo.ledger import CheckpointState, Ledger, LedgerError
 from airflow_provider_eo.operators.base import (
     PIPELINE_TEMPLATE_FIELDS,
     PipelineTaskMixin,
@@ -21,6 +22,9 @@ from airflow_provider_eo.operators.savepoint import parse_bool
 from airflow_provider_eo.operators.submit import PrepareNotRecorded, remember_spark_target, submit_prepare
 from airflow_provider_eo.pipeline import Pipeline
 from airflow_provider_eo.version_compat import AirflowFailException, Context
+
+if TYPE_CHECKING:
+    from airflow_provider_eo.core.backfill import BackfillResult
 
 #: Templates of the interval's ends: the DAG run's own data interval.
 DATA_INTERVAL_START = "{{ data_interval_start }}"
@@ -82,6 +86,15 @@ class EoBackfillOperator(PipelineTaskMixin, SparkSubmitOperator):
     while it still runs; once the driver has ended, in whatever state, the ledger decides:
     PREPARED is done, anything else is prepared again by a new driver. Client deploy mode,
     and Airflow < 3.3, submit each prepare anew.
+
+    Asset event: with an outlet naming ``sink_topic`` (``outlets=[kafka_asset(bootstrap,
+    topic)]``, see :mod:`airflow_provider_eo.assets`), the task's success emits one event for
+    the whole interval (Airflow emits one event per outlet per task): its ``extra`` has
+    ``pipeline``, ``backfill_pipeline``, ``sink_topic``, ``start``, ``end``,
+    ``checkpoint_ids``, ``records`` and ``checkpoints``, one
+    :func:`~airflow_provider_eo.assets.checkpoint_extra` per COMMITTED checkpoint of the
+    interval, including those an earlier try or run of the same interval committed
+    (``already_committed`` true), so a retry after a crash loses none.
 
     Returns (XCom) ``{"pipeline", "backfill_pipeline", "checkpoints", "records", "start",
     "end", "sink_topic"}``.
@@ -190,7 +203,59 @@ class EoBackfillOperator(PipelineTaskMixin, SparkSubmitOperator):
             "sink_topic": sink_topic,
         }
         self.log.info("pipeline %s: backfill done: %s", live.name, out)
+        self._emit_asset_event(context, live, result, sink_topic=sink_topic, start_ms=start_ms, end_ms=end_ms)
         return out
+
+    def _emit_asset_event(
+        self,
+        context: Context,
+        live: Pipeline,
+        result: BackfillResult,
+        *,
+        sink_topic: str,
+        start_ms: int,
+        end_ms: int,
+    ) -> None:
+        """Give the target topic's asset event (an outlet naming ``sink_topic``) the whole
+        interval's COMMITTED checkpoints: those this try committed and those an earlier try
+        or run of the same interval did (the ledger's checkpoints of the backfill pipeline
+        with this interval as their time filter)."""
+        sinks = topic_outlets(self.outlets, sink_topic)
+        if not sinks:
+            return
+        found = {cp.checkpoint_id: cp for cp in result.checkpoints}
+        with open_ledger(live) as ledger:
+            try:
+                listed = ledger.list_checkpoints(result.backfill_pipeline)
+            except LedgerError:  # nothing was ever planned for this target
+                listed = []
+        for cp in listed:
+            if cp.state is CheckpointState.COMMITTED and cp.time_filter == (start_ms, end_ms):
+                found.setdefault(cp.checkpoint_id, cp)
+        this_try = {cp.checkpoint_id for cp in result.checkpoints}
+        checkpoints = [
+            checkpoint_extra(live, cp, sink_topic=sink_topic, already_committed=cid not in this_try)
+            for cid, cp in sorted(found.items())
+        ]
+        extra = {
+            "pipeline": live.name,
+            "backfill_pipeline": result.backfill_pipeline,
+            "sink_topic": sink_topic,
+            "start": dt.datetime.fromtimestamp(start_ms / 1000, dt.timezone.utc).isoformat(),
+            "end": dt.datetime.fromtimestamp(end_ms / 1000, dt.timezone.utc).isoformat(),
+            "checkpoint_ids": sorted(found),
+            "records": sum(c["records"] or 0 for c in checkpoints),
+            "checkpoints": checkpoints,
+        }
+        emit(context, sinks, extra)
+        self.log.info(
+            "backfill %s: %d checkpoint(s) of [%s, %s) announced on %s",
+            result.backfill_pipeline,
+            len(checkpoints),
+            extra["start"],
+            extra["end"],
+            ", ".join(a.uri for a in sinks),
+        )
 
     def _prepare(
         self,

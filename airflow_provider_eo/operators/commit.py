@@ -15,6 +15,7 @@ from typing import Any, Literal
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
 from airflow_provider_eo import names
+from airflow_provider_eo.assets import checkpoint_extra, emit, topic_of, topic_outlets
 from airflow_provider_eo.errors import NotPrepared
 from airflow_provider_eo.ledger import CheckpointRecord, CheckpointState
 from airflow_provider_eo.operators._resume import resume_key, resume_submission
@@ -109,6 +110,18 @@ class EoCommitOperator(PipelineTaskMixin, SparkSubmitOperator):
       ``spark_commit_min_records`` records and the Spark connection's master is a cluster
       (not ``local``/``local[N]``), else ``local`` (also when there is no Spark connection).
     - ``None`` (default): the pipeline's ``commit_mode``.
+
+    Asset event: give the task the pipeline's sink asset as an outlet
+    (``outlets=[sink_asset(pipeline)]``, see :mod:`airflow_provider_eo.assets`; the
+    ``eo_pipeline_group`` does it with ``sink_asset=``) and its success emits one event per
+    committed checkpoint, whose ``extra`` is
+    :func:`~airflow_provider_eo.assets.checkpoint_extra` (pipeline, checkpoint id, records,
+    source ranges, dead letters, the committing task instance). Any ``kafka://`` outlet
+    naming the sink topic gets it, whatever its server. A task that finds the checkpoint
+    already COMMITTED (a retry after a crash that followed the commit, a cleared task)
+    emits it again with ``already_committed`` true: Airflow emits an event on every success,
+    and a consumer that dedupes on the checkpoint id loses nothing this way, whereas staying
+    silent would lose the checkpoint whose first committer never reported success.
 
     Returns (XCom) ``{"pipeline", "checkpoint_id", "state", "records", "published",
     "shards_skipped", "note", "commit_mode", "publishers"}``; ``published`` counts records
@@ -216,7 +229,39 @@ class EoCommitOperator(PipelineTaskMixin, SparkSubmitOperator):
             out["shards_skipped"],
             f" ({out['note']})" if out["note"] else "",
         )
+        self._emit_asset_event(
+            context, pipeline, checkpoint_id, already_committed=cp.state is CheckpointState.COMMITTED
+        )
         return out
+
+    def _emit_asset_event(
+        self, context: Context, pipeline: Pipeline, checkpoint_id: int, *, already_committed: bool
+    ) -> None:
+        """Give the sink asset's event (an outlet naming the sink topic) the checkpoint's
+        ``extra``, read from the ledger now that it shows the checkpoint COMMITTED."""
+        sinks = topic_outlets(self.outlets, pipeline.sink_topic)
+        if not sinks:
+            other = [a.uri for a in self.outlets if topic_of(a) is not None]
+            if other:
+                self.log.warning(
+                    "pipeline %s: no outlet names the sink topic %r (Kafka outlets: %s); their "
+                    "events carry no checkpoint",
+                    pipeline.name,
+                    pipeline.sink_topic,
+                    ", ".join(other),
+                )
+            return
+        with open_ledger(pipeline) as ledger:
+            done = ledger.get(pipeline.name, checkpoint_id)
+        extra = checkpoint_extra(pipeline, done, already_committed=already_committed)
+        emit(context, sinks, extra)
+        self.log.info(
+            "pipeline %s: checkpoint %s announced on %s%s",
+            pipeline.name,
+            checkpoint_id,
+            ", ".join(a.uri for a in sinks),
+            " (again: it was already COMMITTED)" if already_committed else "",
+        )
 
     def _commit_here(self, context: Context, pipeline: Pipeline, checkpoint_id: int) -> dict[str, Any]:
         """The local commit, in this process (a no-op on a COMMITTED checkpoint)."""

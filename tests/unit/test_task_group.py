@@ -60,11 +60,14 @@ def test_retries_and_deferrable_come_from_the_dag_and_airflow_unless_given(monke
         assert dag.get_task("b.wait").deferrable is True
 
 
-def test_example_dag_parses_without_services() -> None:
+def test_example_dag_parses_without_services(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     import importlib.util
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[2] / "dags" / "eo_pipeline.py"
+    # Its sink asset is built from the pipeline module next to it, as the dag-processor
+    # (which puts the DAGs folder on sys.path) builds it.
+    monkeypatch.syspath_prepend(str(path.parent))
     spec = importlib.util.spec_from_file_location("eo_pipeline_example", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
