@@ -183,3 +183,39 @@ def test_the_downstream_example_is_scheduled_on_the_pipeline_examples_outlet(
     expected = Asset(name="kafka://kafka:9092/enriched", uri="kafka://kafka:9092/enriched")
     assert dags["eo_pipeline"].get_task("eo.commit").outlets == [expected]
     assert list(dags["eo_downstream"].timetable.asset_condition.objects) == [expected]
+
+
+def test_the_backfill_announces_its_interval_once_with_every_checkpoint(
+    pipeline_ref: str, context: dict[str, Any]
+) -> None:
+    import datetime as dt
+
+    from airflow_provider_eo.core.backfill import BackfillResult
+    from airflow_provider_eo.ledger import CheckpointRecord, CheckpointState
+    from airflow_provider_eo.operators.backfill import EoBackfillOperator
+
+    live = load_pipeline(pipeline_ref)
+    now = dt.datetime.now(dt.timezone.utc)
+    done = [
+        CheckpointRecord(
+            pipeline="orders.bf.redo",
+            checkpoint_id=i,
+            state=CheckpointState.COMMITTED,
+            lineage=1,
+            ranges=(RangeSpec("in", 0, 10 * i, 10 * i + 10),),
+            planned_at=now,
+            records=10,
+            time_filter=(0, 1000),
+        )
+        for i in (1, 2)
+    ]
+    result = BackfillResult(pipeline="orders", backfill_pipeline="orders.bf.redo", checkpoints=tuple(done))
+    target = kafka_asset("k:9092", "redo")
+    context["outlet_events"] = events = OutletEventAccessors()
+    op = EoBackfillOperator(task_id="bf", pipeline=pipeline_ref, sink_topic="redo", outlets=[target])
+    op._emit_asset_event(context, live, result, sink_topic="redo", start_ms=0, end_ms=1000)
+    extra = events[target].extra
+    assert extra["checkpoint_ids"] == [1, 2] and extra["records"] == 20 and extra["sink_topic"] == "redo"
+    assert [c["checkpoint_id"] for c in extra["checkpoints"]] == [1, 2]
+    assert all(c["sink_topic"] == "redo" and not c["already_committed"] for c in extra["checkpoints"])
+    assert extra["start"] == "1970-01-01T00:00:00+00:00"
