@@ -1,6 +1,11 @@
 """One Airflow ``kafka`` connection to a SASL_SSL + SCRAM-SHA-512 broker carries the whole
 pipeline: the plan's admin calls, Spark's source read (the Java client, from the translated
-settings), the commit's transactions and the audit.
+settings), the commit's transactions and the audit. Connections are enough, and their
+secrets stay secret: the pipeline names its cluster and its ledger (PostgreSQL) by
+connection only, both connections carry a password, and while the example DAG runs every
+process's command line and environment (``ps``) and the Spark driver's REST environment
+endpoint are sampled; afterwards the Spark event log, the XComs and every task log are
+read. Neither password appears anywhere.
 
 The module starts its own broker (self-signed CA made here, SCRAM users created when its
 storage is formatted) on 127.0.0.1 and stops it at the end; ``kafka_bootstrap`` and
@@ -13,7 +18,12 @@ from __future__ import annotations
 
 import json
 import secrets
+import socket
+import subprocess
+import sys
+import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,6 +37,8 @@ from eo_tls import issue, make_ca
 from airflow_provider_eo.stack.kafka import ListenerSecurity, LocalKafka, free_port
 
 pytestmark = [pytest.mark.airflow, pytest.mark.kafka, pytest.mark.spark, pytest.mark.timeout(600)]
+
+VENV_BIN = Path(sys.executable).parent
 
 CONN_ID = "eo_secure_kafka"
 MECHANISM = "SCRAM-SHA-512"
@@ -95,6 +107,63 @@ def kafka_config(secure_broker: SecureBroker) -> dict[str, Any]:
     return secure_broker.config()
 
 
+DAG_SOURCE = '''
+"""The example pipeline with the Spark event log and UI on (the test reads them)."""
+import os
+from datetime import datetime
+
+from airflow.sdk import DAG
+
+from airflow_provider_eo.task_group import eo_pipeline_group
+
+with DAG(dag_id="eo_secure", schedule=None, start_date=datetime(2025, 1, 1), catchup=False) as dag:
+    eo_pipeline_group(
+        "eo_demo_pipelines:demo_pipeline",
+        group_id="eo",
+        spark_conf={
+            "spark.eventLog.enabled": "true",
+            "spark.eventLog.compress": "false",
+            "spark.eventLog.dir": os.environ["EO_TEST_EVENT_LOG_DIR"],
+            "spark.ui.port": os.environ["EO_TEST_UI_PORT"],
+        },
+        prepare_kwargs={"jars": os.environ.get("EO_SPARK_JARS") or None},
+        poke_interval=2,
+        retries=0,
+    )
+'''
+
+
+class Sampler(threading.Thread):
+    """Every 0.1 s until stopped: every process's arguments and environment (``ps -eww e``)
+    and, when the Spark driver's UI answers, its REST environment endpoint."""
+
+    def __init__(self, ui_port: int) -> None:
+        super().__init__(daemon=True)
+        self.ui_port = ui_port
+        self.stop = threading.Event()
+        self.ps: set[str] = set()
+        self.rest: list[str] = []
+        self.samples = 0
+
+    def _rest(self) -> None:
+        base = f"http://127.0.0.1:{self.ui_port}/api/v1/applications"
+        try:
+            with urllib.request.urlopen(base, timeout=1) as r:
+                apps = json.loads(r.read())
+            for app in apps:
+                with urllib.request.urlopen(f"{base}/{app['id']}/environment", timeout=2) as r:
+                    self.rest.append(r.read().decode())
+        except (OSError, ValueError):
+            pass
+
+    def run(self) -> None:
+        while not self.stop.wait(0.1):
+            out = subprocess.run(["ps", "-eww", "e", "-o", "pid=,args="], capture_output=True, text=True)
+            self.ps.update(out.stdout.splitlines())
+            self.samples += 1
+            self._rest()
+
+
 def _produce(config: dict[str, Any], topic: str) -> int:
     """Two committed transactions of 20 records around an aborted one; returns how many
     records a read_committed consumer sees (40)."""
@@ -117,29 +186,78 @@ def _produce(config: dict[str, Any], topic: str) -> int:
     return committed
 
 
-def test_pipeline_runs_through_one_sasl_ssl_connection(
-    airflow_env: Any, secure_broker: SecureBroker, monkeypatch: pytest.MonkeyPatch
+def _add_connection(airflow_env: Any, conn_id: str, doc: str) -> None:
+    """In the metadata database, as a deployment keeps connections (an AIRFLOW_CONN_*
+    variable would put the password in every Airflow process's environment by the user's
+    own choice)."""
+    subprocess.run(
+        [str(VENV_BIN / "airflow"), "connections", "add", conn_id, "--conn-json", doc],
+        env=airflow_env.env,
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.postgres
+def test_pipeline_runs_through_connections_alone_and_no_secret_leaks(
+    airflow_env: Any,
+    secure_broker: SecureBroker,
+    pg_fresh_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    from sqlalchemy.engine import make_url
+
     from airflow_provider_eo.core.audit import audit_pipeline
     from airflow_provider_eo.hooks.base import resolve_connections
     from airflow_provider_eo.ledger import CheckpointState, Ledger
 
     connection = secure_broker.connection()
-    airflow_env.env[f"AIRFLOW_CONN_{CONN_ID.upper()}"] = connection
+    ledger_secret = f"eo-ledger-secret-{uuid.uuid4().hex[:10]}"
+    server = make_url(pg_fresh_url)
+    # Trust auth on the test server: the ledger password is a canary psycopg still receives.
+    ledger_conn = {
+        "conn_type": "postgres",
+        "host": server.host,
+        "port": server.port,
+        "schema": server.database,
+        "login": server.username,
+        "password": ledger_secret,
+    }
+    _add_connection(airflow_env, CONN_ID, connection)
+    _add_connection(airflow_env, "eo_secure_ledger", json.dumps(ledger_conn))
     airflow_env.env["EO_KAFKA_BOOTSTRAP"] = f"127.0.0.1:{free_port()}"  # nothing there
     airflow_env.env["EO_DEMO_MAX_RECORDS"] = "1000"  # one checkpoint takes the whole input
-    # The example pipeline reads EO_KAFKA_CONN_ID into Pipeline(kafka_conn_id=...): every
-    # process (the tasks, the Spark driver) takes its Kafka settings from the connection.
+    # The example pipeline reads EO_KAFKA_CONN_ID / EO_LEDGER_CONN_ID into
+    # Pipeline(kafka_conn_id=..., ledger_conn_id=...): every process (the tasks, the Spark
+    # driver) takes its settings from the connections.
     airflow_env.env["EO_KAFKA_CONN_ID"] = CONN_ID
+    airflow_env.env["EO_LEDGER_CONN_ID"] = "eo_secure_ledger"
+    events = tmp_path / "spark-events"
+    events.mkdir()
+    airflow_env.env["EO_TEST_EVENT_LOG_DIR"] = f"file://{events}"
+    with socket.socket() as probe:  # a free port for the driver's UI (the sampler polls it)
+        probe.bind(("127.0.0.1", 0))
+        ui_port = probe.getsockname()[1]
+    airflow_env.env["EO_TEST_UI_PORT"] = str(ui_port)
+    (airflow_env.dags / "eo_secure.py").write_text(DAG_SOURCE)
     committed = _produce(secure_broker.config(), airflow_env.env["EO_DEMO_SOURCE_TOPIC"])
 
-    (run,) = airflow_env.run_dag_test("eo_pipeline", runs=1)
+    sampler = Sampler(ui_port)
+    sampler.start()
+    try:
+        (run,) = airflow_env.run_dag_test("eo_secure", runs=1)
+    finally:
+        sampler.stop.set()
+        sampler.join(timeout=10)
 
     assert run["state"] == "success", run
     assert run["xcoms"]["eo.commit"]["state"] == "COMMITTED", run
     assert run["xcoms"]["eo.commit"]["published"] == committed == 40, run
-    # The audit and the exactly-once count read through the same connection, here.
+    # The audit and the exactly-once count read through the same connections, here.
     monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", connection)
+    monkeypatch.setenv("AIRFLOW_CONN_EO_SECURE_LEDGER", json.dumps(ledger_conn))
     pipeline, _ = resolve_connections(airflow_env.pipeline())
     assert pipeline.kafka["bootstrap.servers"] == secure_broker.bootstrap
     assert "group.id" not in pipeline.kafka
@@ -149,11 +267,26 @@ def test_pipeline_runs_through_one_sasl_ssl_connection(
     assert report.ok and report.duplicates == 0 and report.missing == 0, report.as_dict()
     assert checkpoint.state is CheckpointState.COMMITTED and checkpoint.records == committed
     assert_sink_is_source_exactly_once(dict(pipeline.kafka), pipeline, source_records=committed)
-    # The secret never reached a task log.
-    logs = airflow_env.log_text() + "".join(
-        p.read_text(errors="replace") for p in (airflow_env.home / "logs").rglob("*") if p.is_file()
-    )
-    assert secure_broker.password not in logs
+
+    # The samplers saw the run: the spark-submit driver and its REST environment.
+    assert sampler.samples > 10
+    assert any("prepare.py" in line for line in sampler.ps), "no spark-submit seen by ps"
+    assert sampler.rest, "the prepare driver's REST environment endpoint never answered"
+    event_logs = [p for p in events.rglob("*") if p.is_file()]
+    assert event_logs, "no Spark event log written"
+    places = {
+        "ps (arguments and environment)": "\n".join(sampler.ps),
+        "the driver's REST environment": "\n".join(sampler.rest),
+        "the Spark event log": "\n".join(p.read_text(errors="replace") for p in event_logs),
+        "XCom": json.dumps(run),
+        "task logs": airflow_env.log_text()
+        + "".join(
+            p.read_text(errors="replace") for p in (airflow_env.home / "logs").rglob("*") if p.is_file()
+        ),
+    }
+    for where, text in places.items():
+        for secret in (secure_broker.password, ledger_secret):
+            assert secret not in text, f"a password leaked into {where}"
 
 
 def test_a_wrong_password_is_an_authentication_error_at_once(
