@@ -14,7 +14,8 @@ spark-submit. When spark-submit exits, the launcher settles the run's row in the
   no resources) — a FAILED row with spark-submit's error, so the task fails with it.
 
 The task meanwhile defers to :class:`~airflow_provider_eo.triggers.stream.EoStreamRunTrigger`.
-The ledger URL reaches the launcher in its environment (never on a command line).
+The hook and the ledger URL reach the launcher in a file only its user reads, removed as it
+reads it (never on a command line or in the environment).
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-LEDGER_URL_ENV = "EO_STREAM_LAUNCH_LEDGER_URL"
 LAUNCHER_MODULE = "airflow_provider_eo.detach"
 # Airflow 3's task runner blocks the metadata database for task code by setting these to a
 # URL nothing can parse ("airflow-db-not-allowed:///"); a child that imports Airflow (the
@@ -52,10 +52,12 @@ def launch_detached(
     spec_dir = Path(tempfile.mkdtemp(prefix="eo-stream-launch-"))  # mode 0700
     spec = spec_dir / "hook.pickle"
     with open(spec, "wb") as f:
-        os.chmod(spec, 0o600)  # the hook carries the resolved Spark connection
-        pickle.dump(hook, f)
+        # The hook carries the resolved Spark connection and the ledger URL may carry a
+        # password: a file only this user reads, never the launcher's environment.
+        os.chmod(spec, 0o600)
+        pickle.dump({"hook": hook, "ledger_url": ledger_url}, f)
     log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    env = {**os.environ, LEDGER_URL_ENV: ledger_url}
+    env = dict(os.environ)
     for name in _BLOCKED_DB_VARS:
         if name in env:
             env[name] = "sqlite://"
@@ -122,18 +124,19 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m airflow_provider_eo.detach SPEC APPLICATION PIPELINE RUN_ID LOG``."""
     spec, application, pipeline, run_id, log_path = (argv or sys.argv[1:])[:5]
     failure: str | None = None
+    ledger_url = ""
     try:
         try:
             with open(spec, "rb") as f:
-                hook = pickle.load(f)  # written by this package's task, mode 0600
+                launch = pickle.load(f)  # written by this package's task, mode 0600
         finally:
             Path(spec).unlink(missing_ok=True)
             Path(spec).parent.rmdir()
-        hook.submit(application)
+        ledger_url = str(launch.get("ledger_url") or "")
+        launch["hook"].submit(application)
     except Exception as exc:  # spark-submit failed (its tail is in the message), or the hook
         failure = f"{type(exc).__name__}: {exc}"
         traceback.print_exc()
-    ledger_url = os.environ.get(LEDGER_URL_ENV, "")
     if ledger_url:
         print(
             f"eo: {settle_run(ledger_url, pipeline, run_id, failure=failure, log_path=log_path)}", flush=True

@@ -232,7 +232,10 @@ def configure_submit(
     if overrides:
         handoff = write_handoff(overrides)
         task._eo_handoff = str(handoff)
-        env[names.CONNECTIONS_FILE_ENV] = str(handoff)
+        # Into this task's own environment, which spark-submit and so a client-mode driver
+        # inherit on every cluster manager (the Spark provider turns ``env_vars`` into Spark
+        # conf on YARN and Kubernetes). Only the path travels; end_submit takes it back.
+        os.environ[names.CONNECTIONS_FILE_ENV] = str(handoff)
     task.env_vars = env
     return False
 
@@ -242,6 +245,7 @@ def end_submit(task: SparkSubmitOperator) -> None:
     when it reads it; this covers a driver that never started)."""
     remove_handoff(getattr(task, "_eo_handoff", None))
     task._eo_handoff = None
+    os.environ.pop(names.CONNECTIONS_FILE_ENV, None)
 
 
 def submit_prepare(
