@@ -4,23 +4,33 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Mapping
+from typing import Any
 
 DEMO_TOPIC = "eo-demo-events"
 
 
-def produce_sample(bootstrap: str, topic: str) -> tuple[int, int]:
+def produce_sample(
+    bootstrap: str, topic: str, *, client_config: Mapping[str, Any] | None = None
+) -> tuple[int, int]:
     """Produce sample events: two committed transactions with an aborted one in between.
 
+    :param client_config: further librdkafka settings (e.g. a secured cluster's SASL/SSL).
     Returns (committed records, aborted records).
     """
     from confluent_kafka import Producer
 
+    from airflow_provider_eo.kafka.client_config import librdkafka_config
+
     producer = Producer(
-        {
-            "bootstrap.servers": bootstrap,
-            "transactional.id": f"eo-demo-producer-{uuid.uuid4().hex[:8]}",
-            "linger.ms": 5,
-        }
+        librdkafka_config(
+            {
+                **(client_config or {}),
+                "bootstrap.servers": bootstrap,
+                "transactional.id": f"eo-demo-producer-{uuid.uuid4().hex[:8]}",
+                "linger.ms": 5,
+            }
+        )
     )
     producer.init_transactions(30)
     committed = aborted = 0

@@ -34,6 +34,7 @@ import pytest
 from eo_source_sink import assert_sink_is_source_exactly_once
 from eo_tls import issue, make_ca
 
+from airflow_provider_eo.demo.sample import produce_sample
 from airflow_provider_eo.stack.kafka import ListenerSecurity, LocalKafka, free_port
 
 pytestmark = [pytest.mark.airflow, pytest.mark.kafka, pytest.mark.spark, pytest.mark.timeout(600)]
@@ -164,28 +165,6 @@ class Sampler(threading.Thread):
             self._rest()
 
 
-def _produce(config: dict[str, Any], topic: str) -> int:
-    """Two committed transactions of 20 records around an aborted one; returns how many
-    records a read_committed consumer sees (40)."""
-    from confluent_kafka import Producer
-
-    producer = Producer({**config, "transactional.id": f"eo-sasl-input-{uuid.uuid4().hex[:8]}"})
-    producer.init_transactions(30)
-    committed = 0
-    for batch, commit in ((0, True), (1, False), (2, True)):
-        producer.begin_transaction()
-        for i in range(20):
-            value = json.dumps({"batch": batch, "seq": i, "user": f"user-{i % 7}", "amount": i})
-            producer.produce(topic, key=f"user-{i % 7}", value=value, partition=i % 3)
-        if commit:
-            producer.commit_transaction(30)
-            committed += 20
-        else:
-            producer.flush(30)
-            producer.abort_transaction(30)
-    return committed
-
-
 def _add_connection(airflow_env: Any, conn_id: str, doc: str) -> None:
     """In the metadata database, as a deployment keeps connections (an AIRFLOW_CONN_*
     variable would put the password in every Airflow process's environment by the user's
@@ -242,7 +221,9 @@ def test_pipeline_runs_through_connections_alone_and_no_secret_leaks(
         ui_port = probe.getsockname()[1]
     airflow_env.env["EO_TEST_UI_PORT"] = str(ui_port)
     (airflow_env.dags / "eo_secure.py").write_text(DAG_SOURCE)
-    committed = _produce(secure_broker.config(), airflow_env.env["EO_DEMO_SOURCE_TOPIC"])
+    committed, _aborted = produce_sample(
+        secure_broker.bootstrap, airflow_env.env["EO_DEMO_SOURCE_TOPIC"], client_config=secure_broker.config()
+    )
 
     sampler = Sampler(ui_port)
     sampler.start()
@@ -322,7 +303,7 @@ def test_spark_reads_with_the_translated_settings_and_a_wrong_password_fails_at_
     from airflow_provider_eo.kafka.client_config import java_client_options
 
     topic = make_topic("sasl-java", 3)
-    committed = _produce(secure_broker.config(), topic)
+    committed, _aborted = produce_sample(secure_broker.bootstrap, topic, client_config=secure_broker.config())
 
     def read(config: dict[str, Any]) -> int:
         options = {**java_client_options(config), "kafka.isolation.level": "read_committed"}
