@@ -30,6 +30,9 @@ BROKER_MAX_TRANSACTION_TIMEOUT_MS = 900_000
 #: Where a commit's shard transactions may run (``Pipeline.commit_mode``).
 COMMIT_MODES = ("local", "spark", "auto")
 
+#: The events a pipeline's ``notifiers`` may name (README "Notifications").
+NOTIFY_EVENTS = ("checkpoint_aborted", "data_loss", "dead_letters", "stream_stalled")
+
 
 class PipelineConfigError(ConfigError):
     """An impossible or unsafe pipeline setting; the message says what to change."""
@@ -118,6 +121,14 @@ class Pipeline:
     :param max_dead_letters_per_checkpoint: how many source records one checkpoint may send
         to ``dead_letter_topic``; one more fails the prepare with the error naming the
         record (0, the default: the first such record fails the prepare).
+    :param notifiers: Airflow notifiers (``BaseNotifier`` instances, or any callable taking
+        a context) per event: ``{"checkpoint_aborted": [...], "data_loss": [...],
+        "dead_letters": [...], "stream_stalled": [...]}``. The Airflow task that sees the
+        event calls each with its context plus ``context["eo"]`` (pipeline, checkpoint id,
+        reason, counts); a notifier that raises is logged and changes nothing else. They
+        stay on the Airflow side: :meth:`to_json` (what a Spark driver gets) leaves them out.
+    :param notify_dead_letters_above: ``dead_letters`` notifies when a committed checkpoint
+        sent more than this many records to the dead-letter topic (0: any).
     :param backfill_of: set only on a backfill pipeline (derived by
         :func:`airflow_provider_eo.core.backfill.backfill_pipeline`): the name of the live
         pipeline whose COMMITTED ranges it re-processes.
@@ -148,6 +159,8 @@ class Pipeline:
     backfill_of: str | None = None
     kafka_conn_id: str | None = None
     ledger_conn_id: str | None = None
+    notifiers: Mapping[str, Sequence[Any]] = field(default_factory=dict)
+    notify_dead_letters_above: int = 0
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name or ""):
@@ -192,6 +205,7 @@ class Pipeline:
         if self.spark_commit_min_records < 0:
             raise PipelineConfigError(f"pipeline {self.name!r}: spark_commit_min_records must be >= 0")
         self._check_dead_letters()
+        self._check_notifiers()
         if not 1_000 <= self.transaction_timeout_ms <= BROKER_MAX_TRANSACTION_TIMEOUT_MS:
             raise PipelineConfigError(
                 f"pipeline {self.name!r}: transaction_timeout_ms={self.transaction_timeout_ms} "
@@ -228,6 +242,27 @@ class Pipeline:
                 "neither the sink nor a source topic"
             )
 
+    def _check_notifiers(self) -> None:
+        for event, notifiers in self.notifiers.items():
+            if event not in NOTIFY_EVENTS:
+                raise PipelineConfigError(
+                    f"pipeline {self.name!r}: notifiers names the event {event!r}; use "
+                    f"{', '.join(NOTIFY_EVENTS)}"
+                )
+            if isinstance(notifiers, (str, bytes)) or not isinstance(notifiers, Sequence):
+                raise PipelineConfigError(
+                    f"pipeline {self.name!r}: notifiers[{event!r}] must be a list of notifiers, "
+                    f"e.g. [SmtpNotifier(...)]"
+                )
+            for notifier in notifiers:
+                if not callable(notifier):
+                    raise PipelineConfigError(
+                        f"pipeline {self.name!r}: notifiers[{event!r}] holds {notifier!r}, which is "
+                        "not callable; give an Airflow BaseNotifier (or a function taking the context)"
+                    )
+        if self.notify_dead_letters_above < 0:
+            raise PipelineConfigError(f"pipeline {self.name!r}: notify_dead_letters_above must be >= 0")
+
     @property
     def dead_letters_enabled(self) -> bool:
         """Whether records may go to :attr:`dead_letter_topic` (a topic and a budget above 0)."""
@@ -257,7 +292,9 @@ class Pipeline:
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:32]
 
     def to_json(self) -> str:
-        """Serialize for a spark-submit argument (secrets included: never log this)."""
+        """Serialize for a spark-submit argument (secrets included: never log this). The
+        ``notifiers`` and ``notify_dead_letters_above`` are left out: only Airflow tasks
+        notify, and a notifier is not JSON."""
         doc = {
             "name": self.name,
             "kafka": dict(self.kafka),

@@ -83,6 +83,38 @@ async def request_user(request: Any) -> Any:
     return await resolve_user_from_token(request.cookies.get(COOKIE_NAME_JWT_TOKEN))
 
 
+def airflow_stats() -> Any:
+    """Airflow's metrics facade ``Stats`` (``incr``, ``gauge``, ``timing`` with ``tags=``),
+    sending to StatsD, Datadog or OpenTelemetry as ``[metrics]`` configures (nothing when
+    no backend is on).
+
+    Airflow >= 3.3 keeps it in the Task SDK (``airflow.sdk.observability.stats``; importing
+    ``airflow.stats`` there warns) and each process initializes its backend: Airflow's task
+    runner and ``dag.test()`` do, a process Airflow did not start (a Spark driver that
+    spark-submit runs) does not, so an uninitialized backend is initialized here from
+    ``[metrics]`` first. Airflow 3.1/3.2: ``airflow.stats.Stats``, which reads ``[metrics]``
+    itself on first use.
+    """
+    try:
+        from airflow.sdk.observability.stats import Stats
+    except ImportError:  # Airflow < 3.3
+        from airflow.stats import Stats
+
+        return Stats
+    try:
+        from airflow.sdk._shared.observability.metrics import stats as backend
+        from airflow.sdk.observability.metrics.stats_utils import get_stats_factory
+    except ImportError:  # a layout this module does not know: Stats as it is
+        return Stats
+    if getattr(backend, "_factory", False) is None:  # never initialized in this process
+        conf = airflow_conf()
+        backend.initialize(
+            factory=get_stats_factory(),
+            export_legacy_names=conf.getboolean("metrics", "legacy_names_on", fallback=True),
+        )
+    return Stats
+
+
 def default_deferrable() -> bool:
     """Airflow's ``[operators] default_deferrable`` (what an operator's ``deferrable=None``
     means, as in Airflow's own providers)."""
@@ -128,6 +160,7 @@ __all__ = [
     "TaskGroup",
     "TriggerEvent",
     "airflow_conf",
+    "airflow_stats",
     "default_deferrable",
     "mask_secret",
     "request_user",

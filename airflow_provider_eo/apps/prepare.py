@@ -19,6 +19,7 @@ from airflow_provider_eo import names
 from airflow_provider_eo.apps import add_connection_args, driver_pipeline
 from airflow_provider_eo.core.prepare import prepare_checkpoint
 from airflow_provider_eo.ledger import Actor, Ledger
+from airflow_provider_eo.metrics import pipeline_metrics
 from airflow_provider_eo.spark.stager import SparkStager
 
 __all__ = ["main"]
@@ -64,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         result = prepare_checkpoint(
             pipeline, ledger, args.checkpoint, stager=stager, attempt=args.attempt, actor=actor
         )
+    if result.attempt is not None:  # this run prepared it: eo.prepare.seconds ([metrics])
+        pipeline_metrics(pipeline.name).prepared(result.seconds)
     print(
         json.dumps(
             {

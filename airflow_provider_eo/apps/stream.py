@@ -30,6 +30,7 @@ from airflow_provider_eo.apps import driver_pipeline
 from airflow_provider_eo.core.stream import StreamCheckpoint, run_stream
 from airflow_provider_eo.core.stream_contract import StreamAppArgs, StreamFailure, StreamReportWriter
 from airflow_provider_eo.ledger import Actor
+from airflow_provider_eo.metrics import AirflowStatsSink
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
             heartbeat_s=args.heartbeat,
             log_path=args.log_path,
             runner=SparkShardRunner(pipeline),
+            metrics=AirflowStatsSink(),  # eo.* metrics through Airflow's Stats ([metrics])
         )
         report.summary(result.summary())
         return 0

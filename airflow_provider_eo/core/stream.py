@@ -68,6 +68,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_provider_eo.connections import require_applied
+from airflow_provider_eo.core.metrics import MetricsSink, PipelineMetrics
 from airflow_provider_eo.core.prepare import Stager, prepare_checkpoint
 from airflow_provider_eo.core.shard import ShardRunner
 from airflow_provider_eo.core.stream_contract import DEFAULT_HEARTBEAT_S, CommitMode, check_stream_settings
@@ -170,11 +171,17 @@ def unfinished_checkpoints(ledger: Ledger, pipeline: str) -> list[CheckpointReco
 
 
 def default_steps(
-    pipeline: Pipeline, ledger: Ledger, stager: Stager, actor: Actor, runner: ShardRunner | None = None
+    pipeline: Pipeline,
+    ledger: Ledger,
+    stager: Stager,
+    actor: Actor,
+    runner: ShardRunner | None = None,
+    metrics: MetricsSink | None = None,
 ) -> StreamSteps:
     """The real steps: core.plan (next_only), core.prepare with ``stager``, core.commit
     (through ``runner`` in spark commit mode: the commit of N runs as Spark jobs while N+1
-    prepares)."""
+    prepares). Each prepare and each commit that finishes a checkpoint is reported to
+    ``metrics`` (:mod:`airflow_provider_eo.core.metrics`)."""
     from airflow_provider_eo.core.commit import commit_checkpoint
     from airflow_provider_eo.core.plan import (
         plan_checkpoint,
@@ -182,12 +189,19 @@ def default_steps(
         sized_to_transaction_timeout,
     )
 
+    report = PipelineMetrics(metrics, pipeline.name)
+
     def prepare(cid: int) -> tuple[int, float]:
         result = prepare_checkpoint(pipeline, ledger, cid, stager=stager, actor=actor)
+        if result.attempt is not None:  # None: prepared already, nothing measured
+            report.prepared(result.seconds)
         return result.records, result.seconds
 
     def commit(cid: int) -> float:
-        return commit_checkpoint(pipeline, ledger, cid, actor=actor, runner=runner).seconds
+        result = commit_checkpoint(pipeline, ledger, cid, actor=actor, runner=runner)
+        if result.checkpoint.state is CheckpointState.COMMITTED and result.note != "already COMMITTED":
+            report.committed(result.checkpoint, result.seconds)
+        return result.seconds
 
     return StreamSteps(
         plan_next=lambda: plan_checkpoint(pipeline, ledger, actor=actor, next_only=True),
@@ -555,6 +569,7 @@ def run_stream(
     heartbeat_s: float = DEFAULT_HEARTBEAT_S,
     log_path: str | None = None,
     runner: ShardRunner | None = None,
+    metrics: MetricsSink | None = None,
 ) -> StreamResult:
     """Run ``pipeline`` in streaming mode until stopped (see the module docstring), every
     checkpoint prepared by ``stager`` (one engine, started once the run is registered):
@@ -563,7 +578,8 @@ def run_stream(
     The run is registered in the ledger first (``run_id``, a fresh one by default) and
     beats every ``heartbeat_s`` seconds; it ends ENDED with the summary or FAILED with the
     error. :class:`~airflow_provider_eo.ledger.streams.StreamRunConflict` when another run of
-    the pipeline is alive.
+    the pipeline is alive. Prepares and commits are reported to ``metrics`` (none: not
+    reported).
     """
     from airflow_provider_eo.ledger.streams import ENDED, FAILED
 
@@ -598,7 +614,7 @@ def run_stream(
             stager.start(pipeline)
             with stop_on_signals(stop):
                 result = drive_stream(
-                    default_steps(pipeline, ledger, stager, actor, runner),
+                    default_steps(pipeline, ledger, stager, actor, runner, metrics),
                     pipeline=pipeline.name,
                     max_pending=pipeline.max_pending,
                     interval_s=interval_s,

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from airflow_provider_eo.ledger import CheckpointState
+from airflow_provider_eo.operators import _observe as observe
 from airflow_provider_eo.operators.base import (
     PIPELINE_TEMPLATE_FIELDS,
     PipelineTaskMixin,
@@ -70,6 +72,7 @@ class EoAbortOperator(PipelineTaskMixin, BaseOperator):
         checkpoint_id = self.target_checkpoint()
         pipeline = self.resolve_pipeline()
         with open_ledger(pipeline) as ledger:
+            was = ledger.get(pipeline.name, checkpoint_id).state
             cp = abort_checkpoint(
                 pipeline,
                 ledger,
@@ -85,6 +88,8 @@ class EoAbortOperator(PipelineTaskMixin, BaseOperator):
             cp.state.value,
             cp.abort_reason,
         )
+        if was is not CheckpointState.ABORTED and cp.state is CheckpointState.ABORTED:
+            observe.aborted(context, pipeline, cp)  # metrics, notifiers (never raises)
         return {
             "pipeline": pipeline.name,
             "checkpoint_id": checkpoint_id,

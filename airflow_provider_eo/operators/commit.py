@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -18,6 +19,7 @@ from airflow_provider_eo import names
 from airflow_provider_eo.assets import checkpoint_extra, emit, topic_of, topic_outlets
 from airflow_provider_eo.errors import NotPrepared
 from airflow_provider_eo.ledger import CheckpointRecord, CheckpointState
+from airflow_provider_eo.operators import _observe as observe
 from airflow_provider_eo.operators._resume import resume_key, resume_submission
 from airflow_provider_eo.operators.base import (
     PIPELINE_TEMPLATE_FIELDS,
@@ -211,13 +213,15 @@ class EoCommitOperator(PipelineTaskMixin, SparkSubmitOperator):
         with open_ledger(pipeline) as ledger:
             cp = ledger.get(pipeline.name, checkpoint_id)
         mode = self.resolve_commit_mode(pipeline, cp)
+        started = time.monotonic()
         if cp.state is CheckpointState.COMMITTED:
             out = _summary(pipeline, cp, mode, published=0, shards_skipped=0, note="already COMMITTED")
             out["publishers"] = []
         elif mode == "spark":
             out = self._commit_on_spark(context, pipeline, cp)
         else:
-            out = self._commit_here(context, pipeline, checkpoint_id)
+            with observe.commit_refusals(context, pipeline, checkpoint_id):
+                out = self._commit_here(context, pipeline, checkpoint_id)
         self.log.info(
             "pipeline %s: checkpoint %s %s (commit_mode %s): %s records published by this try, "
             "%s shard(s) already committed%s",
@@ -232,6 +236,8 @@ class EoCommitOperator(PipelineTaskMixin, SparkSubmitOperator):
         self._emit_asset_event(
             context, pipeline, checkpoint_id, already_committed=cp.state is CheckpointState.COMMITTED
         )
+        if cp.state is not CheckpointState.COMMITTED:  # this try committed it: metrics, notifiers
+            observe.committed(context, pipeline, checkpoint_id, time.monotonic() - started)
         return out
 
     def _emit_asset_event(
