@@ -7,6 +7,7 @@ from typing import Any
 
 from airflow_provider_eo.errors import PipelineStopped
 from airflow_provider_eo.ledger import CheckpointConflict, CheckpointRecord, InvariantViolation
+from airflow_provider_eo.notify import DATA_LOSS_REFUSALS, notify_refusal
 from airflow_provider_eo.operators.base import (
     PIPELINE_TEMPLATE_FIELDS,
     PipelineTaskMixin,
@@ -177,6 +178,9 @@ class EoPlanOperator(PipelineTaskMixin, BaseOperator):
                 ) from exc
             except InvariantViolation as exc:
                 raise PlanRefused(f"pipeline {pipeline.name!r}: the ledger refused the plan: {exc}") from exc
+            except DATA_LOSS_REFUSALS as exc:  # lost offsets, a ledger behind the sink ...
+                notify_refusal(pipeline, context, exc)
+                raise
         if cp is None:
             message = f"pipeline {pipeline.name!r}: nothing new to read in {list(pipeline.source_topics)}"
             if self.skip_when_empty:

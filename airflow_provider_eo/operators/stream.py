@@ -61,6 +61,7 @@ from airflow_provider_eo.core.stream_contract import (
     StreamReport,
     check_stream_settings,
 )
+from airflow_provider_eo.operators import _observe as observe
 from airflow_provider_eo.operators._resume import resume_key, resume_submission
 from airflow_provider_eo.operators.base import (
     PIPELINE_TEMPLATE_FIELDS,
@@ -428,6 +429,8 @@ class EoStreamOperator(PipelineTaskMixin, SparkSubmitOperator):
                 unfinished or "none",
             )
             return {"pipeline": pipeline.name, "commit": self.commit, **summary, "unfinished": unfinished}
+        if event.get("status") == "lost":  # its heartbeat went stale: the stream stalled
+            observe.stream_lost(context, pipeline, {**run, "run_id": run_id}, str(event.get("reason") or ""))
         error = str(run.get("error") or event.get("reason") or "unknown")
         where = f"run {run_id} on {run.get('host', '?')}, pid {run.get('pid', '?')}"
         raise StreamDriverFailed(
