@@ -12,6 +12,7 @@ from airflow_provider_eo import names
 from airflow_provider_eo.assets import checkpoint_extra, emit, topic_outlets
 from airflow_provider_eo.connections import ConnectionSettings
 from airflow_provider_eo.ledger import CheckpointState, Ledger, LedgerError
+from airflow_provider_eo.operators._openlineage import OpenLineageMixin
 from airflow_provider_eo.operators.base import (
     PIPELINE_TEMPLATE_FIELDS,
     PipelineTaskMixin,
@@ -57,7 +58,7 @@ def to_epoch_ms(value: Any, *, field: str) -> int:
     return int(moment.timestamp() * 1000)
 
 
-class EoBackfillOperator(PipelineTaskMixin, SparkSubmitOperator):
+class EoBackfillOperator(OpenLineageMixin, PipelineTaskMixin, SparkSubmitOperator):
     """Re-process ``[start, end)`` of a pipeline into a backfill sink topic, exactly once.
 
     Runs :func:`airflow_provider_eo.core.backfill.run_backfill` over the whole interval:
@@ -203,8 +204,20 @@ class EoBackfillOperator(PipelineTaskMixin, SparkSubmitOperator):
             "sink_topic": sink_topic,
         }
         self.log.info("pipeline %s: backfill done: %s", live.name, out)
+        self.remember_for_lineage(
+            backfillPipeline=out["backfill_pipeline"],
+            checkpointIds=out["checkpoints"],
+            checkpoints=len(out["checkpoints"] or []),
+            records=out["records"],
+            start=out["start"],
+            end=out["end"],
+        )
         self._emit_asset_event(context, live, result, sink_topic=sink_topic, start_ms=start_ms, end_ms=end_ms)
         return out
+
+    def lineage_sink_topic(self, pipeline: Pipeline) -> str | None:
+        """The backfill's target topic (its OpenLineage output)."""
+        return str(self.sink_topic or "").strip() or None
 
     def _emit_asset_event(
         self,

@@ -20,6 +20,7 @@ from airflow_provider_eo.assets import checkpoint_extra, emit, topic_of, topic_o
 from airflow_provider_eo.errors import NotPrepared
 from airflow_provider_eo.ledger import CheckpointRecord, CheckpointState
 from airflow_provider_eo.operators import _observe as observe
+from airflow_provider_eo.operators._openlineage import OpenLineageMixin
 from airflow_provider_eo.operators._resume import resume_key, resume_submission
 from airflow_provider_eo.operators.base import (
     PIPELINE_TEMPLATE_FIELDS,
@@ -80,7 +81,7 @@ def choose_commit_mode(
     )
 
 
-class EoCommitOperator(PipelineTaskMixin, SparkSubmitOperator):
+class EoCommitOperator(OpenLineageMixin, PipelineTaskMixin, SparkSubmitOperator):
     """Publish a PREPARED checkpoint in Kafka transactions and mark it COMMITTED.
 
     Idempotent: committing a COMMITTED checkpoint does nothing (and submits nothing), and a
@@ -212,6 +213,7 @@ class EoCommitOperator(PipelineTaskMixin, SparkSubmitOperator):
         setattr(self, LINK_ATTR, (pipeline.name, checkpoint_id))  # the extra link's target
         with open_ledger(pipeline) as ledger:
             cp = ledger.get(pipeline.name, checkpoint_id)
+        self.remember_for_lineage(checkpoint=cp)
         mode = self.resolve_commit_mode(pipeline, cp)
         started = time.monotonic()
         if cp.state is CheckpointState.COMMITTED:
@@ -222,6 +224,7 @@ class EoCommitOperator(PipelineTaskMixin, SparkSubmitOperator):
         else:
             with observe.commit_refusals(context, pipeline, checkpoint_id):
                 out = self._commit_here(context, pipeline, checkpoint_id)
+        self.remember_for_lineage(state=out["state"], records=out["records"])
         self.log.info(
             "pipeline %s: checkpoint %s %s (commit_mode %s): %s records published by this try, "
             "%s shard(s) already committed%s",

@@ -7,6 +7,7 @@ from typing import Any
 
 from airflow_provider_eo.errors import PipelineStopped
 from airflow_provider_eo.ledger import CheckpointConflict, CheckpointRecord, InvariantViolation
+from airflow_provider_eo.operators._openlineage import OpenLineageMixin
 from airflow_provider_eo.notify import DATA_LOSS_REFUSALS, notify_refusal
 from airflow_provider_eo.operators.base import (
     PIPELINE_TEMPLATE_FIELDS,
@@ -54,7 +55,7 @@ def checkpoint_summary(cp: CheckpointRecord, **extra: Any) -> dict[str, Any]:
     return {**cp.summary(max_ranges=MAX_XCOM_RANGES), **extra}
 
 
-class EoPlanOperator(PipelineTaskMixin, BaseOperator):
+class EoPlanOperator(OpenLineageMixin, PipelineTaskMixin, BaseOperator):
     """Plan the pipeline's next checkpoint, or resume its unfinished one.
 
     Restart-from-checkpoint is a DAG retry: while a checkpoint is unfinished, every call
@@ -189,6 +190,7 @@ class EoPlanOperator(PipelineTaskMixin, BaseOperator):
             return None
         resumed = not (cp.run_id == actor.run_id and cp.try_number == actor.try_number)
         setattr(self, LINK_ATTR, (pipeline.name, cp.checkpoint_id))  # the extra link's target
+        self.remember_for_lineage(checkpoint=cp)
         summary = checkpoint_summary(cp, resumed=resumed)
         if restored is not None:
             summary["restored"] = restored

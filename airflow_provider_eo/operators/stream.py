@@ -62,6 +62,7 @@ from airflow_provider_eo.core.stream_contract import (
     check_stream_settings,
 )
 from airflow_provider_eo.operators import _observe as observe
+from airflow_provider_eo.operators._openlineage import OpenLineageMixin
 from airflow_provider_eo.operators._resume import resume_key, resume_submission
 from airflow_provider_eo.operators.base import (
     PIPELINE_TEMPLATE_FIELDS,
@@ -106,7 +107,7 @@ def _optional_int(value: Any) -> int | None:
     return None if value in (None, "", "None") else int(value)
 
 
-class EoStreamOperator(PipelineTaskMixin, SparkSubmitOperator):
+class EoStreamOperator(OpenLineageMixin, PipelineTaskMixin, SparkSubmitOperator):
     """Submit the pipeline's long-running streaming application and track it until it ends.
 
     A :class:`SparkSubmitOperator` whose application is
@@ -299,7 +300,14 @@ class EoStreamOperator(PipelineTaskMixin, SparkSubmitOperator):
             summary.get("records"),
             unfinished or "none",
         )
+        self._remember_summary(summary)
         return {"pipeline": pipeline.name, "commit": self.commit, **summary, "unfinished": unfinished}
+
+    def _remember_summary(self, summary: dict[str, Any]) -> None:
+        """What the stream finished, for its OpenLineage completion event."""
+        self.remember_for_lineage(
+            commit=str(self.commit), checkpoints=summary.get("checkpoints"), records=summary.get("records")
+        )
 
     # -- deferrable: a detached driver tracked through the ledger ------------------------------
 
@@ -428,6 +436,7 @@ class EoStreamOperator(PipelineTaskMixin, SparkSubmitOperator):
                 summary.get("records"),
                 unfinished or "none",
             )
+            self._remember_summary(summary)
             return {"pipeline": pipeline.name, "commit": self.commit, **summary, "unfinished": unfinished}
         if event.get("status") == "lost":  # its heartbeat went stale: the stream stalled
             observe.stream_lost(context, pipeline, {**run, "run_id": run_id}, str(event.get("reason") or ""))

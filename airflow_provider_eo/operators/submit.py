@@ -15,6 +15,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow_provider_eo import names
 from airflow_provider_eo.connections import ConnectionSettings, remove_handoff, write_handoff
 from airflow_provider_eo.ledger import CheckpointState
+from airflow_provider_eo.operators._openlineage import OpenLineageMixin
 from airflow_provider_eo.operators._resume import resume_key, resume_submission
 from airflow_provider_eo.operators.base import (
     PIPELINE_TEMPLATE_FIELDS,
@@ -310,7 +311,7 @@ def submit_prepare(
         end_submit(task)
 
 
-class EoSubmitOperator(PipelineTaskMixin, SparkSubmitOperator):
+class EoSubmitOperator(OpenLineageMixin, PipelineTaskMixin, SparkSubmitOperator):
     """Run the provider's prepare job for one checkpoint with ``spark-submit``.
 
     A :class:`SparkSubmitOperator` (any ``spark`` connection, client or cluster deploy
@@ -376,6 +377,7 @@ class EoSubmitOperator(PipelineTaskMixin, SparkSubmitOperator):
         pipeline = self.resolve_pipeline()
         with open_ledger(pipeline) as ledger:
             cp = ledger.get(pipeline.name, checkpoint_id)
+        self.remember_for_lineage(checkpoint=cp)
         summary: dict[str, Any] = {"pipeline": pipeline.name, "checkpoint_id": checkpoint_id}
         if cp.state in (CheckpointState.PREPARED, CheckpointState.COMMITTED):
             self.log.info(
@@ -402,6 +404,7 @@ class EoSubmitOperator(PipelineTaskMixin, SparkSubmitOperator):
         )
         with open_ledger(pipeline) as ledger:
             cp = ledger.get(pipeline.name, checkpoint_id)
+        self.remember_for_lineage(checkpoint=cp)
         if cp.state not in (CheckpointState.PREPARED, CheckpointState.COMMITTED):
             raise PrepareNotRecorded(
                 f"pipeline {pipeline.name!r}: the prepare job finished but checkpoint {checkpoint_id} "
