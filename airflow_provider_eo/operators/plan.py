@@ -7,8 +7,8 @@ from typing import Any
 
 from airflow_provider_eo.errors import PipelineStopped
 from airflow_provider_eo.ledger import CheckpointConflict, CheckpointRecord, InvariantViolation
-from airflow_provider_eo.operators._openlineage import OpenLineageMixin
 from airflow_provider_eo.notify import DATA_LOSS_REFUSALS, notify_refusal
+from airflow_provider_eo.operators._openlineage import OpenLineageMixin
 from airflow_provider_eo.operators.base import (
     PIPELINE_TEMPLATE_FIELDS,
     PipelineTaskMixin,
