@@ -27,13 +27,11 @@ from __future__ import annotations
 
 import urllib.parse
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from airflow_provider_eo.checkpoint_event import checkpoint_extra
 from airflow_provider_eo.pipeline import Pipeline, PipelineConfigError, load_pipeline
 from airflow_provider_eo.version_compat import Asset
-
-if TYPE_CHECKING:
-    from airflow_provider_eo.ledger.records import CheckpointRecord
 
 #: The asset URI scheme of the Kafka provider.
 KAFKA_SCHEME = "kafka"
@@ -88,9 +86,25 @@ def kafka_asset(bootstrap: str, topic: str) -> Asset:
     return asset
 
 
-def sink_asset(pipeline: Pipeline | str, *, bootstrap: str | None = None) -> Asset:
+def sink_asset(
+    pipeline: Pipeline | str,
+    *,
+    bootstrap: str | None = None,
+    stream_commits: bool = False,
+    ledger_conn_id: str | None = None,
+    poll_interval: float = 5.0,
+) -> Asset:
     """The asset of ``pipeline``'s sink topic: the outlet of its commit task, and what a
     downstream DAG is scheduled on (``schedule=[sink_asset(...)]``).
+
+    With ``stream_commits=True`` the asset also carries an ``AssetWatcher`` running
+    :class:`~airflow_provider_eo.triggers.stream.EoStreamCommitsTrigger`: each checkpoint a
+    streaming application commits itself (``commit="inline"``) becomes an event on it, with
+    the checkpoint in ``extra["payload"]`` (see :func:`event_checkpoint`). Airflow keeps an
+    asset's watchers as the DAG file parsed last declares them, so build the asset the same
+    way (``stream_commits`` and its settings) in every DAG file that names it: the commit
+    DAG's outlet, the stream DAG, the downstream DAGs. The watcher runs while a DAG
+    scheduled on the asset is active.
 
     The server comes from ``bootstrap`` when given, else from the pipeline's own
     ``kafka={"bootstrap.servers": ...}``. A pipeline that names its cluster only through
@@ -102,18 +116,96 @@ def sink_asset(pipeline: Pipeline | str, *, bootstrap: str | None = None) -> Ass
         ``"module:ATTR"`` reference (imported, and a factory called, right now: keep such a
         module light, as the example's is).
     :param bootstrap: the cluster's bootstrap servers for the URI (only the first is used).
+    :param stream_commits: add the watcher announcing stream-committed checkpoints (needs
+        ``pipeline`` as its ``"module:ATTR"`` reference: the triggerer imports it).
+    :param ledger_conn_id: the watcher's ledger connection, when not the pipeline's own.
+    :param poll_interval: seconds between the watcher's reads of the ledger.
     """
     resolved = load_pipeline(pipeline) if isinstance(pipeline, str) else pipeline
+    asset = kafka_asset(_servers(resolved, bootstrap, "sink"), resolved.sink_topic)
+    if not stream_commits:
+        return asset
+    from airflow_provider_eo.triggers.stream import EoStreamCommitsTrigger
+
+    trigger = EoStreamCommitsTrigger(
+        pipeline=_reference(pipeline, "stream_commits=True"),
+        ledger_conn_id=ledger_conn_id,
+        poll_interval=poll_interval,
+    )
+    return _watched(asset, f"eo_stream_commits_{resolved.name}", trigger)
+
+
+def source_asset(
+    pipeline: str,
+    *,
+    bootstrap: str | None = None,
+    kafka_conn_id: str | None = None,
+    ledger_conn_id: str | None = None,
+    poll_interval: float = 5.0,
+    refire_after: float = 600.0,
+) -> Asset:
+    """The asset of ``pipeline``'s (first) source topic, watched by
+    :class:`~airflow_provider_eo.triggers.source.EoSourceRecordsTrigger` over all its source
+    topics: schedule the pipeline's DAG on it (``schedule=[source_asset(...)]``) and a run
+    starts when the sources hold stable records the ledger has not planned, one run per
+    planned position (see :mod:`airflow_provider_eo.triggers.source` for the guarantees).
+
+    Nothing is read now; the triggerer imports the pipeline and reads its connections. The
+    URI's server follows :func:`sink_asset`'s rule. Name this asset the same way in every
+    DAG file that names it (Airflow keeps its watchers as the DAG file parsed last has them).
+
+    :param pipeline: the pipeline's ``"module:ATTR"`` reference (imported now for its
+        topics, and by the triggerer).
+    :param bootstrap: the cluster's bootstrap servers for the URI, when the pipeline names
+        its cluster only through ``kafka_conn_id``.
+    :param kafka_conn_id: the watcher's Kafka connection, when not the pipeline's own.
+    :param ledger_conn_id: the watcher's ledger connection, when not the pipeline's own.
+    :param poll_interval: seconds between the watcher's polls (Kafka offsets and the ledger).
+    :param refire_after: seconds a firing may stay without a plan before the watcher fires
+        again (a run that failed before its plan task).
+    """
+    from airflow_provider_eo.triggers.source import EoSourceRecordsTrigger
+
+    resolved = load_pipeline(_reference(pipeline, "source_asset"))
+    asset = kafka_asset(_servers(resolved, bootstrap, "source"), resolved.source_topics[0])
+    trigger = EoSourceRecordsTrigger(
+        pipeline=pipeline,
+        kafka_conn_id=kafka_conn_id,
+        ledger_conn_id=ledger_conn_id,
+        poll_interval=poll_interval,
+        refire_after=refire_after,
+    )
+    return _watched(asset, f"eo_source_{resolved.name}", trigger)
+
+
+def _reference(pipeline: Pipeline | str, what: str) -> str:
+    if not isinstance(pipeline, str) or ":" not in pipeline:
+        name = pipeline.name if isinstance(pipeline, Pipeline) else pipeline
+        raise PipelineConfigError(
+            f"pipeline {name!r}: {what} needs the pipeline's 'module:ATTR' reference (the "
+            "triggerer imports it), not a Pipeline object or a name"
+        )
+    return pipeline
+
+
+def _watched(asset: Asset, name: str, trigger: Any) -> Asset:
+    """``asset`` with one ``AssetWatcher`` running ``trigger``."""
+    from airflow.sdk import AssetWatcher
+
+    return Asset(name=asset.name, uri=asset.uri, watchers=[AssetWatcher(name=name, trigger=trigger)])
+
+
+def _servers(resolved: Pipeline, bootstrap: str | None, which: str) -> str:
     servers = bootstrap or resolved.kafka.get("bootstrap.servers")
     if not servers:
         raise PipelineConfigError(
-            f"pipeline {resolved.name!r}: its sink asset needs a Kafka bootstrap server, and the "
+            f"pipeline {resolved.name!r}: its {which} asset needs a Kafka bootstrap server, and the "
             f"pipeline names its cluster only through the connection {resolved.kafka_conn_id!r}, "
             "which is not read while a DAG is parsed. Pass bootstrap='host:port' (a server of "
             "that cluster, the same in every DAG that names this asset), or give the pipeline "
             "kafka={'bootstrap.servers': ...} (the connection's settings still win at run time)."
         )
-    return kafka_asset(str(servers), resolved.sink_topic)
+    return str(servers)
 
 
 def topic_of(asset: Any) -> str | None:
@@ -134,56 +226,14 @@ def topic_outlets(outlets: Iterable[Any], topic: str) -> list[Asset]:
     return [a for a in outlets if topic_of(a) == topic]
 
 
-def checkpoint_extra(
-    pipeline: Pipeline,
-    cp: CheckpointRecord,
-    *,
-    sink_topic: str | None = None,
-    already_committed: bool = False,
-) -> dict[str, Any]:
-    """The ``extra`` of the asset event of a COMMITTED checkpoint (JSON-ready).
-
-    ``pipeline``, ``checkpoint_id``, ``sink_topic``; ``records`` published; ``ranges``, the
-    source offsets ``[start, end)`` per topic-partition it read; ``dead_letters`` sent to
-    ``dead_letter_topic``; ``lineage``, the Airflow task instance the ledger records as its
-    committer (``dag_id``, ``run_id``, ``task_id``, ``try_number``); ``ledger_lineage``,
-    the ledger's lineage number (it changes on a restore or reset); ``committed_at``; and
-    ``already_committed``, true when the emitting task found the checkpoint COMMITTED (a
-    retry or re-run: an earlier event may carry the same checkpoint).
-
-    :param pipeline: the pipeline the checkpoint belongs to.
-    :param cp: the checkpoint as the ledger shows it after its commit.
-    :param sink_topic: the topic it was published to, when not the pipeline's (a backfill's
-        target topic).
-    :param already_committed: whether this task found it COMMITTED before doing anything.
-    """
-    return {
-        "pipeline": cp.pipeline,
-        "checkpoint_id": cp.checkpoint_id,
-        "sink_topic": sink_topic or pipeline.sink_topic,
-        "records": cp.records,
-        "ranges": [
-            {
-                "topic": r.topic,
-                "partition": r.partition,
-                "start": r.start,
-                "end": r.end,
-                **({"skipped_from": r.skipped_from} if r.skipped_from is not None else {}),
-            }
-            for r in cp.ranges
-        ],
-        "dead_letters": cp.dead_letters,
-        "dead_letter_topic": pipeline.dead_letter_topic if pipeline.dead_letters_enabled else None,
-        "lineage": {
-            "dag_id": cp.dag_id,
-            "run_id": cp.run_id,
-            "task_id": cp.task_id,
-            "try_number": cp.try_number,
-        },
-        "ledger_lineage": cp.lineage,
-        "committed_at": cp.committed_at.isoformat() if cp.committed_at else None,
-        "already_committed": already_committed,
-    }
+def event_checkpoint(extra: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The checkpoint an asset event of a sink asset carries (:func:`checkpoint_extra`),
+    whoever emitted it: a commit task's event has it as its ``extra``, the stream-commit
+    watcher's (a trigger's event) under ``extra["payload"]``. Empty for any other event."""
+    extra = dict(extra or {})
+    if extra.get("from_trigger") and isinstance(extra.get("payload"), Mapping):
+        extra = dict(extra["payload"])
+    return extra if "checkpoint_id" in extra else {}
 
 
 def emit(context: Mapping[str, Any], assets: Iterable[Asset], extra: Mapping[str, Any]) -> None:
@@ -201,8 +251,10 @@ __all__ = [
     "asset_server",
     "checkpoint_extra",
     "emit",
+    "event_checkpoint",
     "kafka_asset",
     "sink_asset",
+    "source_asset",
     "topic_of",
     "topic_outlets",
 ]

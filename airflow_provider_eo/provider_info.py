@@ -58,6 +58,7 @@ def get_provider_info() -> dict[str, Any]:
                 "integration-name": "Exactly-once Kafka/Spark (eo)",
                 "python-modules": [
                     "airflow_provider_eo.triggers.checkpoint",
+                    "airflow_provider_eo.triggers.source",
                     "airflow_provider_eo.triggers.stream",
                 ],
             }

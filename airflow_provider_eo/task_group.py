@@ -56,6 +56,12 @@ def eo_pipeline_group(
     committed checkpoint is an asset event other DAGs can be scheduled on
     (:mod:`airflow_provider_eo.assets`).
 
+    The group runs whatever schedule its DAG has. To run when the source has data instead
+    of on a timetable, schedule the DAG on the pipeline's source asset:
+    ``DAG(..., schedule=[source_asset(pipeline_ref)], max_active_runs=1)``
+    (:func:`~airflow_provider_eo.assets.source_asset`: its watcher fires once per planned
+    position while records wait, nothing while the source is idle).
+
     A run whose conf (or DAG ``Param``) has ``"restore_from": "<savepoint>"`` restores
     the pipeline from that savepoint in its plan task first (once per run, even across
     retries); a stopped pipeline makes the plan task, and so the run, skip.

@@ -1,8 +1,10 @@
 """Example: a DAG run for each committed checkpoint of the example pipeline.
 
-``dags/eo_pipeline.py`` gives its commit task the pipeline's sink topic as an outlet
-(``sink_asset="auto"``); every checkpoint it commits is an asset event on
-``kafka://<bootstrap>/<sink topic>`` whose ``extra`` names the checkpoint. This DAG is
+``dags/eo_pipeline.py`` gives its commit task the pipeline's sink topic as an outlet; every
+checkpoint it commits is an asset event on ``kafka://<bootstrap>/<sink topic>`` whose
+``extra`` names the checkpoint. Checkpoints a stream of ``dags/eo_stream.py`` commits itself
+are events on the same asset too, from its watcher (``stream_commits=True``), with the same
+checkpoint under ``extra["payload"]``; ``event_checkpoint`` reads either. This DAG is
 scheduled on that asset: its task reads the events that triggered the run (several when
 checkpoints commit faster than runs start) and logs each checkpoint's id, records and
 source ranges. A real consumer would read the new output here; it keys its work on
@@ -23,10 +25,11 @@ from typing import Any
 
 from airflow.sdk import DAG, task
 
-from airflow_provider_eo.assets import sink_asset
+from airflow_provider_eo.assets import event_checkpoint, sink_asset
 
-#: What eo_pipeline.py's commit task emits to (the same pipeline, so the same asset).
-SINK = sink_asset("eo_demo_pipelines:demo_pipeline")
+#: What eo_pipeline.py's commit task emits to (the same pipeline, so the same asset), built
+#: as every DAG file naming it builds it: with the watcher of stream-committed checkpoints.
+SINK = sink_asset("eo_demo_pipelines:demo_pipeline", stream_commits=True)
 
 with DAG(
     dag_id="eo_downstream",
@@ -42,7 +45,10 @@ with DAG(
         """Log each committed checkpoint that triggered this run; return their ids."""
         seen = []
         for event in (triggering_asset_events or {}).get(SINK, []):
-            extra = event.extra or {}
+            extra = event_checkpoint(event.extra)
+            if not extra:
+                print(f"an event without a checkpoint: {event.extra}")
+                continue
             print(
                 f"pipeline {extra.get('pipeline')}: checkpoint {extra.get('checkpoint_id')} committed "
                 f"{extra.get('records')} records to {extra.get('sink_topic')} from "

@@ -20,6 +20,13 @@ Four DAGs:
   :class:`EoCommitOperator` (skips when there is none: a repeated event). Checkpoints
   commit strictly in order; ``max_active_runs=1``.
 
+Assets: the commit task of ``eo_stream_commit`` has the sink topic's asset as an outlet (one
+event per checkpoint it commits), and that asset carries the watcher of stream-committed
+checkpoints (``sink_asset(..., stream_commits=True)``): each checkpoint ``eo_stream`` or
+``eo_stream_detached`` commits in its driver is an event on it as well, with the same
+checkpoint under ``extra["payload"]``. The watcher runs while a DAG scheduled on the asset
+(``dags/eo_downstream.py``) is active.
+
 The worker slot: in client deploy mode (``spark_default`` = ``local[2]``) the ``stream``
 task of ``eo_stream`` runs the driver and holds its slot for the whole run; the one of
 ``eo_stream_detached`` does not (see ``airflow_provider_eo.operators.stream``).
@@ -33,11 +40,15 @@ from datetime import datetime, timedelta
 from airflow.sdk import DAG, Asset, AssetWatcher, Param, task
 from eo_demo_pipelines import demo_pipeline
 
+from airflow_provider_eo.assets import sink_asset
 from airflow_provider_eo.operators.commit import EoCommitOperator
 from airflow_provider_eo.operators.stream import EoStreamOperator
 from airflow_provider_eo.triggers.stream import EoPreparedCheckpointTrigger
 
 PIPELINE = "eo_demo_pipelines:demo_pipeline"
+#: The sink topic's asset, as every DAG file naming it builds it (Airflow keeps an asset's
+#: watchers as the file parsed last declares them).
+SINK = sink_asset(PIPELINE, stream_commits=True)
 SPARK_CONN_ID = os.environ.get("EO_SPARK_CONN_ID", "spark_default")
 INTERVAL_S = float(os.environ.get("EO_STREAM_INTERVAL_S", "5"))
 DEFAULTS = {
@@ -147,4 +158,5 @@ with DAG(
         task_id="commit",
         pipeline=PIPELINE,
         checkpoint_id=lowest_prepared(),
+        outlets=[SINK],
     )

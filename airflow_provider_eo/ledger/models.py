@@ -360,3 +360,25 @@ class StreamRun(Base):
     dag_id: Mapped[str | None] = mapped_column(String(250))
     task_id: Mapped[str | None] = mapped_column(String(250))
     log_path: Mapped[str | None] = mapped_column(Text)
+
+
+class WatchMark(Base):
+    """What an Airflow asset watcher of a pipeline last fired for (migration 0007).
+
+    One row per pipeline and watch (``source``: the source-records watcher; ``stream_commits``:
+    the announcer of stream-committed checkpoints). A watcher claims a firing by moving
+    ``seq`` with a compare-and-set before it yields the event, so the row survives a
+    triggerer restart and two copies of one watcher never fire for the same state. Keyed by
+    the pipeline's name, not its id: a source watcher fires before the first plan registers
+    the pipeline.
+    """
+
+    __tablename__ = "eo_watch_marks"
+
+    pipeline: Mapped[str] = mapped_column(String(200), primary_key=True)
+    watch: Mapped[str] = mapped_column(String(64), primary_key=True)
+    # Moves by one with every claim; a claim names the seq it read (compare-and-set).
+    seq: Mapped[int] = mapped_column(Integer)
+    # The watch's own record of what it fired for (JSON; see triggers/source.py, stream.py).
+    state: Mapped[dict[str, Any]] = mapped_column(JSON)
+    fired_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())

@@ -41,6 +41,7 @@ from airflow_provider_eo.ledger import (
     schema,
     streams,
     transitions,
+    watches,
 )
 from airflow_provider_eo.ledger.engine import Database
 from airflow_provider_eo.ledger.states import ShardState
@@ -217,6 +218,14 @@ class Ledger:
     request_stream_stop = _delegate(streams.request_stream_stop)
     get_stream_run = _delegate(streams.get_stream_run)
     live_stream_run = _delegate(streams.live_stream_run)
+
+    # -- asset watchers: what each last fired for, and what they read -----------------------
+
+    get_watch_mark = _delegate(watches.get_watch_mark)
+    claim_watch_mark = _delegate(watches.claim_watch_mark)
+    checkpoints_after = _delegate(watches.checkpoints_after)
+    newest_checkpoint_id = _delegate(watches.newest_checkpoint_id)
+    stream_committers = _delegate(watches.stream_committers)
 
     # -- lead: recover ------------------------------------------------------------------------
     transactional_ids = _delegate(reads.transactional_ids)

@@ -4,17 +4,24 @@
   streaming application running with ``commit="airflow"`` left a checkpoint PREPARED, so the
   commit DAG should run.
 - :class:`EoStreamRunTrigger`: tracks a detached streaming driver through its run's row in
-  the ledger (``EoStreamOperator(deferrable=True)``)."""
+  the ledger (``EoStreamOperator(deferrable=True)``).
+- :class:`EoStreamCommitsTrigger`, an event trigger for the sink asset's ``AssetWatcher``:
+  one asset event per checkpoint a streaming application committed itself."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_provider_eo.triggers.checkpoint import check_ledger_ref, ledger_reader, resolve_ledger_url
 from airflow_provider_eo.version_compat import BaseEventTrigger, BaseTrigger, TriggerEvent
+
+if TYPE_CHECKING:
+    from airflow_provider_eo.ledger import CheckpointRecord, Ledger
+    from airflow_provider_eo.ledger.watches import StreamCommitter
+    from airflow_provider_eo.pipeline import Pipeline
 
 
 def read_prepared(ledger_url: str, pipeline: str) -> list[int]:
@@ -255,3 +262,164 @@ class EoStreamRunTrigger(BaseTrigger):
                     self.pipeline, requested_by="airflow: the waiting task was stopped", run_id=self.run_id
                 )
             )
+
+
+#: The watch mark's name of the stream-commit announcer.
+STREAM_COMMITS_WATCH = "stream_commits"
+
+
+def announcement_steps(
+    checkpoints: list[CheckpointRecord], committers: list[StreamCommitter]
+) -> list[tuple[int, CheckpointRecord | None]]:
+    """How the stream-commit announcer moves through ``checkpoints`` (those after its mark,
+    lowest id first): steps ``(through id, checkpoint to announce or None)`` (pure).
+
+    A COMMITTED checkpoint that one of ``committers`` (the pipeline's ``commit="inline"``
+    stream runs) committed is announced, one step each; one committed by anyone else (a
+    commit task, which announces it on its own outlets) and an ABORTED one are passed over,
+    consecutive ones in one step. The walk stops at the first unfinished checkpoint:
+    checkpoints commit in id order, so nothing after it is committed yet.
+    """
+    from airflow_provider_eo.ledger import CheckpointState
+
+    steps: list[tuple[int, CheckpointRecord | None]] = []
+    for cp in checkpoints:
+        if cp.state is CheckpointState.COMMITTED and any(r.committed(cp) for r in committers):
+            steps.append((cp.checkpoint_id, cp))
+        elif cp.state in (CheckpointState.COMMITTED, CheckpointState.ABORTED):
+            if steps and steps[-1][1] is None:
+                steps[-1] = (cp.checkpoint_id, None)
+            else:
+                steps.append((cp.checkpoint_id, None))
+        else:
+            break
+    return steps
+
+
+def initial_mark(ledger: Ledger, pipeline: str) -> int:
+    """Where the announcer of a pipeline starts the first time it runs: after the newest
+    finished checkpoint below the lowest unfinished one (so a checkpoint a stream has in
+    flight is announced when it commits); 0 for a pipeline the ledger does not know yet."""
+    from airflow_provider_eo.ledger import CheckpointNotFound
+
+    try:
+        lowest = ledger.unfinished(pipeline)
+        return lowest.checkpoint_id - 1 if lowest is not None else ledger.newest_checkpoint_id(pipeline)
+    except CheckpointNotFound:
+        return 0
+
+
+class EoStreamCommitsTrigger(BaseEventTrigger):
+    """Announce each checkpoint a streaming application committed as an asset event on the
+    pipeline's sink asset (``sink_asset(..., stream_commits=True)`` in
+    :mod:`airflow_provider_eo.assets` builds the watcher).
+
+    A stream with ``commit="inline"`` commits in its Spark driver, not in an Airflow task, so
+    no task outlet announces its checkpoints; this trigger reads the ledger and fires one
+    event per such checkpoint, lowest id first, whose payload is
+    :func:`~airflow_provider_eo.assets.checkpoint_extra` (what a commit task's event carries
+    as its ``extra``; Airflow puts a trigger's payload in the asset event's ``extra`` under
+    ``"payload"``, next to ``"from_trigger": true``). Checkpoints a commit task committed are
+    passed over (that task announces them, when its sink outlet is set), and so are aborted
+    ones.
+
+    Restarts: the last checkpoint announced is the ledger's watch mark, moved with a
+    compare-and-set *before* each event is yielded: no checkpoint is announced twice, even by
+    two copies of the trigger, and checkpoints committed while the triggerer was down are
+    announced when it is back, in order. The one loss: a triggerer killed between moving the
+    mark and handing the event to Airflow loses that one event (the mark says announced).
+    The first time it runs for a pipeline it starts after the pipeline's newest finished
+    checkpoint (below any unfinished one): history is not announced.
+
+    :param pipeline: ``"module:ATTR"`` of the pipeline (imported in the triggerer: the sink
+        topic and dead-letter settings are part of the event).
+    :param ledger_conn_id: an ``eo_ledger`` connection replacing the pipeline's ledger URL
+        (default: the pipeline's own; no password travels in the kwargs either way).
+    :param poll_interval: seconds between reads of the ledger.
+    """
+
+    def __init__(
+        self,
+        *,
+        pipeline: str,
+        ledger_conn_id: str | None = None,
+        poll_interval: float = 5.0,
+    ) -> None:
+        super().__init__()
+        if ":" not in pipeline:
+            raise ValueError(
+                f"pipeline {pipeline!r}: the stream-commit watcher takes the pipeline's "
+                "'module:ATTR' reference (imported in the triggerer), not its name"
+            )
+        self.pipeline = pipeline
+        self.ledger_conn_id = ledger_conn_id
+        self.poll_interval = float(poll_interval)
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "pipeline": self.pipeline,
+                "ledger_conn_id": self.ledger_conn_id,
+                "poll_interval": self.poll_interval,
+            },
+        )
+
+    def _resolve(self) -> Pipeline:
+        from airflow_provider_eo.hooks.base import resolve_connections
+        from airflow_provider_eo.pipeline import load_pipeline
+
+        return resolve_connections(load_pipeline(self.pipeline), ledger_conn_id=self.ledger_conn_id)[0]
+
+    def poll(self, pipeline: Pipeline) -> list[dict[str, Any]]:
+        """Claim and return the payloads to announce now, lowest checkpoint first (blocking).
+        Each is claimed in the ledger before the next is read: the caller yields them in
+        this order."""
+        from airflow_provider_eo.checkpoint_event import checkpoint_extra
+        from airflow_provider_eo.ledger import CheckpointNotFound
+        from airflow_provider_eo.triggers.source import watch_ledger
+
+        ledger = watch_ledger(pipeline.ledger_url)
+        mark = ledger.get_watch_mark(pipeline.name, STREAM_COMMITS_WATCH)
+        if mark.seq == 0:
+            start = initial_mark(ledger, pipeline.name)
+            ledger.claim_watch_mark(pipeline.name, STREAM_COMMITS_WATCH, seq=0, state={"through": start})
+            return []  # read again next poll, from the mark as stored (another copy may have won)
+        through = int(mark.state["through"])
+        try:
+            after = ledger.checkpoints_after(pipeline.name, through)
+            committers = ledger.stream_committers(pipeline.name) if after else []
+        except CheckpointNotFound:
+            return []
+        out: list[dict[str, Any]] = []
+        seq = mark.seq
+        for step_through, cp in announcement_steps(after, committers):
+            if not ledger.claim_watch_mark(
+                pipeline.name, STREAM_COMMITS_WATCH, seq=seq, state={"through": step_through}
+            ):
+                break  # another copy moved the mark: it announces from here
+            seq += 1
+            if cp is not None:
+                out.append(checkpoint_extra(pipeline, cp))
+        return out
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        from airflow_provider_eo.errors import EoError
+
+        pipeline: Pipeline | None = None
+        while True:
+            try:
+                if pipeline is None:
+                    pipeline = await asyncio.to_thread(self._resolve)
+                payloads = await asyncio.to_thread(self.poll, pipeline)
+            except (EoError, OSError, ImportError) as exc:
+                self.log.warning("stream-commit watcher of %r: %s; polling again", self.pipeline, exc)
+                payloads = []
+            for payload in payloads:
+                self.log.info(
+                    "pipeline %r: announcing checkpoint %s committed by a stream",
+                    payload["pipeline"],
+                    payload["checkpoint_id"],
+                )
+                yield TriggerEvent(payload)
+            await asyncio.sleep(self.poll_interval)

@@ -173,16 +173,36 @@ def test_the_downstream_example_is_scheduled_on_the_pipeline_examples_outlet(
     monkeypatch.syspath_prepend(str(DAGS))
     monkeypatch.setenv("EO_KAFKA_BOOTSTRAP", "Kafka:9092")
     monkeypatch.setenv("EO_DEMO_SINK_TOPIC", "enriched")
-    dags = {}
-    for name in ("eo_pipeline", "eo_downstream"):
+    modules = {}
+    for name in ("eo_pipeline", "eo_downstream", "eo_stream"):
         spec = importlib.util.spec_from_file_location(f"eo_assets_example_{name}", DAGS / f"{name}.py")
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        dags[name] = module.dag
-    expected = Asset(name="kafka://kafka:9092/enriched", uri="kafka://kafka:9092/enriched")
-    assert dags["eo_pipeline"].get_task("eo.commit").outlets == [expected]
-    assert list(dags["eo_downstream"].timetable.asset_condition.objects) == [expected]
+        modules[name] = module
+    named = {
+        "eo_pipeline": modules["eo_pipeline"].dag.get_task("eo.commit").outlets,
+        "eo_downstream": list(modules["eo_downstream"].dag.timetable.asset_condition.objects),
+        "eo_stream": modules["eo_stream"].commit_dag.get_task("commit").outlets,
+    }
+    # Airflow keeps an asset's watchers as the DAG file parsed last declares them: every
+    # example file names the sink asset with the same watcher (stream-committed checkpoints).
+    for name, assets in named.items():
+        assert [(a.name, a.uri) for a in assets] == [("kafka://kafka:9092/enriched",) * 2], name
+        watchers = [(w.name, w.trigger.serialize()) for w in assets[0].watchers]
+        assert watchers == [
+            (
+                "eo_stream_commits_eo-demo",
+                (
+                    "airflow_provider_eo.triggers.stream.EoStreamCommitsTrigger",
+                    {
+                        "pipeline": "eo_demo_pipelines:demo_pipeline",
+                        "ledger_conn_id": None,
+                        "poll_interval": 5.0,
+                    },
+                ),
+            )
+        ], name
 
 
 def test_the_backfill_announces_its_interval_once_with_every_checkpoint(

@@ -137,3 +137,135 @@ def test_stream_run_trigger_gives_up_on_a_ledger_gone_for_longer_than_the_startu
 
     payload = asyncio.run(first())
     assert payload["status"] == "failed" and "the ledger could not be read for" in payload["reason"]
+
+
+def _commit(ledger: Ledger, pipeline: str, start: int, actor: Any) -> int:
+    cid = ledger.plan(pipeline, [RangeSpec("in", 0, start, start + 10)]).checkpoint_id
+    ledger.mark_prepared(
+        pipeline, cid, attempt="a", staging_location="/x", records=10, bytes_=1, shard_counts={0: 10}
+    )
+    ledger.mark_committed(pipeline, cid, actor=actor)
+    return cid
+
+
+def test_announcement_steps_announce_stream_commits_and_pass_over_the_rest() -> None:
+    import datetime as dt
+
+    from airflow_provider_eo.ledger import CheckpointRecord, CheckpointState
+    from airflow_provider_eo.ledger.watches import StreamCommitter
+    from airflow_provider_eo.triggers.stream import announcement_steps
+
+    t0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+
+    def cp(cid: int, state: CheckpointState, dag: str | None, minute: int = 1) -> CheckpointRecord:
+        return CheckpointRecord(
+            pipeline="p",
+            checkpoint_id=cid,
+            state=state,
+            lineage=1,
+            ranges=[],
+            planned_at=t0,
+            committed_at=t0 + dt.timedelta(minutes=minute) if state is CheckpointState.COMMITTED else None,
+            dag_id=dag,
+            task_id=None if dag is None else ("stream" if dag == "eo_stream" else "eo.commit"),
+        )
+
+    C, A, P = CheckpointState.COMMITTED, CheckpointState.ABORTED, CheckpointState.PREPARED
+    stream = StreamCommitter("r1", "eo_stream", "stream", t0, None)
+    cli = StreamCommitter("r2", None, None, t0 + dt.timedelta(minutes=10), t0 + dt.timedelta(minutes=20))
+    cps = [
+        cp(1, C, "eo_stream"),
+        cp(2, C, "eo_pipeline"),  # a commit task's: it announces it itself
+        cp(3, A, None),
+        cp(4, C, None, minute=15),  # committed by the CLI stream run r2
+        cp(5, C, None, minute=25),  # by a CLI commit after r2 ended
+        cp(6, P, "eo_stream"),  # not committed yet: the walk stops
+        cp(7, C, "eo_stream"),
+    ]
+    steps = announcement_steps(cps, [stream, cli])
+    assert [(through, c.checkpoint_id if c else None) for through, c in steps] == [
+        (1, 1),
+        (3, None),
+        (4, 4),
+        (5, None),
+    ]
+    assert announcement_steps(cps, []) == [(5, None)]
+
+
+def test_stream_commits_trigger_announces_each_stream_checkpoint_once_across_restarts(
+    pipeline_ref: str,
+) -> None:
+    from airflow_provider_eo.assets import checkpoint_extra
+    from airflow_provider_eo.ledger import Actor
+    from airflow_provider_eo.pipeline import load_pipeline
+    from airflow_provider_eo.triggers.stream import EoStreamCommitsTrigger
+
+    pipeline = load_pipeline(pipeline_ref)
+    trigger = EoStreamCommitsTrigger(pipeline=pipeline_ref, poll_interval=0.01)
+    assert isinstance(trigger, BaseEventTrigger)
+    cls, kwargs = trigger.serialize()
+    assert EoStreamCommitsTrigger(**kwargs).serialize() == (cls, kwargs)
+    stream = Actor(dag_id="eo_stream", run_id="manual__1", task_id="stream", try_number=1)
+    task = Actor(dag_id="eo_pipeline", run_id="scheduled__1", task_id="eo.commit", try_number=1)
+    with Ledger(pipeline.ledger_url) as ledger:
+        ledger.ensure_pipeline("orders", pipeline.fingerprint())
+        _commit(ledger, "orders", 0, task)  # history: never announced
+        assert trigger.poll(pipeline) == []  # the first poll sets the mark after it
+        ledger.register_stream_run(
+            "orders",
+            run_id="r1",
+            host="h",
+            pid=1,
+            commit_mode="inline",
+            heartbeat_s=5,
+            dag_id="eo_stream",
+            task_id="stream",
+        )
+        two = _commit(ledger, "orders", 10, stream)
+        _commit(ledger, "orders", 20, task)
+        four = _commit(ledger, "orders", 30, stream)
+        payloads = trigger.poll(pipeline)
+        assert [p["checkpoint_id"] for p in payloads] == [two, four]
+        assert payloads[0] == checkpoint_extra(pipeline, ledger.get("orders", two))
+        assert trigger.poll(pipeline) == []
+        # Down while the stream commits; a restarted trigger announces it, once.
+        five = _commit(ledger, "orders", 40, stream)
+    restarted = EoStreamCommitsTrigger(**kwargs)
+    assert [p["checkpoint_id"] for p in restarted.poll(pipeline)] == [five]
+    assert restarted.poll(pipeline) == [] and trigger.poll(pipeline) == []
+
+
+def test_stream_commits_trigger_run_yields_the_payloads(pipeline_ref: str) -> None:
+    from airflow_provider_eo.ledger import Actor
+    from airflow_provider_eo.pipeline import load_pipeline
+    from airflow_provider_eo.triggers.stream import EoStreamCommitsTrigger
+
+    pipeline = load_pipeline(pipeline_ref)
+    stream = Actor(dag_id="eo_stream", run_id="manual__1", task_id="stream", try_number=1)
+    with Ledger(pipeline.ledger_url) as ledger:
+        ledger.ensure_pipeline("orders", pipeline.fingerprint())
+        ledger.register_stream_run(
+            "orders",
+            run_id="r1",
+            host="h",
+            pid=1,
+            commit_mode="inline",
+            heartbeat_s=5,
+            dag_id="eo_stream",
+            task_id="stream",
+        )
+    trigger = EoStreamCommitsTrigger(pipeline=pipeline_ref, poll_interval=0.01)
+
+    async def scenario() -> Any:
+        gen = trigger.run()
+        pending = asyncio.ensure_future(gen.__anext__())
+        done, _ = await asyncio.wait({pending}, timeout=0.2)
+        assert not done
+        with Ledger(pipeline.ledger_url) as ledger:
+            _commit(ledger, "orders", 0, stream)
+        event = await asyncio.wait_for(pending, 10)
+        await gen.aclose()
+        return event.payload
+
+    payload = asyncio.run(scenario())
+    assert payload["checkpoint_id"] == 1 and payload["lineage"]["dag_id"] == "eo_stream"
