@@ -70,6 +70,22 @@ class StatsdListener:
         self.sock.close()
 
 
+def statsd_env(port: int, *, tags: str = "influxdb") -> dict[str, str]:
+    """Airflow's ``[metrics]`` as environment variables: StatsD to ``port`` on 127.0.0.1 with
+    the prefix ``airflow``, tags in the ``tags`` mode (``influxdb``, ``datadog`` or ``none``)."""
+    env = {
+        "AIRFLOW__METRICS__STATSD_ON": "True",
+        "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
+        "AIRFLOW__METRICS__STATSD_PORT": str(port),
+        "AIRFLOW__METRICS__STATSD_PREFIX": "airflow",
+    }
+    if tags == "influxdb":
+        env["AIRFLOW__METRICS__STATSD_INFLUXDB_ENABLED"] = "True"
+    elif tags == "datadog":
+        env["AIRFLOW__METRICS__STATSD_DATADOG_ENABLED"] = "True"
+    return env
+
+
 @contextmanager
 def statsd_listener() -> Iterator[StatsdListener]:
     """A running :class:`StatsdListener`, stopped on exit."""
