@@ -89,11 +89,11 @@ def airflow_stats() -> Any:
     no backend is on).
 
     Airflow >= 3.3 keeps it in the Task SDK (``airflow.sdk.observability.stats``; importing
-    ``airflow.stats`` there warns) and each process initializes its backend: Airflow's task
-    runner and ``dag.test()`` do, a process Airflow did not start (a Spark driver that
-    spark-submit runs) does not, so an uninitialized backend is initialized here from
-    ``[metrics]`` first. Airflow 3.1/3.2: ``airflow.stats.Stats``, which reads ``[metrics]``
-    itself on first use.
+    ``airflow.stats`` there warns), and a process initializes its backend: the task runner
+    does, and so does importing ``airflow.sdk`` (its serde registry, from ``[metrics]`` as
+    the process sees it then), which is how a Spark driver that spark-submit started gets
+    one. A process that has none yet is initialized here. Airflow 3.1/3.2:
+    ``airflow.stats.Stats``, which reads ``[metrics]`` itself on first use.
     """
     try:
         from airflow.sdk.observability.stats import Stats

@@ -82,3 +82,30 @@ class _Raising:
 
 def test_a_backend_that_raises_fails_nothing() -> None:
     _send_all(AirflowStatsSink(_Raising(), name_per_pipeline=True))
+
+
+def test_a_process_airflow_did_not_start_initializes_stats_from_its_environment() -> None:
+    """What a Spark driver does: a fresh interpreter whose only Airflow settings are the
+    [metrics] variables it inherited sends through Airflow's StatsD backend (plain StatsD
+    here: the per-pipeline name is sent too)."""
+    import os
+    import subprocess
+    import sys
+
+    from eo_statsd import statsd_env
+
+    code = (
+        "from airflow_provider_eo.metrics import AirflowStatsSink\n"
+        "AirflowStatsSink().count('eo.checkpoint.records', 5, pipeline='orders')\n"
+    )
+    with statsd_listener() as listener:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW__METRICS")}
+        env.update(statsd_env(listener.port, tags="none"))
+        proc = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert poll_until(lambda: len(listener.metrics("airflow.eo.")) >= 2, timeout=10), proc.stderr
+        got = {(m.name, m.value) for m in listener.metrics("airflow.eo.")}
+    # Plain StatsD (no tag mode): the aggregate name and the per-pipeline one.
+    assert got == {("airflow.eo.checkpoint.records", 5), ("airflow.eo.checkpoint.records.orders", 5)}

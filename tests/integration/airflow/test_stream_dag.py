@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from eo_harness import poll_until
+from eo_statsd import statsd_env, statsd_listener
 
 from airflow_provider_eo.core.audit import audit_pipeline
 from airflow_provider_eo.demo.sample import produce_sample
@@ -33,11 +35,16 @@ def _audit(pipeline: Any) -> None:
 
 
 def test_inline_stream_commits_n_checkpoints_exactly_once(airflow_env: Any, kafka_bootstrap: str) -> None:
-    _stream_env(airflow_env)
     pipeline = airflow_env.pipeline()
     produce_sample(kafka_bootstrap, pipeline.source_topics[0])
 
-    (run,) = airflow_env.run_dag_test("eo_stream", conf='{"checkpoints": 2}')
+    # The driver's metrics (it is not an Airflow task: it sends through Airflow's Stats from
+    # the [metrics] settings it inherits), to a StatsD listener in InfluxDB tag mode.
+    with statsd_listener() as statsd:
+        _stream_env(airflow_env, **statsd_env(statsd.port))
+        (run,) = airflow_env.run_dag_test("eo_stream", conf='{"checkpoints": 2}')
+        poll_until(lambda: len(statsd.metrics("airflow.eo.checkpoint.records")) >= 2, timeout=10)
+        sent = statsd.metrics("airflow.eo.")
 
     assert run["state"] == "success", run
     summary = run["xcoms"]["stream"]
@@ -47,6 +54,12 @@ def test_inline_stream_commits_n_checkpoints_exactly_once(airflow_env: Any, kafk
     assert [c.state for c in checkpoints] == [CheckpointState.COMMITTED] * 2
     assert summary["records"] == sum(c.records or 0 for c in checkpoints) > 0
     _audit(pipeline)
+    assert sent and all(m.tags == {"pipeline": pipeline.name} for m in sent), sent
+    records = [m.value for m in sent if m.name == "airflow.eo.checkpoint.records"]
+    assert sorted(records) == sorted(c.records for c in checkpoints), sent
+    for timer in ("airflow.eo.prepare.seconds", "airflow.eo.commit.seconds"):
+        assert len([m for m in sent if m.name == timer and m.kind == "ms"]) == 2, (timer, sent)
+    assert [m.value for m in sent if m.name == "airflow.eo.dead_letters"] == [0, 0], sent
 
 
 def test_driver_death_fails_the_task_then_a_new_try_resumes(airflow_env: Any, kafka_bootstrap: str) -> None:
