@@ -171,7 +171,10 @@ def audit_pipeline(pipeline: Pipeline, ledger: Ledger) -> AuditReport:
         row.duplicates = sum(n - 1 for n in seen.values() if n > 1)
         row.missing_staged = max(0, row.expected - len(seen))
         report.checkpoints.append(row)
-    _check_against_source(config, committed, rows, source_seen, dead)
+    # A Structured Streaming query's output names no source records (its state aggregates
+    # them): its batches are checked against what they staged only.
+    planned_here = [cp for cp in committed if cp.query_id is None]
+    _check_against_source(config, planned_here, rows, source_seen, dead)
     report.unexpected += sum(sum(c.values()) for cid, c in positions.items() if cid not in checkpoints)
     report.sources_duplicated = sum(1 for cids in source_seen.values() if len(cids) > 1)
     return report

@@ -137,6 +137,8 @@ def checkpoint_record(
         records_dropped=row.records_dropped,
         records_created=row.records_created,
         dead_letters=row.dead_letters,
+        query_id=row.query_id,
+        batch_id=row.batch_id,
     )
 
 

@@ -200,6 +200,9 @@ class Checkpoint(Base):
     # Backfill checkpoints only: read the records with Kafka timestamp in [start, end).
     filter_start_ms: Mapped[int | None] = mapped_column(BigInteger)
     filter_end_ms: Mapped[int | None] = mapped_column(BigInteger)
+    # Structured Streaming sink checkpoints only (revision 0008): the query and its micro-batch.
+    query_id: Mapped[str | None] = mapped_column(String(64))
+    batch_id: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class CheckpointRange(Base):

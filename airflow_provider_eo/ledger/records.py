@@ -195,6 +195,10 @@ class CheckpointRecord:
     records_dropped: int | None = None
     records_created: int | None = None
     dead_letters: int | None = None
+    #: A Structured Streaming sink's checkpoints only: the query's id and the micro-batch
+    #: this checkpoint publishes (its ranges are the batch's, read from the query's offset log).
+    query_id: str | None = None
+    batch_id: int | None = None
 
     @property
     def offsets(self) -> dict[TopicPartition, tuple[int, int]]:
@@ -246,6 +250,7 @@ class CheckpointRecord:
             "abort_reason": self.abort_reason,
             "shards": [{"shard": s.shard, "state": s.state.value, "records": s.records} for s in self.shards],
             **({"time_filter": list(self.time_filter)} if self.time_filter is not None else {}),
+            **({"query_id": self.query_id, "batch_id": self.batch_id} if self.query_id is not None else {}),
         }
 
 

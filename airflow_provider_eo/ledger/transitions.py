@@ -195,6 +195,7 @@ def record_planned(
     details: Mapping[str, Any] | None = None,
     commit_plan: CommitPlan | None = None,
     time_filter: tuple[int, int] | None = None,
+    batch: tuple[str, int] | None = None,
 ) -> CheckpointRecord:
     """Record checkpoint ``last + 1`` of the locked pipeline row ``p`` as PLANNED: the one
     way a checkpoint is planned, for live pipelines (:func:`plan`) and backfills.
@@ -231,6 +232,8 @@ def record_planned(
     filter_columns: dict[str, Any] = {}
     if time_filter is not None:
         filter_columns = {"filter_start_ms": time_filter[0], "filter_end_ms": time_filter[1]}
+    if batch is not None:  # a Structured Streaming query's micro-batch
+        filter_columns.update(query_id=batch[0], batch_id=int(batch[1]))
     s.add(
         Checkpoint(
             pipeline_id=p.id,
@@ -276,6 +279,7 @@ def record_planned(
             **({"skipped": skipped} if skipped else {}),
             **({"backfill_of": p.backfill_of, "time_filter": list(time_filter)} if time_filter else {}),
             **({"commit_plan": commit_plan.to_json()} if commit_plan is not None else {}),
+            **({"query_id": batch[0], "batch_id": int(batch[1])} if batch is not None else {}),
         },
     )
     s.flush()
@@ -291,6 +295,7 @@ def plan(
     actor: Actor | None = None,
     details: dict[str, Any] | None = None,
     commit_plan: CommitPlan | None = None,
+    batch: tuple[str, int] | None = None,
 ) -> CheckpointRecord:
     """Record the next checkpoint (PLANNED) reading exactly ``ranges``.
 
@@ -303,6 +308,9 @@ def plan(
     ``commit_plan`` (how the checkpoint will be published) is stored in the same
     transaction, and its transactional-id prefix is pinned for the pipeline (a plan
     with another prefix than the pinned one is refused).
+
+    ``batch``: ``(query_id, batch_id)`` when the checkpoint is a Structured Streaming
+    query's micro-batch (the query planned its ranges; :mod:`airflow_provider_eo.core.batches`).
     """
     check_plan_args(pipeline, ranges, max_pending)
     with db.write() as s:
@@ -325,6 +333,7 @@ def plan(
             actor=actor,
             details=details,
             commit_plan=commit_plan,
+            batch=batch,
         )
 
 

@@ -35,6 +35,8 @@ STEPS = frozenset(
         "commit.before_ledger",  # every shard committed, ledger update not done
         "commit.ambiguous_before",  # commit_transaction "timed out" without being sent
         "commit.ambiguous_after",  # commit_transaction succeeded but the caller lost the answer
+        "batch.before_stage",  # Structured Streaming sink: batch PLANNED, its frame not staged
+        "batch.after_commit",  # the batch COMMITTED, foreachBatch not returned (no Spark commit log)
     }
 )
 

@@ -1,0 +1,239 @@
+"""Checkpoints planned by a Structured Streaming query: the two-phase-commit sink of its
+micro-batches (docs/design.md §12).
+
+Spark's micro-batch engine writes batch N's source offsets to the query's offset log before
+it runs the batch, re-runs N with the same offsets (and the state of N-1) after a failure,
+and calls ``foreachBatch(df, N)`` again with the same id; its commit log records N only
+after ``foreachBatch`` returned. That is Flink's checkpoint; this module is the other half,
+keyed by ``(query id, batch id)``:
+
+- N already COMMITTED (or below the newest batch the ledger knows): nothing to do.
+- N PREPARED: commit the staged output already recorded, never the re-run's ``df`` (a
+  nondeterministic query may differ on re-run, and part of the first run may be published).
+- N PLANNED (a run died before it staged): stage ``df`` for it.
+- else: record N PLANNED with the batch's ranges (contiguous with the previous batch's, the
+  ledger checks), then stage and commit.
+
+The ledger's newest checkpoint decides; checkpoints commit strictly in order
+(``max_pending`` is 1), so nothing is published out of order. A different query id under
+the same name (a new checkpoint location writing the same sink) is refused unless the sink
+is told to accept it, like a fresh ledger is.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from airflow_provider_eo import names
+from airflow_provider_eo.connections import require_applied
+from airflow_provider_eo.core.sink_guard import check_sink
+from airflow_provider_eo.errors import ConfigError, EoError, PipelineStopped
+from airflow_provider_eo.kafka import admin
+from airflow_provider_eo.kafka.client_config import librdkafka_config
+from airflow_provider_eo.ledger import (
+    Actor,
+    CheckpointNotFound,
+    CheckpointRecord,
+    CheckpointState,
+    Ledger,
+    RangeSpec,
+)
+from airflow_provider_eo.pipeline import Pipeline
+
+__all__ = [
+    "BatchOutOfStep",
+    "BatchPosition",
+    "BatchStep",
+    "QueryIdentityMismatch",
+    "begin_batch",
+    "decide",
+    "newest_checkpoint",
+]
+
+log = logging.getLogger(__name__)
+
+Action = Literal["skip", "stage", "commit", "commit_previous", "plan"]
+
+
+class QueryIdentityMismatch(ConfigError):
+    """Another Structured Streaming query (another checkpoint location) already writes this
+    sink under this name."""
+
+
+class BatchOutOfStep(EoError):
+    """The query's batch and the ledger disagree in a way only a tampered or foreign
+    checkpoint location explains; nothing was staged or published."""
+
+
+@dataclass(frozen=True)
+class BatchPosition:
+    """One micro-batch as the query's checkpoint location records it.
+
+    :param query_id: the query's id (its checkpoint location's ``metadata``).
+    :param batch_id: the micro-batch id ``foreachBatch`` got.
+    :param ranges: ``[start, end)`` of every Kafka partition the batch covers (empty ones too).
+    """
+
+    query_id: str
+    batch_id: int
+    ranges: tuple[RangeSpec, ...]
+
+
+@dataclass(frozen=True)
+class BatchStep:
+    """What the sink does for a batch: ``skip`` (already published), ``stage`` the batch's
+    frame for ``checkpoint`` (PLANNED) then commit it, or ``commit`` the output ``checkpoint``
+    already staged (PREPARED)."""
+
+    action: Literal["skip", "stage", "commit"]
+    checkpoint: CheckpointRecord | None
+    reason: str
+
+
+def newest_checkpoint(ledger: Ledger, pipeline: str) -> CheckpointRecord | None:
+    """The pipeline's newest checkpoint that was not aborted, or None."""
+    try:
+        checkpoints = ledger.list_checkpoints(pipeline)
+    except CheckpointNotFound:
+        return None
+    live = [c for c in checkpoints if c.state is not CheckpointState.ABORTED]
+    return max(live, key=lambda c: c.checkpoint_id) if live else None
+
+
+def _where(pipeline: str, pos: BatchPosition) -> str:
+    return f"pipeline {pipeline!r}, query {pos.query_id}, batch {pos.batch_id}"
+
+
+def decide(
+    pipeline: str, newest: CheckpointRecord | None, pos: BatchPosition, *, allow_new_query: bool
+) -> tuple[Action, str]:
+    """What batch ``pos`` calls for, given the ledger's newest live checkpoint (pure).
+
+    ``commit_previous``: the newest checkpoint is an earlier batch still PREPARED (the query
+    recorded that batch done without the sink finishing it: a checkpoint location restored
+    or copied); its staged output is committed first, then this batch is decided again.
+    """
+    where = _where(pipeline, pos)
+    if newest is None:
+        return "plan", "the pipeline's first batch"
+    if newest.query_id is None:
+        raise QueryIdentityMismatch(
+            f"{where}: pipeline {pipeline!r} is planned by eo itself (checkpoint "
+            f"{newest.checkpoint_id}), not by a Structured Streaming query; give the sink its own name"
+        )
+    if newest.query_id != pos.query_id:
+        if not allow_new_query:
+            raise QueryIdentityMismatch(
+                f"{where}: this sink was written by query {newest.query_id} (batch {newest.batch_id}, "
+                f"checkpoint {newest.checkpoint_id}); a query with another checkpoint location now "
+                "writes it under the same name. Nothing was published. Use the old checkpoint "
+                "location, another sink name, or KafkaExactlyOnceSink(allow_new_query=True) to "
+                "continue this pipeline with the new query (its ranges must continue where the old "
+                "one's ended)."
+            )
+        if newest.state is not CheckpointState.COMMITTED:
+            raise BatchOutOfStep(
+                f"{where}: checkpoint {newest.checkpoint_id} of the previous query {newest.query_id} "
+                f"is {newest.state.value}; finish it with the old query or abort it "
+                f"(`eo abort {pipeline} {newest.checkpoint_id}`) before the new query takes over"
+            )
+        return "plan", f"a new query after checkpoint {newest.checkpoint_id} of query {newest.query_id}"
+    assert newest.batch_id is not None
+    if pos.batch_id < newest.batch_id:
+        return "skip", (
+            f"batch {pos.batch_id} is below batch {newest.batch_id} (checkpoint {newest.checkpoint_id}, "
+            f"{newest.state.value}): its output was published before"
+        )
+    if pos.batch_id == newest.batch_id:
+        if newest.state is CheckpointState.COMMITTED:
+            return "skip", f"checkpoint {newest.checkpoint_id} already COMMITTED"
+        if newest.state is CheckpointState.PREPARED:
+            return "commit", f"checkpoint {newest.checkpoint_id} PREPARED by an earlier run of the batch"
+        if _sorted(newest.ranges) != _sorted(pos.ranges):
+            raise BatchOutOfStep(
+                f"{where}: checkpoint {newest.checkpoint_id} recorded the batch with ranges "
+                f"{_ranges(newest.ranges)}, the query's offset log now says {_ranges(pos.ranges)}; was "
+                "the checkpoint location replaced? Nothing was published."
+            )
+        return "stage", f"checkpoint {newest.checkpoint_id} PLANNED by an earlier run of the batch"
+    if newest.state is CheckpointState.COMMITTED:
+        return "plan", f"the batch after checkpoint {newest.checkpoint_id}"
+    if newest.state is CheckpointState.PREPARED:
+        return "commit_previous", (
+            f"checkpoint {newest.checkpoint_id} (batch {newest.batch_id}) is PREPARED but the query "
+            f"is at batch {pos.batch_id}: committing its staged output first"
+        )
+    raise BatchOutOfStep(
+        f"{where}: checkpoint {newest.checkpoint_id} (batch {newest.batch_id}) is PLANNED and was never "
+        f"staged, but the query has moved on to batch {pos.batch_id} (its checkpoint location is "
+        f"newer than the ledger). Abort it (`eo abort {pipeline} {newest.checkpoint_id}`) and restart "
+        "the query; its ranges are then planned with this batch."
+    )
+
+
+def _sorted(ranges: tuple[RangeSpec, ...]) -> tuple[RangeSpec, ...]:
+    return tuple(sorted(ranges, key=lambda r: r.key))
+
+
+def _ranges(ranges: tuple[RangeSpec, ...]) -> str:
+    return ", ".join(f"{r.topic}[{r.partition}] [{r.start}, {r.end})" for r in _sorted(ranges))
+
+
+def begin_batch(
+    pipeline: Pipeline,
+    ledger: Ledger,
+    pos: BatchPosition,
+    *,
+    allow_new_query: bool = False,
+    actor: Actor | None = None,
+    commit_previous: Callable[[int], object] | None = None,
+) -> BatchStep:
+    """Decide batch ``pos`` against the ledger and record it PLANNED when it is new.
+
+    ``commit_previous(checkpoint_id)``: called to publish an earlier PREPARED batch before
+    this one is planned (see :func:`decide`); without it that case is an error.
+    """
+    require_applied(pipeline, where="the Structured Streaming sink")
+    ledger.ensure_pipeline(pipeline.name, pipeline.fingerprint())
+    prefix = ledger.pin_transactional_id_prefix(pipeline.name, pipeline.transactional_id_prefix)
+    for _ in range(2):
+        newest = newest_checkpoint(ledger, pipeline.name)
+        action, reason = decide(pipeline.name, newest, pos, allow_new_query=allow_new_query)
+        if action == "commit_previous":
+            assert newest is not None
+            if commit_previous is None:
+                raise BatchOutOfStep(f"{_where(pipeline.name, pos)}: {reason}, but no committer was given")
+            log.warning("%s: %s", _where(pipeline.name, pos), reason)
+            commit_previous(newest.checkpoint_id)
+            continue
+        if action != "plan":
+            return BatchStep(action, newest, reason)
+        current = ledger.get_pipeline(pipeline.name)
+        if current.stopped:
+            raise PipelineStopped.of(
+                pipeline.name,
+                stopped_by=current.stopped_by,
+                stopped_at=current.stopped_at.isoformat() if current.stopped_at else None,
+                reason=current.stop_reason,
+            )
+        # Another ledger's markers, or a ledger older than the sink, are refused before the
+        # batch is recorded (the same checks as every plan).
+        check_sink(pipeline, current)
+        config = librdkafka_config(pipeline.kafka)
+        sink_partitions = admin.partition_count(config, pipeline.sink_topic)
+        cp = ledger.plan(
+            pipeline.name,
+            list(pos.ranges),
+            max_pending=1,
+            actor=actor,
+            details={"reason": reason},
+            commit_plan=names.commit_plan(pipeline, sink_partitions, prefix),
+            batch=(pos.query_id, pos.batch_id),
+        )
+        return BatchStep("stage", cp, reason)
+    raise BatchOutOfStep(
+        f"{_where(pipeline.name, pos)}: the ledger kept changing while the batch was decided; retry the batch"
+    )

@@ -1,0 +1,267 @@
+"""``KafkaExactlyOnceSink``: the two-phase-commit sink of a Structured Streaming query.
+
+Spark's Kafka sink is at-least-once. This one makes each micro-batch a checkpoint of the
+provider's ledger, keyed by the query's id and the batch id (docs/design.md §12):
+
+1. the batch's source ranges are read from the query's offset log (Spark wrote them before
+   it ran the batch, and re-runs the batch with the same ones);
+2. a batch already COMMITTED is skipped; one PREPARED by an earlier run is committed from
+   what that run staged (never from the re-run's frame); otherwise the batch is recorded
+   PLANNED, its frame staged (Parquet under ``staging_dir``) and recorded PREPARED;
+3. the staged output is published in Kafka transactions (stable transactional id per commit
+   shard, commit marker, consumer-group offsets of the batch's ends), then COMMITTED;
+4. ``foreachBatch`` returns and Spark writes its commit log.
+
+A crash anywhere is finished by the query's restart from the same checkpoint location.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_eo.core.batches import BatchPosition, begin_batch
+from airflow_provider_eo.core.commit import commit_checkpoint
+from airflow_provider_eo.core.fault_seam import fault_point
+from airflow_provider_eo.core.prepare import prepare_checkpoint
+from airflow_provider_eo.errors import ConfigError
+from airflow_provider_eo.kafka import admin
+from airflow_provider_eo.kafka.client_config import librdkafka_config
+from airflow_provider_eo.ledger import Actor, Ledger, RangeSpec
+from airflow_provider_eo.ledger.urls import DEFAULT_LEDGER_URL
+from airflow_provider_eo.pipeline import Pipeline
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+    from pyspark.sql.streaming import StreamingQuery
+
+__all__ = ["KafkaExactlyOnceSink"]
+
+log = logging.getLogger(__name__)
+
+
+class KafkaExactlyOnceSink:
+    """Exactly-once Kafka output for a Structured Streaming query.
+
+    ::
+
+        sink = KafkaExactlyOnceSink(
+            name="orders_agg",
+            kafka={"bootstrap.servers": "broker:9092"},
+            sink_topic="orders_agg",
+            ledger_url="postgresql+psycopg://eo@db/eo",
+            staging_dir="s3a://bucket/eo-staging",
+        )
+        query = sink.start(counts, checkpoint_location="s3a://bucket/ckpt/orders_agg")
+
+    The frame has ``value`` and optionally ``key``, ``headers``, ``partition`` (as a
+    pipeline transform's output). The query's Kafka sources are the pipeline's source
+    topics; the consumer group (default ``eo.<name>``) moves with each committed batch.
+
+    :param name: the pipeline name in the ledger (one query per name).
+    :param kafka: librdkafka-style client config of the sink's cluster (``bootstrap.servers``
+        at least, unless ``kafka_conn_id`` gives it).
+    :param sink_topic: the topic the output is published to, exactly once.
+    :param kafka_conn_id: an Airflow ``kafka`` connection merged over ``kafka``.
+    :param ledger_url: SQLAlchemy URL of the ledger (default: the embedded SQLite one).
+    :param ledger_conn_id: or an Airflow connection naming it.
+    :param staging_dir: where each batch's output is staged until it is committed; a folder
+        the driver and the executors share (HDFS, S3, GCS, a shared filesystem).
+    :param consumer_group: the group whose offsets move with each batch (default ``eo.<name>``).
+    :param commit_shards: Kafka transactions per batch (each owns a set of sink partitions).
+    :param commit_mode: ``local`` (the driver publishes), ``spark`` (executors publish the
+        shards) or ``auto``.
+    :param transactional_id_prefix: prefix of the shards' stable transactional ids.
+    :param transaction_timeout_ms: ``transaction.timeout.ms`` of the commit producers.
+    :param allow_new_query: accept a query with another id (a new checkpoint location) on a
+        pipeline another query wrote; its ranges must continue where the old one's ended.
+    :param pipeline_options: further :class:`~airflow_provider_eo.pipeline.Pipeline` settings
+        (e.g. ``spark_commit_min_records``, ``sink_max_message_bytes``).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        kafka: Mapping[str, Any] | None = None,
+        *,
+        sink_topic: str,
+        kafka_conn_id: str | None = None,
+        ledger_url: str | None = None,
+        ledger_conn_id: str | None = None,
+        staging_dir: str = ".eo/staging",
+        consumer_group: str | None = None,
+        commit_shards: int = 1,
+        commit_mode: str = "auto",
+        transactional_id_prefix: str = "eo",
+        transaction_timeout_ms: int = 60_000,
+        allow_new_query: bool = False,
+        **pipeline_options: Any,
+    ) -> None:
+        for refused in ("source_topics", "transform", "dead_letter_topic", "startup", "backfill_of"):
+            if refused in pipeline_options:
+                raise ConfigError(
+                    f"sink {name!r}: {refused!r} is not a setting of a Structured Streaming sink (the "
+                    "query reads its sources and transforms its records itself)"
+                )
+        self.name = name
+        self._options: dict[str, Any] = dict(
+            name=name,
+            kafka=dict(kafka or {}),
+            sink_topic=sink_topic,
+            ledger_url=ledger_url or DEFAULT_LEDGER_URL,
+            kafka_conn_id=kafka_conn_id,
+            ledger_conn_id=ledger_conn_id,
+            staging_dir=staging_dir,
+            consumer_group=consumer_group,
+            commit_shards=commit_shards,
+            commit_mode=commit_mode,
+            transactional_id_prefix=transactional_id_prefix,
+            transaction_timeout_ms=transaction_timeout_ms,
+            **pipeline_options,
+        )
+        # Checked now (a bad setting fails before the query starts); the sources are the
+        # query's Kafka topics, known at its first batch.
+        Pipeline(**self._options, source_topics=(f"{sink_topic}.source",))
+        self.allow_new_query = allow_new_query
+        self.checkpoint_location: str | None = None
+        self._resolved: Pipeline | None = None
+        self._ledger: Ledger | None = None
+        self._query_id: str | None = None
+
+    @property
+    def pipeline(self) -> Pipeline | None:
+        """The pipeline the batches are recorded under (None before the first batch: its
+        sources are the query's Kafka topics)."""
+        return self._resolved
+
+    # -- wiring ------------------------------------------------------------------------------
+
+    def start(
+        self,
+        df: DataFrame,
+        checkpoint_location: str,
+        *,
+        trigger_interval: str | None = "5 seconds",
+        output_mode: str = "update",
+        query_name: str | None = None,
+        available_now: bool = False,
+    ) -> StreamingQuery:
+        """Start ``df``'s query writing through this sink and return Spark's ``StreamingQuery``.
+
+        :param checkpoint_location: the query's checkpoint location (its offset log is what
+            the sink records each batch's ranges from; restart the query from the same one).
+        :param trigger_interval: processing-time trigger (``None``: as fast as possible).
+        :param output_mode: ``append``, ``update`` or ``complete``, as the query needs.
+        :param available_now: process what the sources hold now, in batches, then stop.
+        """
+        self.checkpoint_location = checkpoint_location
+        writer = (
+            df.writeStream.foreachBatch(self.foreach_batch)
+            .outputMode(output_mode)
+            .option("checkpointLocation", checkpoint_location)
+        )
+        if query_name:
+            writer = writer.queryName(query_name)
+        if available_now:
+            writer = writer.trigger(availableNow=True)
+        elif trigger_interval:
+            writer = writer.trigger(processingTime=trigger_interval)
+        return writer.start()
+
+    def close(self) -> None:
+        """Close the ledger connections (the sink reopens them on the next batch)."""
+        if self._ledger is not None:
+            self._ledger.close()
+
+    # -- one micro-batch -----------------------------------------------------------------------
+
+    def foreach_batch(self, df: DataFrame, batch_id: int) -> None:
+        """``foreachBatch``: publish batch ``batch_id``'s output exactly once (see the module)."""
+        from airflow_provider_eo.spark.frame_stager import FrameStager
+        from airflow_provider_eo.spark.offset_log import batch_offsets, query_id
+
+        if self.checkpoint_location is None:
+            raise ConfigError(
+                f"sink {self.name!r}: start the query with KafkaExactlyOnceSink.start(df, "
+                "checkpoint_location=...) so the sink can read the query's offset log"
+            )
+        spark = df.sparkSession
+        if self._query_id is None:
+            self._query_id = query_id(spark, self.checkpoint_location)
+        where = f"pipeline {self.name!r}, query {self._query_id}, batch {batch_id}"
+        offsets = batch_offsets(spark, self.checkpoint_location, int(batch_id), where=where)
+        if not offsets.ends:
+            raise ConfigError(
+                f"{where}: the query reads no Kafka source; the sink records a batch by its Kafka ranges"
+            )
+        pipeline = self._pipeline_for(sorted({t for t, _ in offsets.ends}))
+        ranges = self._ranges(pipeline, offsets.starts, offsets.ends)
+        ledger = self._ledger_for(pipeline)
+        actor = Actor.here()
+        position = BatchPosition(self._query_id, int(batch_id), ranges)
+
+        def commit(checkpoint_id: int) -> None:
+            self._commit(pipeline, ledger, checkpoint_id, actor, spark)
+
+        step = begin_batch(
+            pipeline,
+            ledger,
+            position,
+            allow_new_query=self.allow_new_query,
+            actor=actor,
+            commit_previous=commit,
+        )
+        if step.action == "skip":
+            log.info("%s: nothing to publish (%s)", where, step.reason)
+            return
+        assert step.checkpoint is not None
+        checkpoint_id = step.checkpoint.checkpoint_id
+        if step.action == "stage":
+            fault_point("batch.before_stage")
+            prepare_checkpoint(pipeline, ledger, checkpoint_id, stager=FrameStager(df), actor=actor)
+        else:
+            log.warning("%s: %s; its staged output is published, not this run's", where, step.reason)
+        commit(checkpoint_id)
+        fault_point("batch.after_commit")
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _pipeline_for(self, topics: list[str]) -> Pipeline:
+        """The pipeline with the query's Kafka topics as its sources, connections applied."""
+        if self._resolved is None or sorted(self._resolved.source_topics) != topics:
+            pipeline = Pipeline(**self._options, source_topics=tuple(topics))
+            if pipeline.connection_ids:
+                from airflow_provider_eo.hooks.base import resolve_connections
+
+                pipeline, _ = resolve_connections(pipeline)
+            self._resolved = pipeline
+        return self._resolved
+
+    def _ledger_for(self, pipeline: Pipeline) -> Ledger:
+        if self._ledger is None:
+            self._ledger = Ledger(pipeline.ledger_url)
+        return self._ledger
+
+    @staticmethod
+    def _ranges(
+        pipeline: Pipeline, starts: Mapping[tuple[str, int], int | None], ends: Mapping[tuple[str, int], int]
+    ) -> tuple[RangeSpec, ...]:
+        """The batch's ranges; a partition the query found in this batch starts where Spark
+        starts it, at its earliest offset."""
+        new = [tp for tp, start in starts.items() if start is None]
+        earliest = admin.list_offsets(librdkafka_config(pipeline.kafka), new, spec="earliest") if new else {}
+        out = []
+        for tp in sorted(ends):
+            start = starts.get(tp)
+            out.append(RangeSpec(tp[0], tp[1], earliest[tp] if start is None else start, ends[tp]))
+        return tuple(out)
+
+    @staticmethod
+    def _commit(pipeline: Pipeline, ledger: Ledger, checkpoint_id: int, actor: Actor, spark: Any) -> None:
+        runner = None
+        if pipeline.commit_mode != "local":
+            from airflow_provider_eo.spark.commit import SparkShardRunner
+
+            runner = SparkShardRunner(pipeline, spark)
+        commit_checkpoint(pipeline, ledger, checkpoint_id, actor=actor, runner=runner)

@@ -1,0 +1,71 @@
+"""A Structured Streaming query writing through ``KafkaExactlyOnceSink``, run as its own
+process so a test can kill it (``EO_FAULT``) and restart it from the same checkpoint location.
+
+``python tests/eo_ss_query.py '<json>'`` with: bootstrap, source, sink, name, ledger_url,
+staging_dir, checkpoint, kind (``count``: running count per key, update mode; ``dedup``:
+``dropDuplicatesWithinWatermark`` on the value, append mode; ``random``: the value carries
+``rand()`` and this process's tag), commit_shards, max_offsets (per trigger). The query runs
+with ``availableNow``: it processes what the source holds, in batches, then exits 0.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import uuid
+
+
+def main(spec: dict[str, object]) -> None:
+    from pyspark.sql import functions as F
+
+    from airflow_provider_eo.spark.session import get_spark
+    from airflow_provider_eo.streaming import KafkaExactlyOnceSink
+
+    spark = get_spark(f"eo-ss-{spec['name']}", conf={"spark.sql.shuffle.partitions": "2"})
+    source = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", str(spec["bootstrap"]))
+        .option("subscribe", str(spec["source"]))
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", int(spec.get("max_offsets", 40)))  # type: ignore[call-overload]
+        .load()
+    )
+    kind = spec["kind"]
+    if kind == "count":
+        out = (
+            source.groupBy(F.col("key"))
+            .count()
+            .select(F.col("key"), F.concat_ws("=", F.col("key").cast("string"), F.col("count")).alias("value"))
+        )
+        mode = "update"
+    elif kind == "dedup":
+        out = (
+            source.withWatermark("timestamp", "1 hour")
+            .dropDuplicatesWithinWatermark(["value"])
+            .select(F.col("key"), F.col("value"))
+        )
+        mode = "append"
+    else:
+        tag = uuid.uuid4().hex[:8]
+        out = source.select(
+            F.col("key"),
+            F.concat_ws("|", F.col("value").cast("string"), F.lit(tag), F.rand().cast("string")).alias("value"),
+        )
+        mode = "append"
+    sink = KafkaExactlyOnceSink(
+        name=str(spec["name"]),
+        kafka={"bootstrap.servers": str(spec["bootstrap"])},
+        sink_topic=str(spec["sink"]),
+        ledger_url=str(spec["ledger_url"]),
+        staging_dir=str(spec["staging_dir"]),
+        commit_shards=int(spec.get("commit_shards", 1)),  # type: ignore[call-overload]
+        commit_mode="local",
+    )
+    query = sink.start(out, str(spec["checkpoint"]), output_mode=mode, available_now=True)
+    query.awaitTermination()
+    sink.close()
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))
