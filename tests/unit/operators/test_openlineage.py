@@ -207,3 +207,11 @@ def test_the_spark_providers_parent_job_properties_reach_the_prepare_command(
     assert conf["spark.openlineage.parentRunId"] == lineage_run_id(context["ti"])
     assert conf["spark.openlineage.rootParentJobName"] == "d"
     assert "spark.openlineage.parentJobNamespace" in conf
+
+
+def test_a_stream_reports_what_it_finished(pipeline_ref: str) -> None:
+    op = EoStreamOperator(task_id="stream", pipeline=pipeline_ref, commit="airflow")
+    op._remember_summary({"checkpoints": 3, "records": 42, "reason": "duration"})
+    facet = _facet(op.get_openlineage_facets_on_complete(None))
+    assert (facet["commit"], facet["checkpoints"], facet["records"]) == ("airflow", 3, 42)
+    assert "checkpointId" not in facet
