@@ -77,6 +77,9 @@ class DataLossError(SourceError):
     names the ranges.
     """
 
+    #: The PLANNED checkpoint whose ranges are gone (None: offsets not planned yet).
+    checkpoint_id: int | None = None
+
 
 class CommitError(KafkaFailure):
     """A commit could not finish. No duplicate is possible (the retry decides by the commit

@@ -297,7 +297,7 @@ def lost_ranges(pipeline: Pipeline, ranges: list[RangeSpec]) -> list[str]:
 
 def data_loss_error(pipeline: Pipeline, cp: CheckpointRecord, lost: list[str]) -> DataLossError:
     """The error for a PLANNED checkpoint whose ranges can no longer be read."""
-    return DataLossError(
+    error = DataLossError(
         f"pipeline {pipeline.name!r}, checkpoint {cp.checkpoint_id}: its planned offsets can no "
         f"longer be read from Kafka: {'; '.join(lost)}. Those records are gone (data loss "
         "unless another copy exists); every prepare of this checkpoint would fail. Set "
@@ -305,6 +305,8 @@ def data_loss_error(pipeline: Pipeline, cp: CheckpointRecord, lost: list[str]) -
         f"or abort it by hand: `eo abort MODULE:ATTR {cp.checkpoint_id} --reason TEXT` "
         "(the next plan then refuses or skips the lost offsets by the same setting)."
     )
+    error.checkpoint_id = cp.checkpoint_id
+    return error
 
 
 def resume_or_drop_lost(
