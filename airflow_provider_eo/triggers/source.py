@@ -23,8 +23,11 @@ end is beyond its planned end and
    (the run it caused failed before planning, or the event was lost with a triggerer that
    died between recording the firing and handing the event to Airflow).
 
-Otherwise it stays silent: an idle source, a stopped pipeline (``eo stop``), or data
-already fired for whose run has not planned yet.
+With no records beyond the planned position it fires only for an unfinished checkpoint
+(PLANNED or PREPARED) when the watch never fired or last fired ``refire_after`` ago: a run
+that failed after planning left it, and the next run resumes it (a run still working on
+it is left alone until then). Otherwise it stays silent: an idle source, a stopped pipeline
+(``eo stop``), or data already fired for whose run has not planned yet.
 
 What is guaranteed, with the mark in the ledger:
 
@@ -33,7 +36,8 @@ What is guaranteed, with the mark in the ledger:
   firing is claimed with a compare-and-set on the mark before the event is yielded);
 - nothing is stranded: records produced while the triggerer is down are seen by its first
   poll after the restart (positions are read afresh, never remembered), and at most
-  ``refire_after`` after a firing whose run did not plan, another event follows;
+  ``refire_after`` after a firing whose run did not plan, or whose checkpoint stays
+  unfinished, another event follows;
 - a partition the ledger does not know yet: with ``earliest`` startup (or once the ledger
   knows other partitions of the pipeline) it counts from its log start, as the planner
   does; with any other startup policy the first plan must pin the start, so the watcher
@@ -90,6 +94,7 @@ def decide_source_fire(
     fired_age_s: float | None,
     refire_after: float,
     stopped: bool = False,
+    unfinished: bool = False,
 ) -> SourceDecision:
     """The source watcher's decision (pure; see the module docstring).
 
@@ -101,6 +106,10 @@ def decide_source_fire(
     :param fired_age_s: seconds since the last firing (``None``: never).
     :param refire_after: seconds without a plan after which a firing is repeated.
     :param stopped: the pipeline is stopped (``eo stop``): its runs would only skip.
+    :param unfinished: the ledger holds an unfinished (PLANNED/PREPARED) checkpoint: with no
+        records pending, it fires for it only when the watch never fired or last fired
+        ``refire_after`` ago (its run failed after planning; a run still working on it
+        is left alone until then).
     """
     pending = [
         tp
@@ -110,6 +119,8 @@ def decide_source_fire(
     if stopped:
         return SourceDecision(False, "the pipeline is stopped", pending)
     if not pending:
+        if unfinished and (fired_age_s is None or fired_age_s >= refire_after):
+            return SourceDecision(True, "an unfinished checkpoint and no event for refire_after", pending)
         return SourceDecision(False, "no records beyond the planned position", pending)
     if fired_planned is None:
         return SourceDecision(True, "records beyond the planned position", pending)
@@ -150,15 +161,19 @@ def read_source_ends(
     return ends, planned
 
 
-def read_planned(ledger: Ledger, pipeline: str) -> tuple[dict[TP, int], bool]:
-    """``(next start per partition, stopped)`` from the ledger; a pipeline it does not know
-    yet has no starts and is not stopped."""
+def read_planned(ledger: Ledger, pipeline: str) -> tuple[dict[TP, int], bool, bool]:
+    """``(next start per partition, stopped, an unfinished checkpoint exists)`` from the
+    ledger; a pipeline it does not know yet has no starts and is neither."""
     from airflow_provider_eo.ledger import CheckpointNotFound
 
     try:
-        return dict(ledger.next_starts(pipeline)), ledger.get_pipeline(pipeline).stopped
+        return (
+            dict(ledger.next_starts(pipeline)),
+            ledger.get_pipeline(pipeline).stopped,
+            ledger.unfinished(pipeline) is not None,
+        )
     except CheckpointNotFound:
-        return {}, False
+        return {}, False, False
 
 
 class EoSourceRecordsTrigger(BaseEventTrigger):
@@ -240,7 +255,7 @@ class EoSourceRecordsTrigger(BaseEventTrigger):
         the event to yield, else None."""
         ledger = watch_ledger(pipeline.ledger_url)
         mark = ledger.get_watch_mark(pipeline.name, SOURCE_WATCH)
-        known, stopped = read_planned(ledger, pipeline.name)
+        known, stopped, unfinished = read_planned(ledger, pipeline.name)
         source, planned = read_source_ends(pipeline, known=known)
         fired = mark.state.get("planned") if mark.seq else None
         decision = decide_source_fire(
@@ -250,6 +265,7 @@ class EoSourceRecordsTrigger(BaseEventTrigger):
             fired_age_s=mark.age_s,
             refire_after=self.refire_after,
             stopped=stopped,
+            unfinished=unfinished,
         )
         if not decision.fire:
             self.log.debug("pipeline %r: %s", pipeline.name, decision.reason)

@@ -5,9 +5,11 @@ schedule, the sensor defers to the triggerer, and checkpoints commit."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import time
 from collections.abc import Iterator
@@ -15,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from eo_harness import wait_for
+from eo_harness import poll_until, wait_for
 
 from airflow_provider_eo.core.audit import audit_pipeline
 from airflow_provider_eo.demo.sample import produce_sample
@@ -64,9 +66,11 @@ def deployment(airflow_env: Any) -> Iterator[Any]:
 
 @pytest.fixture()
 def stream_deployment(airflow_env: Any) -> Iterator[Any]:
-    """Only dags/eo_stream.py: its commit DAG is scheduled on the asset whose watcher runs in
-    the triggerer."""
+    """dags/eo_stream.py (its commit DAG is scheduled on the asset whose watcher runs in the
+    triggerer) and dags/eo_downstream.py (scheduled on the sink asset, which makes that asset's
+    watcher of stream-committed checkpoints run)."""
     airflow_env.add_dag(ROOT / "dags" / "eo_stream.py")
+    airflow_env.add_dag(ROOT / "dags" / "eo_downstream.py")
     (airflow_env.dags / "eo_pipeline.py").unlink()
     with _deploy(airflow_env) as deployed:
         yield deployed
@@ -116,15 +120,23 @@ def _deploy(airflow_env: Any) -> Iterator[Any]:
     )
     airflow_env.api_url = f"http://127.0.0.1:{port}"
     procs: list[subprocess.Popen[bytes]] = []
+
+    def start(name: str) -> subprocess.Popen[bytes]:
+        """Start one component (again: its log is appended to); stopped with the others."""
+        args = [str(VENV_BIN / "airflow"), name]
+        if name == "api-server":
+            args += ["--host", "127.0.0.1", "--port", str(port)]
+        log = (airflow_env.home / f"{name}.log").open("ab")
+        proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        procs.append(proc)
+        airflow_env.components[name] = proc
+        return proc
+
+    airflow_env.components = {}
+    airflow_env.start_component = start
     try:
         for name in COMPONENTS:
-            args = [str(VENV_BIN / "airflow"), name]
-            if name == "api-server":
-                args += ["--host", "127.0.0.1", "--port", str(port)]
-            log = (airflow_env.home / f"{name}.log").open("wb")
-            procs.append(
-                subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-            )
+            start(name)
         yield airflow_env
     finally:
         _stop(procs)
@@ -202,14 +214,35 @@ def test_asset_watcher_commits_what_the_stream_prepared(
     """commit="airflow" for real: the streaming application only prepares (here: the same
     plan + prepare calls, made by the test); the triggerer runs the AssetWatcher's
     EoPreparedCheckpointTrigger, whose event makes the scheduler start eo_stream_commit,
-    whose task commits the checkpoint — for two checkpoints in a row, exactly once."""
+    whose task commits the checkpoint — for two checkpoints in a row, exactly once.
+
+    Then a stream with commit="inline" (as eo_stream's task runs it) commits a third
+    checkpoint in its driver: the sink asset's watcher (EoStreamCommitsTrigger) announces it,
+    and only it, to eo_downstream; the first two were announced by the commit task's outlet.
+    Each checkpoint reaches eo_downstream exactly once."""
+    from airflow_provider_eo.assets import event_checkpoint, sink_asset
     from airflow_provider_eo.core.plan import plan_checkpoint
     from airflow_provider_eo.core.prepare import prepare_checkpoint
+    from airflow_provider_eo.core.stream import run_stream
+    from airflow_provider_eo.ledger import Actor
     from airflow_provider_eo.spark.stager import SparkStager
+
+    from .test_downstream_assets import _downstream_events
 
     home = stream_deployment.home
     pipeline = stream_deployment.pipeline()
     produce_sample(kafka_bootstrap, pipeline.source_topics[0])
+
+    def announcer_started() -> bool:
+        if not Path(pipeline.ledger_url.removeprefix("sqlite:///")).exists():
+            return False
+        with Ledger(pipeline.ledger_url) as ledger:
+            return ledger.get_watch_mark(pipeline.name, "stream_commits").seq > 0
+
+    # From before the first checkpoint: the announcer sees every commit of this test.
+    with contextlib.suppress(AssertionError):
+        wait_for(announcer_started, "the sink asset's watcher to start", timeout=180)
+    assert announcer_started(), _component_logs(home)
     with Ledger(pipeline.ledger_url) as ledger:
         for expected in (1, 2):
             cp = plan_checkpoint(pipeline, ledger)
@@ -230,8 +263,62 @@ def test_asset_watcher_commits_what_the_stream_prepared(
     with contextlib.suppress(AssertionError):  # the last run may still be finishing
         wait_for(lambda: len(succeeded()) >= 2, "two asset-triggered commit runs to succeed", timeout=60)
     assert len(succeeded()) >= 2, _dag_runs(home, "eo_stream_commit")
+
+    stream_task = Actor(dag_id="eo_stream", run_id="manual__inline", task_id="stream", try_number=1)
+    result = run_stream(
+        pipeline,
+        commit="inline",
+        max_checkpoints=1,
+        interval_s=1,
+        stager=SparkStager(spark),
+        actor=stream_task,
+    )
+    assert [c.checkpoint_id for c in result.checkpoints] == [3], result.summary()
+
+    sink_uri = sink_asset(pipeline).uri
+
+    def announced() -> dict[int, list[dict[str, Any]]]:
+        """The sink asset's events (whoever emitted them) by checkpoint id."""
+        query = "SELECT ae.extra FROM asset_event ae JOIN asset a ON a.id = ae.asset_id WHERE a.uri = ?"
+        by_checkpoint: dict[int, list[dict[str, Any]]] = {}
+        # A database locked by a writer reads as nothing yet: the next poll reads it.
+        with (
+            contextlib.suppress(sqlite3.OperationalError),
+            contextlib.closing(sqlite3.connect(home / "airflow.db")) as db,
+        ):
+            for (extra,) in db.execute(query, (sink_uri,)):
+                cp = event_checkpoint(json.loads(extra))
+                by_checkpoint.setdefault(cp["checkpoint_id"], []).append(json.loads(extra))
+        return by_checkpoint
+
+    def downstream_ran_for_the_stream() -> bool:
+        return any(
+            state == "success" and extra.get("from_trigger") and event_checkpoint(extra)["checkpoint_id"] == 3
+            for state, extra in _downstream_events(home)
+        )
+
+    with contextlib.suppress(AssertionError):
+        wait_for(
+            lambda: set(announced()) == {1, 2, 3} and downstream_ran_for_the_stream(),
+            "checkpoints 1-3 announced and an eo_downstream run for the stream's",
+            timeout=180,
+        )
+    events = announced()
+    assert sorted(events) == [1, 2, 3] and downstream_ran_for_the_stream(), (
+        f"{events}\n{_component_logs(home)}"
+    )
+    assert not poll_until(lambda: any(len(e) > 1 for e in announced().values()), timeout=5), announced()
+    # 1 and 2 by the commit task's outlet, 3 by the watcher, with the same extra.
+    assert [bool(events[c][0].get("from_trigger")) for c in (1, 2, 3)] == [False, False, True], events
+    assert events[1][0]["lineage"]["dag_id"] == "eo_stream_commit"
+    stream_event = event_checkpoint(events[3][0])
     with Ledger(pipeline.ledger_url) as ledger:
+        cp = ledger.get(pipeline.name, 3)
         report = audit_pipeline(pipeline, ledger)
+    assert stream_event["lineage"]["dag_id"] == "eo_stream" and stream_event["records"] == cp.records
+    assert stream_event["ranges"] == [
+        {"topic": r.topic, "partition": r.partition, "start": r.start, "end": r.end} for r in cp.ranges
+    ]
     assert report.ok and report.duplicates == 0 and report.missing == 0, report.as_dict()
 
 

@@ -64,6 +64,16 @@ def test_no_plan_for_refire_after_fires_again() -> None:
     assert late.fire and "refire_after=60s" in late.reason
 
 
+def test_an_unfinished_checkpoint_without_records_fires_only_after_refire_after() -> None:
+    """A run that failed after planning: nothing beyond the planned end, but its checkpoint
+    waits for a run that resumes it."""
+    assert decide({A: 5}, {A: 5}, unfinished=True).fire  # never fired (e.g. a new watcher)
+    # The run of the last event is working on it (planned since): left alone ...
+    assert not decide({A: 5}, {A: 5}, fired={A: 0}, age=59, unfinished=True).fire
+    # ... until refire_after without another event.
+    assert decide({A: 5}, {A: 5}, fired={A: 0}, age=60, unfinished=True).fire
+
+
 def test_a_partition_without_a_pinned_start_fires_and_a_stopped_pipeline_never_does() -> None:
     unpinned = decide({A: 0}, {A: None})
     assert unpinned.fire and unpinned.pending == [A]
