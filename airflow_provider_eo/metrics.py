@@ -15,12 +15,9 @@ here raises into a caller: a metric that cannot be sent is logged.
 from __future__ import annotations
 
 import datetime as dt
-import logging
 from typing import Any
 
 from airflow_provider_eo.core.metrics import PipelineMetrics
-
-log = logging.getLogger(__name__)
 
 
 def _plain_statsd() -> bool:
@@ -84,22 +81,3 @@ class AirflowStatsSink:
 def pipeline_metrics(pipeline: str) -> PipelineMetrics:
     """The metrics of ``pipeline`` through Airflow's ``Stats``."""
     return PipelineMetrics(AirflowStatsSink(), pipeline)
-
-
-def source_lag(kafka: Any, ends: dict[tuple[str, int], int], *, timeout_s: float = 5.0) -> int:
-    """Source records beyond ``ends`` (``{(topic, partition): committed end}``): the log end
-    (last stable offset) minus the committed end, summed over those partitions. One bounded
-    Kafka call; raises when Kafka does not answer (the caller reports no lag then)."""
-    from airflow_provider_eo.kafka import admin
-    from airflow_provider_eo.kafka.client_config import librdkafka_config
-
-    log_ends = admin.list_offsets(librdkafka_config(kafka), list(ends), spec="latest", timeout_s=timeout_s)
-    return sum(max(0, log_ends[tp] - end) for tp, end in ends.items() if tp in log_ends)
-
-
-def report_lag(metrics: PipelineMetrics, kafka: Any, ends: dict[tuple[str, int], int]) -> None:
-    """Send ``eo.lag.records`` for ``ends`` (see :func:`source_lag`); a failure is logged."""
-    try:
-        metrics.lag(source_lag(kafka, ends))
-    except Exception as exc:
-        log.warning("pipeline %s: lag not measured: %s: %s", metrics.pipeline, type(exc).__name__, exc)

@@ -12,7 +12,8 @@ failure and goes on (a commit whose metric could not be sent is still committed)
 from __future__ import annotations
 
 import logging
-from typing import Protocol
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from airflow_provider_eo.ledger import CheckpointRecord
 
@@ -96,6 +97,31 @@ class PipelineMetrics:
     def lag(self, records: int) -> None:
         """Source records not committed yet, as last measured."""
         self._send("gauge", LAG_RECORDS, records)
+
+    def lag_after(self, kafka: Mapping[str, Any], cp: CheckpointRecord) -> None:
+        """Measure and send the lag left after committing ``cp`` (:func:`source_lag` over the
+        partitions it read); nothing is measured without a sink, a failure is logged."""
+        if self.sink is None:
+            return
+        try:
+            records = source_lag(kafka, {(r.topic, r.partition): r.end for r in cp.ranges})
+        except Exception as exc:
+            log.warning("pipeline %s: lag not measured: %s: %s", self.pipeline, type(exc).__name__, exc)
+            return
+        self.lag(records)
+
+
+def source_lag(
+    kafka: Mapping[str, Any], ends: Mapping[tuple[str, int], int], *, timeout_s: float = 5.0
+) -> int:
+    """Source records beyond ``ends`` (``{(topic, partition): committed end}``): the log end
+    (last stable offset) minus the committed end, summed over those partitions. One bounded
+    Kafka call; raises when Kafka does not answer."""
+    from airflow_provider_eo.kafka import admin
+    from airflow_provider_eo.kafka.client_config import librdkafka_config
+
+    log_ends = admin.list_offsets(librdkafka_config(kafka), list(ends), spec="latest", timeout_s=timeout_s)
+    return sum(max(0, log_ends[tp] - end) for tp, end in ends.items() if tp in log_ends)
 
 
 class RecordingSink:

@@ -201,6 +201,7 @@ def default_steps(
         result = commit_checkpoint(pipeline, ledger, cid, actor=actor, runner=runner)
         if result.checkpoint.state is CheckpointState.COMMITTED and result.note != "already COMMITTED":
             report.committed(result.checkpoint, result.seconds)
+            report.lag_after(pipeline.kafka, result.checkpoint)  # one bounded Kafka call
         return result.seconds
 
     return StreamSteps(

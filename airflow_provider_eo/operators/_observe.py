@@ -12,7 +12,7 @@ from typing import Any
 
 from airflow_provider_eo.errors import StagingError
 from airflow_provider_eo.ledger import CheckpointRecord, CheckpointState
-from airflow_provider_eo.metrics import pipeline_metrics, report_lag
+from airflow_provider_eo.metrics import pipeline_metrics
 from airflow_provider_eo.notify import notify, notify_committed, notify_refusals
 from airflow_provider_eo.operators.base import open_ledger
 from airflow_provider_eo.pipeline import Pipeline
@@ -32,7 +32,7 @@ def committed(context: Mapping[str, Any], pipeline: Pipeline, checkpoint_id: int
         return
     metrics = pipeline_metrics(pipeline.name)
     metrics.committed(cp, seconds)
-    report_lag(metrics, pipeline.kafka, {(r.topic, r.partition): r.end for r in cp.ranges})
+    metrics.lag_after(pipeline.kafka, cp)
     notify_committed(pipeline, context, cp)
 
 

@@ -11,6 +11,7 @@ from eo_statsd import statsd_env, statsd_listener
 
 from airflow_provider_eo.core.audit import audit_pipeline
 from airflow_provider_eo.demo.sample import produce_sample
+from airflow_provider_eo.kafka import admin
 from airflow_provider_eo.ledger import CheckpointState, Ledger
 
 from .conftest import ROOT
@@ -60,6 +61,13 @@ def test_inline_stream_commits_n_checkpoints_exactly_once(airflow_env: Any, kafk
     for timer in ("airflow.eo.prepare.seconds", "airflow.eo.commit.seconds"):
         assert len([m for m in sent if m.name == timer and m.kind == "ms"]) == 2, (timer, sent)
     assert [m.value for m in sent if m.name == "airflow.eo.dead_letters"] == [0, 0], sent
+    # Lag after each inline commit; the last one is what the source still holds beyond it.
+    lags = [m for m in sent if m.name == "airflow.eo.lag.records"]
+    assert len(lags) == 2 and all(m.kind == "g" for m in lags), sent
+    last = max(checkpoints, key=lambda c: c.checkpoint_id)
+    ends = {(r.topic, r.partition): r.end for r in last.ranges}
+    log_ends = admin.list_offsets(pipeline.kafka, list(ends), spec="latest")
+    assert lags[-1].value == sum(log_ends[tp] - end for tp, end in ends.items()), sent
 
 
 def test_driver_death_fails_the_task_then_a_new_try_resumes(airflow_env: Any, kafka_bootstrap: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+from typing import Any
 
 import pytest
 
@@ -78,3 +79,40 @@ def test_a_failing_sink_is_logged_and_every_metric_is_still_tried(caplog: pytest
         PipelineMetrics(sink, "orders").committed(_cp(5, 1), 0.5)
     assert sink.calls == 3
     assert "pipeline orders: metric eo.checkpoint.records not sent: OSError" in caplog.text
+
+
+def test_lag_after_a_commit_is_the_log_end_beyond_the_checkpoint(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_provider_eo.kafka import admin
+
+    asked: list[list[tuple[str, int]]] = []
+
+    def list_offsets(config: Any, partitions: Any, *, spec: str, timeout_s: float) -> dict[Any, int]:
+        asked.append(list(partitions))
+        assert spec == "latest"  # the last stable offset, as the plan reads it
+        return {("in", 0): 17}
+
+    monkeypatch.setattr(admin, "list_offsets", list_offsets)
+    sink = RecordingSink()
+    PipelineMetrics(sink, "orders").lag_after({"bootstrap.servers": "b:9092"}, _cp(10, 0))
+    assert asked == [[("in", 0)]]
+    assert sink.sent == [("gauge", LAG_RECORDS, 7, "orders")]  # 17 - the checkpoint's end 10
+
+    PipelineMetrics(None, "orders").lag_after({"bootstrap.servers": "b:9092"}, _cp(10, 0))
+    assert len(asked) == 1  # no sink: Kafka is not asked
+
+
+def test_lag_not_measured_is_logged_and_not_sent(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from airflow_provider_eo.errors import KafkaAdminError
+    from airflow_provider_eo.kafka import admin
+
+    def list_offsets(*args: Any, **kwargs: Any) -> dict[Any, int]:
+        raise KafkaAdminError("no answer in 5 s")
+
+    monkeypatch.setattr(admin, "list_offsets", list_offsets)
+    sink = RecordingSink()
+    with caplog.at_level(logging.WARNING, logger="airflow_provider_eo.core.metrics"):
+        PipelineMetrics(sink, "orders").lag_after({"bootstrap.servers": "b:9092"}, _cp(10, 0))
+    assert sink.sent == []
+    assert "pipeline orders: lag not measured: KafkaAdminError: no answer in 5 s" in caplog.text
