@@ -35,7 +35,9 @@ def main(spec: dict[str, object]) -> None:
         out = (
             source.groupBy(F.col("key"))
             .count()
-            .select(F.col("key"), F.concat_ws("=", F.col("key").cast("string"), F.col("count")).alias("value"))
+            .select(
+                F.col("key"), F.concat_ws("=", F.col("key").cast("string"), F.col("count")).alias("value")
+            )
         )
         mode = "update"
     elif kind == "dedup":
@@ -49,7 +51,9 @@ def main(spec: dict[str, object]) -> None:
         tag = uuid.uuid4().hex[:8]
         out = source.select(
             F.col("key"),
-            F.concat_ws("|", F.col("value").cast("string"), F.lit(tag), F.rand().cast("string")).alias("value"),
+            F.concat_ws("|", F.col("value").cast("string"), F.lit(tag), F.rand().cast("string")).alias(
+                "value"
+            ),
         )
         mode = "append"
     sink = KafkaExactlyOnceSink(

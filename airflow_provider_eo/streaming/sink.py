@@ -212,6 +212,11 @@ class KafkaExactlyOnceSink:
             actor=actor,
             commit_previous=commit,
         )
+        if step.action != "stage":
+            # The frame is still run to its end, its output thrown away: a stateful query's
+            # state stores commit this batch's version only when every partition ran (Spark
+            # refuses the batch otherwise, and the next batch would lack its state).
+            df.write.format("noop").mode("overwrite").save()
         if step.action == "skip":
             log.info("%s: nothing to publish (%s)", where, step.reason)
             return

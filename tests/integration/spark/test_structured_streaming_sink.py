@@ -1,0 +1,210 @@
+"""Exactly-once output of Structured Streaming queries through ``KafkaExactlyOnceSink``: the
+query runs in its own process (tests/eo_ss_query.py, ``availableNow``), is SIGKILLed at each
+phase of a batch and restarted from the same checkpoint location; the sink is compared with
+a recount of the source, never with the ledger's own numbers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+
+from airflow_provider_eo.core.audit import audit_pipeline
+from airflow_provider_eo.kafka import admin
+from airflow_provider_eo.kafka.audit import read_sink, read_topic, settled_ends
+from airflow_provider_eo.ledger import CheckpointState, Ledger
+from airflow_provider_eo.pipeline import Pipeline
+
+pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.timeout(900)]
+
+QUERY = Path(__file__).resolve().parents[2] / "eo_ss_query.py"
+
+
+class Query:
+    """One query (its topics, ledger, staging and checkpoint location) run as a process."""
+
+    def __init__(
+        self, tmp_path: Path, config: dict[str, Any], make_topic: Callable[..., str], kind: str
+    ) -> None:
+        self.config = config
+        self.source = make_topic("ss-src", partitions=2)
+        self.sink = make_topic("ss-out", partitions=2)
+        self.name = f"ss-{kind}-{uuid.uuid4().hex[:6]}"
+        self.ledger_url = f"sqlite:///{tmp_path / 'ledger.db'}"
+        self.spec = {
+            "bootstrap": config["bootstrap.servers"],
+            "source": self.source,
+            "sink": self.sink,
+            "name": self.name,
+            "ledger_url": self.ledger_url,
+            "staging_dir": str(tmp_path / "staging"),
+            "checkpoint": str(tmp_path / "checkpoint"),
+            "kind": kind,
+            "commit_shards": 2,
+            "max_offsets": 40,
+        }
+        self.logs = tmp_path
+
+    def produce(self, records: list[tuple[str, str]]) -> None:
+        producer = Producer(self.config)
+        for i, (key, value) in enumerate(records):
+            producer.produce(self.source, key=key, value=value, partition=i % 2)
+        assert producer.flush(30) == 0
+
+    def run(self, fault: str | None = None, hit: int = 1) -> int:
+        env = dict(os.environ)
+        env.pop("EO_FAULT", None)
+        if fault:
+            env.update(EO_FAULT=fault, EO_FAULT_HIT=str(hit))
+        log = self.logs / f"run-{fault or 'clean'}-{uuid.uuid4().hex[:4]}.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, str(QUERY), json.dumps(self.spec)],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            try:
+                code = proc.wait(timeout=300)
+            finally:
+                with_group_gone(proc)
+        if fault is None:
+            assert code == 0, log.read_text()[-4000:]
+        else:
+            assert code == -signal.SIGKILL, f"the fault {fault} did not fire:\n{log.read_text()[-4000:]}"
+        return code
+
+    def pipeline(self) -> Pipeline:
+        return Pipeline(
+            name=self.name,
+            kafka=dict(self.config),
+            source_topics=[self.source],
+            sink_topic=self.sink,
+            ledger_url=self.ledger_url,
+        )
+
+    def source_records(self) -> dict[tuple[int, int], tuple[str, str]]:
+        """(partition, offset) -> (key, value) of every source record."""
+        ends = settled_ends(self.config, [(self.source, 0), (self.source, 1)])
+        out = {}
+        for msg in read_topic(self.config, self.source, ends, isolation="read_committed"):
+            out[(int(msg.partition()), int(msg.offset()))] = (msg.key().decode(), msg.value().decode())
+        return out
+
+    def sink_values(self) -> list[str]:
+        return [m.value().decode() for m in read_sink(self.config, self.sink)]
+
+    def committed(self) -> list[Any]:
+        with Ledger(self.ledger_url) as ledger:
+            return [c for c in ledger.list_checkpoints(self.name) if c.state is CheckpointState.COMMITTED]
+
+    def check_group_and_audit(self) -> None:
+        """The group sits at the last committed batch's ends (= the source's ends), and the
+        audit finds every staged record of every batch exactly once in the sink."""
+        last = max(self.committed(), key=lambda c: c.checkpoint_id)
+        tps = [(self.source, 0), (self.source, 1)]
+        group = admin.committed_group_offsets(self.config, f"eo.{self.name}", tps)
+        assert group == {r.key: r.end for r in last.ranges} == settled_ends(self.config, tps)
+        with Ledger(self.ledger_url) as ledger:
+            report = audit_pipeline(self.pipeline(), ledger)
+        assert report.ok and report.foreign == 0, report.as_dict()
+
+
+def with_group_gone(proc: subprocess.Popen[bytes]) -> None:
+    """Stop what the query process left (its Spark JVM) if it is still there."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def expected_count_updates(query: Query) -> Counter[str]:
+    """The running count per key each committed batch emits in update mode, recounted from
+    the source records of the batch's ranges (in batch order)."""
+    source = query.source_records()
+    running: Counter[str] = Counter()
+    out: Counter[str] = Counter()
+    for cp in sorted(query.committed(), key=lambda c: c.checkpoint_id):
+        touched = set()
+        for r in cp.ranges:
+            for offset in range(r.start, r.end):
+                key = source[(r.partition, offset)][0]
+                running[key] += 1
+                touched.add(key)
+        out.update(f"{key}={running[key]}" for key in touched)
+    return out
+
+
+def test_running_count_killed_at_every_phase_is_published_exactly_once(
+    tmp_path: Path, kafka_config: dict[str, Any], make_topic: Callable[..., str]
+) -> None:
+    query = Query(tmp_path, kafka_config, make_topic, "count")
+    keys = [f"k{i % 7}" for i in range(160)]
+    query.produce([(k, str(i)) for i, k in enumerate(keys)])
+    # Each run dies in the first unfinished batch at the next phase; the next run resumes it.
+    for fault, hit in [
+        ("batch.before_stage", 1),  # PLANNED, nothing staged
+        ("prepare.after_write", 1),  # staged, no manifest: the ledger still PLANNED
+        ("commit.after_commit_txn", 1),  # one of two shards committed
+        ("commit.before_ledger", 1),  # both shards committed, ledger PREPARED
+        ("batch.after_commit", 2),  # batch 1 COMMITTED, Spark's commit log not written
+    ]:
+        query.run(fault, hit)
+    query.produce([(k, str(i)) for i, k in enumerate(keys[:40], start=1000)])  # more after the kills
+    query.run()
+    values = query.sink_values()
+    assert Counter(values) == expected_count_updates(query)  # each update once, none missing
+    assert not [v for v, n in Counter(values).items() if n > 1]
+    last: dict[str, int] = {}
+    for v in values:
+        key, count = v.split("=")
+        last[key] = max(last.get(key, 0), int(count))
+    recount = Counter(k for k, _ in query.source_records().values())
+    assert last == dict(recount)
+    committed = query.committed()
+    assert [c.batch_id for c in sorted(committed, key=lambda c: c.checkpoint_id)] == list(
+        range(len(committed))
+    )
+    query.check_group_and_audit()
+
+
+def test_nondeterministic_query_republishes_its_first_runs_staged_output(
+    tmp_path: Path, kafka_config: dict[str, Any], make_topic: Callable[..., str]
+) -> None:
+    query = Query(tmp_path, kafka_config, make_topic, "random")
+    query.spec["max_offsets"] = 1000
+    query.produce([(f"k{i % 5}", f"v{i}") for i in range(60)])
+    query.run("commit.after_commit_txn", 1)  # one shard of the batch published, then killed
+    query.run()
+    values = query.sink_values()
+    assert sorted(v.split("|")[0] for v in values) == sorted(f"v{i}" for i in range(60))
+    tags = {v.split("|")[1] for v in values}
+    assert len(tags) == 1, (
+        f"the batch was published from two runs: {Counter(v.split('|')[1] for v in values)}"
+    )
+    query.check_group_and_audit()
+
+
+def test_drop_duplicates_within_watermark_killed_mid_commit(
+    tmp_path: Path, kafka_config: dict[str, Any], make_topic: Callable[..., str]
+) -> None:
+    query = Query(tmp_path, kafka_config, make_topic, "dedup")
+    values = [f"v{i % 50}" for i in range(120)]  # each value two or three times, across batches
+    query.produce([(f"k{i % 3}", v) for i, v in enumerate(values)])
+    query.run("commit.before_ledger", 2)  # the second batch published, ledger not updated
+    query.run()
+    got = query.sink_values()
+    assert Counter(got) == Counter(set(values)), Counter(got) - Counter(set(values))
+    query.check_group_and_audit()
