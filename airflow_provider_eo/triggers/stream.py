@@ -372,9 +372,9 @@ class EoStreamCommitsTrigger(BaseEventTrigger):
         return resolve_connections(load_pipeline(self.pipeline), ledger_conn_id=self.ledger_conn_id)[0]
 
     def poll(self, pipeline: Pipeline) -> list[dict[str, Any]]:
-        """Claim and return the payloads to announce now, lowest checkpoint first (blocking).
-        Each is claimed in the ledger before the next is read: the caller yields them in
-        this order."""
+        """Claim and return the next payload to announce (blocking): at most one, so at most
+        one claimed event is in flight between the ledger and Airflow; empty when there is
+        none. The caller polls again at once after an announcement."""
         from airflow_provider_eo.checkpoint_event import checkpoint_extra
         from airflow_provider_eo.ledger import CheckpointNotFound
         from airflow_provider_eo.triggers.source import watch_ledger
@@ -401,6 +401,7 @@ class EoStreamCommitsTrigger(BaseEventTrigger):
             seq += 1
             if cp is not None:
                 out.append(checkpoint_extra(pipeline, cp))
+                break
         return out
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
@@ -422,4 +423,5 @@ class EoStreamCommitsTrigger(BaseEventTrigger):
                     payload["checkpoint_id"],
                 )
                 yield TriggerEvent(payload)
-            await asyncio.sleep(self.poll_interval)
+            if not payloads:  # after an announcement, the next one is read at once
+                await asyncio.sleep(self.poll_interval)
