@@ -6,7 +6,10 @@ a test broker or a real cluster:
 - ``EO_KAFKA_CONN_ID``: an Airflow ``kafka`` connection holding the cluster's settings
   (bootstrap servers, credentials); read by every process that needs it at run time.
 - ``EO_KAFKA_BOOTSTRAP``: bootstrap servers in code instead (default ``127.0.0.1:9092``
-  when no connection is named); a connection's settings win over them.
+  when no connection is named); a connection's settings win over them. The example DAGs'
+  assets (``kafka://<server>/<topic>``) are named while the DAG files are parsed, when no
+  connection is read: with a connection, still set this to a server of the same cluster
+  (any one, the same in every DAG file), or the DAG files refuse to load and say so.
 - ``EO_DEMO_PIPELINE``, ``EO_DEMO_SOURCE_TOPIC``, ``EO_DEMO_SINK_TOPIC``: names.
 - ``EO_LEDGER_CONN_ID``: an ``eo_ledger`` or ``postgres`` connection as the ledger; else
   ``EO_LEDGER_URL`` (default: a SQLite file in the project's ``.eo`` folder).
@@ -16,7 +19,9 @@ a test broker or a real cluster:
   ``airflow_provider_eo.examples.transforms:enrich``); a module next to the DAGs is shipped
   to the Spark executors by the prepare task (``py_files``).
 
-Loaded by the tasks at run time (``"eo_demo_pipelines:demo_pipeline"``), never at parse time.
+Loaded by the tasks at run time (``"eo_demo_pipelines:demo_pipeline"``); the example DAG
+files also build it while they are parsed, to name its topics' assets (that reads only the
+environment: no connection, no I/O).
 """
 
 from __future__ import annotations
