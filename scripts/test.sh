@@ -14,4 +14,4 @@ echo "== import contracts" >&2
 .venv/bin/lint-imports --no-cache --no-logo
 echo "== pytest" >&2
 # pytest exits 5 when it collects nothing; set -e turns that into a failure too.
-.venv/bin/pytest -q --timeout=1200 --durations=20 "$@"
+.venv/bin/pytest -q --timeout=1200 --durations=50 "$@"
