@@ -29,8 +29,8 @@ from typing import Literal
 
 from airflow_provider_eo import names
 from airflow_provider_eo.connections import require_applied
-from airflow_provider_eo.core.sink_guard import check_sink
-from airflow_provider_eo.errors import ConfigError, EoError, PipelineStopped
+from airflow_provider_eo.core.plan import check_may_plan
+from airflow_provider_eo.errors import ConfigError, EoError
 from airflow_provider_eo.kafka import admin
 from airflow_provider_eo.kafka.client_config import librdkafka_config
 from airflow_provider_eo.ledger import (
@@ -211,17 +211,9 @@ def begin_batch(
             continue
         if action != "plan":
             return BatchStep(action, newest, reason)
-        current = ledger.get_pipeline(pipeline.name)
-        if current.stopped:
-            raise PipelineStopped.of(
-                pipeline.name,
-                stopped_by=current.stopped_by,
-                stopped_at=current.stopped_at.isoformat() if current.stopped_at else None,
-                reason=current.stop_reason,
-            )
-        # Another ledger's markers, or a ledger older than the sink, are refused before the
-        # batch is recorded (the same checks as every plan).
-        check_sink(pipeline, current)
+        # A stopped pipeline, another ledger's markers, a ledger older than the sink: refused
+        # before the batch is recorded, as every plan refuses them.
+        check_may_plan(pipeline, ledger)
         config = librdkafka_config(pipeline.kafka)
         sink_partitions = admin.partition_count(config, pipeline.sink_topic)
         cp = ledger.plan(

@@ -334,6 +334,26 @@ def resume_or_drop_lost(
     return None
 
 
+def check_may_plan(pipeline: Pipeline, ledger: Ledger) -> None:
+    """Refuse a new checkpoint of a stopped pipeline, and one the sink shows to be unsafe.
+
+    A stopped pipeline finishes what it started but starts nothing new (the ledger's plan
+    refuses it too, under the pipeline row's lock: a stop racing this read). Markers written
+    by another ledger (re-created, or a second deployment with this name) are refused before
+    anything is planned against them, and so is a ledger older than the sink (restored from
+    a backup): markers, or the newest output when none is left.
+    """
+    current = ledger.get_pipeline(pipeline.name)
+    if current.stopped:
+        raise PipelineStopped.of(
+            pipeline.name,
+            stopped_by=current.stopped_by,
+            stopped_at=current.stopped_at.isoformat() if current.stopped_at else None,
+            reason=current.stop_reason,
+        )
+    check_sink(pipeline, current)
+
+
 def plan_checkpoint(
     pipeline: Pipeline, ledger: Ledger, *, actor: Actor | None = None, next_only: bool = False
 ) -> CheckpointRecord | None:
@@ -367,20 +387,7 @@ def plan_checkpoint(
             if unfinished.commit_plan is not None:
                 check_commit_plan(pipeline, unfinished, unfinished.commit_plan)
             return unfinished
-    # A stopped pipeline finishes what it started (above) but starts nothing new; the
-    # ledger's plan refuses it too, under the pipeline row's lock (a stop racing this read).
-    current = ledger.get_pipeline(pipeline.name)
-    if current.stopped:
-        raise PipelineStopped.of(
-            pipeline.name,
-            stopped_by=current.stopped_by,
-            stopped_at=current.stopped_at.isoformat() if current.stopped_at else None,
-            reason=current.stop_reason,
-        )
-    # Markers written by another ledger (re-created, or a second deployment with this name)
-    # are refused before anything is planned against them, and so is a ledger older than
-    # the sink (restored from a backup): markers, or the newest output when none is left.
-    check_sink(pipeline, current)
+    check_may_plan(pipeline, ledger)
     config = librdkafka_config(pipeline.kafka)
     topics = admin.partitions_of(config, pipeline.source_topics)
     sink_partitions = admin.partition_count(config, pipeline.sink_topic)  # a missing sink fails here
