@@ -8,17 +8,48 @@ import asyncio
 import datetime as dt
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 from airflow_provider_eo.version_compat import BaseTrigger, TriggerEvent
 
 if TYPE_CHECKING:
     from airflow_provider_eo.ledger import Ledger
+    from airflow_provider_eo.pipeline import Pipeline
 
 DONE_STATES = frozenset({"PREPARED", "COMMITTED"})
 WaitFor = Literal["prepared", "committed"]
 WAIT_FOR: tuple[WaitFor, ...] = ("prepared", "committed")
+
+
+async def watch_pipeline(
+    trigger: Any,
+    what: str,
+    poll: Callable[[Pipeline], list[TriggerEvent]],
+    *,
+    pause_after_events: bool,
+) -> AsyncIterator[TriggerEvent]:
+    """The loop of a pipeline's asset watcher: resolve the pipeline once (``trigger._resolve``,
+    in a thread), then ``poll`` it (blocking, in a thread) every ``trigger.poll_interval``
+    seconds and yield its events. An unreachable ledger or cluster, or a connection not
+    defined yet, is logged and polled again. ``pause_after_events=False``: after events,
+    poll again at once (one claimed event in flight at a time)."""
+    from airflow_provider_eo.errors import EoError
+
+    pipeline: Pipeline | None = None
+    while True:
+        try:
+            if pipeline is None:
+                resolved: Pipeline = await asyncio.to_thread(trigger._resolve)
+                pipeline = resolved
+            events = await asyncio.to_thread(poll, pipeline)
+        except (EoError, OSError, ImportError) as exc:
+            trigger.log.warning("%s: %s; polling again", what, exc)
+            events = []
+        for event in events:
+            yield event
+        if pause_after_events or not events:
+            await asyncio.sleep(trigger.poll_interval)
 
 
 def done_states(wait_for: str) -> frozenset[str]:

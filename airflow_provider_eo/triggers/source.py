@@ -49,7 +49,6 @@ no group, no offset commit). The only ledger write is the watch mark.
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -295,21 +294,16 @@ class EoSourceRecordsTrigger(BaseEventTrigger):
         return TriggerEvent(payload)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from airflow_provider_eo.errors import EoError
+        from airflow_provider_eo.triggers.checkpoint import watch_pipeline
 
-        pipeline: Pipeline | None = None
-        while True:
-            try:
-                if pipeline is None:
-                    pipeline = await asyncio.to_thread(self._resolve)
-                event = await asyncio.to_thread(self.poll, pipeline)
-            except (EoError, OSError, ImportError) as exc:
-                # An unreachable ledger or cluster, a connection not defined yet: log, poll again.
-                self.log.warning("source watcher of %r: %s; polling again", self.pipeline, exc)
-                event = None
-            if event is not None:
-                yield event
-            await asyncio.sleep(self.poll_interval)
+        def poll(pipeline: Pipeline) -> list[TriggerEvent]:
+            event = self.poll(pipeline)
+            return [] if event is None else [event]
+
+        async for event in watch_pipeline(
+            self, f"source watcher of {self.pipeline!r}", poll, pause_after_events=True
+        ):
+            yield event
 
 
 _WATCH_LEDGERS: dict[str, Ledger] = {}

@@ -15,7 +15,12 @@ import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_eo.triggers.checkpoint import check_ledger_ref, ledger_reader, resolve_ledger_url
+from airflow_provider_eo.triggers.checkpoint import (
+    check_ledger_ref,
+    ledger_reader,
+    resolve_ledger_url,
+    watch_pipeline,
+)
 from airflow_provider_eo.version_compat import BaseEventTrigger, BaseTrigger, TriggerEvent
 
 if TYPE_CHECKING:
@@ -405,23 +410,19 @@ class EoStreamCommitsTrigger(BaseEventTrigger):
         return out
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from airflow_provider_eo.errors import EoError
-
-        pipeline: Pipeline | None = None
-        while True:
-            try:
-                if pipeline is None:
-                    pipeline = await asyncio.to_thread(self._resolve)
-                payloads = await asyncio.to_thread(self.poll, pipeline)
-            except (EoError, OSError, ImportError) as exc:
-                self.log.warning("stream-commit watcher of %r: %s; polling again", self.pipeline, exc)
-                payloads = []
-            for payload in payloads:
+        def poll(pipeline: Pipeline) -> list[TriggerEvent]:
+            events = []
+            for payload in self.poll(pipeline):
                 self.log.info(
                     "pipeline %r: announcing checkpoint %s committed by a stream",
                     payload["pipeline"],
                     payload["checkpoint_id"],
                 )
-                yield TriggerEvent(payload)
-            if not payloads:  # after an announcement, the next one is read at once
-                await asyncio.sleep(self.poll_interval)
+                events.append(TriggerEvent(payload))
+            return events
+
+        # After an announcement the next one is read at once.
+        async for event in watch_pipeline(
+            self, f"stream-commit watcher of {self.pipeline!r}", poll, pause_after_events=False
+        ):
+            yield event
