@@ -51,17 +51,15 @@ class FrameStager:
         seen = limits.get
         files = staging.describe_attempt(path)
         if files:
-            refused = shape.limits_error(
-                lambda: spark.read.parquet(f"{path}/data"),
+            shape.refuse_over_limits(
+                spark,
+                path,
                 seen,
                 pipeline=request.pipeline,
                 max_bytes=request.max_message_bytes,
                 sink_partitions=sink_partitions,
                 where=where,
             )
-            if refused is not None:
-                staging.remove(path)
-                raise refused
         return StageResult(
             files=files,
             reads=(),

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_eo import staging
 from airflow_provider_eo.errors import PrepareError
 from airflow_provider_eo.pipeline import Pipeline
 from airflow_provider_eo.spark.source import PROVENANCE_COLUMN
@@ -260,3 +261,28 @@ def limits_error(
             f"{pipeline.sink_topic!r} has {sink_partitions} partitions"
         )
     return None
+
+
+def refuse_over_limits(
+    spark: Any,
+    path: str,
+    seen: dict[str, Any],
+    *,
+    pipeline: Pipeline,
+    max_bytes: int,
+    sink_partitions: int,
+    where: str,
+) -> None:
+    """Remove the attempt folder ``path`` and raise :func:`limits_error`'s error when the
+    output staged under ``{path}/data`` broke a limit; nothing when it did not."""
+    refused = limits_error(
+        lambda: spark.read.parquet(f"{path}/data"),
+        seen,
+        pipeline=pipeline,
+        max_bytes=max_bytes,
+        sink_partitions=sink_partitions,
+        where=where,
+    )
+    if refused is not None:
+        staging.remove(path)
+        raise refused

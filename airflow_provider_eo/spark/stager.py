@@ -214,17 +214,15 @@ class SparkStager:
                 oversize = dead_letters.oversize_records(written, request.max_message_bytes)
                 if oversize:
                     return oversize
-            refused = shape.limits_error(
-                lambda: spark.read.parquet(f"{path}/data"),
+            shape.refuse_over_limits(
+                spark,
+                path,
                 seen,
                 pipeline=pipeline,
                 max_bytes=request.max_message_bytes,
                 sink_partitions=sink_partitions,
                 where=where,
             )
-            if refused is not None:
-                staging.remove(path)
-                raise refused
             created = int(seen.get("created") or 0)
             total = int(seen.get("rows") or 0)
             # Which source records the output still names (the rest the transform dropped):
