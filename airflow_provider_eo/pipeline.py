@@ -350,7 +350,8 @@ class Pipeline:
 
 
 def load_pipeline(ref: str) -> Pipeline:
-    """Import ``module:attr`` and return the :class:`Pipeline` there (or a callable's result)."""
+    """Import ``module:attr`` and return the :class:`Pipeline` there (or a callable's result,
+    or the ``as_pipeline()`` of an object that has one, e.g. a Structured Streaming sink)."""
     if ":" not in ref:
         raise PipelineConfigError(f"{ref!r} is not MODULE:ATTR (e.g. mypkg.pipelines:ORDERS)")
     module_name, attr = ref.split(":", 1)
@@ -359,7 +360,10 @@ def load_pipeline(ref: str) -> Pipeline:
     except ImportError as exc:
         raise PipelineConfigError(f"cannot import {module_name!r} for {ref!r}: {exc}") from exc
     obj = getattr(module, attr, None)
-    if callable(obj) and not isinstance(obj, Pipeline):
+    as_pipeline = getattr(obj, "as_pipeline", None)
+    if callable(as_pipeline) and not isinstance(obj, Pipeline):
+        obj = as_pipeline()
+    elif callable(obj) and not isinstance(obj, Pipeline):
         obj = obj()
     if not isinstance(obj, Pipeline):
         raise PipelineConfigError(f"{ref!r} is not a Pipeline (got {type(obj).__name__})")

@@ -4,8 +4,10 @@ process so a test can kill it (``EO_FAULT``) and restart it from the same checkp
 ``python tests/eo_ss_query.py '<json>'`` with: bootstrap, source, sink, name, ledger_url,
 staging_dir, checkpoint, kind (``count``: running count per key, update mode; ``dedup``:
 ``dropDuplicatesWithinWatermark`` on the value, append mode; ``random``: the value carries
-``rand()`` and this process's tag), commit_shards, max_offsets (per trigger). The query runs
-with ``availableNow``: it processes what the source holds, in batches, then exits 0.
+``rand()`` and this process's tag), commit_shards, max_offsets (per trigger), trigger_s. The
+query runs with ``availableNow`` (it processes what the source holds, in batches, then exits
+0), or with a processing-time trigger of ``trigger_s`` seconds until it is stopped (a stop
+request in the ledger: ``eo stream-stop``).
 """
 
 from __future__ import annotations
@@ -64,8 +66,16 @@ def main(spec: dict[str, object]) -> None:
         staging_dir=str(spec["staging_dir"]),
         commit_shards=int(spec.get("commit_shards", 1)),  # type: ignore[call-overload]
         commit_mode="local",
+        heartbeat_s=1.0,
     )
-    query = sink.start(out, str(spec["checkpoint"]), output_mode=mode, available_now=True)
+    trigger_s = spec.get("trigger_s")
+    query = sink.start(
+        out,
+        str(spec["checkpoint"]),
+        output_mode=mode,
+        available_now=trigger_s is None,
+        trigger_interval=f"{trigger_s} seconds" if trigger_s else None,
+    )
     query.awaitTermination()
     sink.close()
     spark.stop()

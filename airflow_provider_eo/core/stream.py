@@ -509,7 +509,7 @@ def register_run(
         return ledger.register_stream_run(pipeline, dead=[other.run_id], **kwargs)
 
 
-class _Heartbeat(threading.Thread):
+class RunHeartbeat(threading.Thread):
     """Beats the run's row every ``interval_s``; a stop request (or a superseded row) sets
     ``stop``. A ledger that does not answer is logged and tried again next beat: the plan
     needs the ledger anyway and fails loudly there."""
@@ -608,7 +608,7 @@ def run_stream(
             actor=actor,
             log_path=log_path,
         )
-        heart = _Heartbeat(ledger, run.run_id, heartbeat_s, stop)
+        heart = RunHeartbeat(ledger, run.run_id, heartbeat_s, stop)
         heart.start()
         try:
             # Started before the handlers: PySpark installs its own SIGINT handler.

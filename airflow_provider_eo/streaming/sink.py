@@ -17,7 +17,10 @@ A crash anywhere is finished by the query's restart from the same checkpoint loc
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
+import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -29,16 +32,20 @@ from airflow_provider_eo.errors import ConfigError
 from airflow_provider_eo.kafka import admin
 from airflow_provider_eo.kafka.client_config import librdkafka_config
 from airflow_provider_eo.ledger import Actor, Ledger, RangeSpec
-from airflow_provider_eo.ledger.urls import DEFAULT_LEDGER_URL
+from airflow_provider_eo.ledger.urls import DEFAULT_LEDGER_URL, redact_url
 from airflow_provider_eo.pipeline import Pipeline
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
     from pyspark.sql.streaming import StreamingQuery
 
-__all__ = ["KafkaExactlyOnceSink"]
+__all__ = ["RUN_ID_ENV", "KafkaExactlyOnceSink"]
 
 log = logging.getLogger(__name__)
+
+#: The run id the sink registers its query's run under (an Airflow task that submitted the
+#: query sets it to track that run); a fresh one when unset.
+RUN_ID_ENV = "EO_STREAM_RUN_ID"
 
 
 class KafkaExactlyOnceSink:
@@ -76,6 +83,9 @@ class KafkaExactlyOnceSink:
     :param transaction_timeout_ms: ``transaction.timeout.ms`` of the commit producers.
     :param allow_new_query: accept a query with another id (a new checkpoint location) on a
         pipeline another query wrote; its ranges must continue where the old one's ended.
+    :param heartbeat_s: the query's run in the ledger beats every this many seconds (as a
+        streaming-mode run: one live run per pipeline, a silent one counts as lost, a stop
+        request stops the query).
     :param pipeline_options: further :class:`~airflow_provider_eo.pipeline.Pipeline` settings
         (e.g. ``spark_commit_min_records``, ``sink_max_message_bytes``).
     """
@@ -96,6 +106,7 @@ class KafkaExactlyOnceSink:
         transactional_id_prefix: str = "eo",
         transaction_timeout_ms: int = 60_000,
         allow_new_query: bool = False,
+        heartbeat_s: float = 5.0,
         **pipeline_options: Any,
     ) -> None:
         for refused in ("source_topics", "transform", "dead_letter_topic", "startup", "backfill_of"):
@@ -124,7 +135,12 @@ class KafkaExactlyOnceSink:
         # query's Kafka topics, known at its first batch.
         Pipeline(**self._options, source_topics=(f"{sink_topic}.source",))
         self.allow_new_query = allow_new_query
+        self.heartbeat_s = float(heartbeat_s)
         self.checkpoint_location: str | None = None
+        self.query: StreamingQuery | None = None
+        self._run: _QueryRun | None = None
+        # Held while a batch is in foreachBatch: a stop request waits for the batch to end.
+        self._in_batch = threading.Lock()
         self._resolved: Pipeline | None = None
         self._ledger: Ledger | None = None
         self._query_id: str | None = None
@@ -134,6 +150,25 @@ class KafkaExactlyOnceSink:
         """The pipeline the batches are recorded under (None before the first batch: its
         sources are the query's Kafka topics)."""
         return self._resolved
+
+    def as_pipeline(self) -> Pipeline:
+        """The pipeline the batches are recorded under, as eo's commands take it
+        (``eo audit mypkg.sinks:ORDERS_AGG``, ``eo stream-stop ...``): the one of the running
+        query, else with the source topics the ledger recorded for its batches."""
+        if self._resolved is not None:
+            return self._resolved
+        from airflow_provider_eo.core.batches import newest_checkpoint
+
+        pipeline = self._resolve(Pipeline(**self._options, source_topics=(f"{self.name}.source",)))
+        with Ledger(pipeline.ledger_url) as ledger:
+            newest = newest_checkpoint(ledger, self.name)
+        if newest is None:
+            raise ConfigError(
+                f"sink {self.name!r}: the ledger at {redact_url(pipeline.ledger_url)} has no batch of "
+                "this query yet (start the query first)"
+            )
+        topics = sorted({r.topic for r in newest.ranges})
+        return dataclasses.replace(pipeline, source_topics=tuple(topics))
 
     # -- wiring ------------------------------------------------------------------------------
 
@@ -167,10 +202,43 @@ class KafkaExactlyOnceSink:
             writer = writer.trigger(availableNow=True)
         elif trigger_interval:
             writer = writer.trigger(processingTime=trigger_interval)
-        return writer.start()
+        self._listen(df.sparkSession)
+        self.query = writer.start()
+        return self.query
+
+    def _listen(self, spark: Any) -> None:
+        """End the query's run in the ledger when the query terminates (a Spark listener:
+        whatever ends it, even when nobody waits for it)."""
+        from pyspark.sql.streaming.listener import StreamingQueryListener
+
+        sink = self
+
+        class _Ended(StreamingQueryListener):
+            def onQueryStarted(self, event: Any) -> None:
+                pass
+
+            def onQueryProgress(self, event: Any) -> None:
+                pass
+
+            def onQueryIdle(self, event: Any) -> None:
+                pass
+
+            def onQueryTerminated(self, event: Any) -> None:
+                if sink.query is not None and str(event.id) == str(sink.query.id) and sink._run is not None:
+                    sink._run.end(event.exception)
+                    sink._run = None
+
+        spark.streams.addListener(_Ended())
 
     def close(self) -> None:
-        """Close the ledger connections (the sink reopens them on the next batch)."""
+        """End the query's run in the ledger when the query has terminated (its listener does
+        so too, asynchronously: call this before the process exits), and close the ledger
+        connections."""
+        run, query = self._run, self.query
+        if run is not None and query is not None and not query.isActive:
+            error = query.exception()
+            run.end(str(error) if error is not None else None)
+            self._run = None
         if self._ledger is not None:
             self._ledger.close()
 
@@ -178,6 +246,10 @@ class KafkaExactlyOnceSink:
 
     def foreach_batch(self, df: DataFrame, batch_id: int) -> None:
         """``foreachBatch``: publish batch ``batch_id``'s output exactly once (see the module)."""
+        with self._in_batch:
+            self._batch(df, batch_id)
+
+    def _batch(self, df: DataFrame, batch_id: int) -> None:
         from airflow_provider_eo.spark.frame_stager import FrameStager
         from airflow_provider_eo.spark.offset_log import batch_offsets, query_id
 
@@ -199,6 +271,9 @@ class KafkaExactlyOnceSink:
         ranges = self._ranges(pipeline, offsets.starts, offsets.ends)
         ledger = self._ledger_for(pipeline)
         actor = Actor.here()
+        if self._run is None:
+            ledger.ensure_pipeline(pipeline.name, pipeline.fingerprint())
+            self._run = _QueryRun.begin(ledger, pipeline, self, actor)
         position = BatchPosition(self._query_id, int(batch_id), ranges)
 
         def commit(checkpoint_id: int) -> None:
@@ -235,13 +310,17 @@ class KafkaExactlyOnceSink:
     def _pipeline_for(self, topics: list[str]) -> Pipeline:
         """The pipeline with the query's Kafka topics as its sources, connections applied."""
         if self._resolved is None or sorted(self._resolved.source_topics) != topics:
-            pipeline = Pipeline(**self._options, source_topics=tuple(topics))
-            if pipeline.connection_ids:
-                from airflow_provider_eo.hooks.base import resolve_connections
-
-                pipeline, _ = resolve_connections(pipeline)
-            self._resolved = pipeline
+            self._resolved = self._resolve(Pipeline(**self._options, source_topics=tuple(topics)))
         return self._resolved
+
+    @staticmethod
+    def _resolve(pipeline: Pipeline) -> Pipeline:
+        """``pipeline`` with its Airflow connections applied (when it names any)."""
+        if pipeline.connection_ids:
+            from airflow_provider_eo.hooks.base import resolve_connections
+
+            pipeline, _ = resolve_connections(pipeline)
+        return pipeline
 
     def _ledger_for(self, pipeline: Pipeline) -> Ledger:
         if self._ledger is None:
@@ -270,3 +349,65 @@ class KafkaExactlyOnceSink:
 
             runner = SparkShardRunner(pipeline, spark)
         commit_checkpoint(pipeline, ledger, checkpoint_id, actor=actor, runner=runner)
+
+
+class _QueryRun:
+    """The query's run in the ledger, as a streaming-mode run: registered at the first batch
+    (another live run of the pipeline is refused, a dead one on this host declared LOST),
+    beating every ``heartbeat_s``; a stop request (``eo stream-stop``, the Airflow task
+    marked failed) stops the query, whose interrupted batch is re-run by its next start."""
+
+    def __init__(self, ledger: Ledger, run_id: str, heart: Any, stop: threading.Event) -> None:
+        self.ledger = ledger
+        self.run_id = run_id
+        self.heart = heart
+        self.stop = stop
+
+    @classmethod
+    def begin(cls, ledger: Ledger, pipeline: Pipeline, sink: KafkaExactlyOnceSink, actor: Actor) -> _QueryRun:
+        from airflow_provider_eo.core.stream import RunHeartbeat, new_run_id, register_run
+
+        run = register_run(
+            ledger,
+            pipeline.name,
+            run_id=os.environ.get(RUN_ID_ENV) or new_run_id(),
+            commit="inline",
+            heartbeat_s=sink.heartbeat_s,
+            actor=actor,
+        )
+        stop = threading.Event()
+        heart = RunHeartbeat(ledger, run.run_id, sink.heartbeat_s, stop)
+        heart.start()
+        this = cls(ledger, run.run_id, heart, stop)
+        threading.Thread(target=this._stop_query, args=(sink,), name="eo-query-stop", daemon=True).start()
+        log.info("pipeline %r: query run %s registered", pipeline.name, run.run_id)
+        return this
+
+    def _stop_query(self, sink: KafkaExactlyOnceSink) -> None:
+        self.stop.wait()
+        if self.heart.stop_requested_by or self.heart.superseded:
+            log.warning("stream run %s: stopping the query (%s)", self.run_id, self.reason())
+            with sink._in_batch:  # let a batch in progress finish (a later one is re-run)
+                pass
+            if sink.query is not None:
+                sink.query.stop()
+
+    def reason(self) -> str:
+        if self.heart.superseded:
+            return "superseded"
+        if self.heart.stop_requested_by:
+            return f"stop requested by {self.heart.stop_requested_by}"
+        return "the query ended"
+
+    def end(self, error: str | None) -> None:
+        """ENDED, or FAILED with the query's exception."""
+        from airflow_provider_eo.ledger.streams import ENDED, FAILED
+
+        self.heart.finish()
+        if error and not self.heart.stop_requested_by:
+            self.ledger.end_stream_run(
+                self.run_id, state=FAILED, reason=f"the query failed: {str(error)[:500]}", error=str(error)
+            )
+        else:
+            self.ledger.end_stream_run(self.run_id, state=ENDED, reason=self.reason())
+        self.stop.set()

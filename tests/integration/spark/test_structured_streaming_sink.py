@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Producer
+from eo_harness import wait_for
 
 from airflow_provider_eo.core.audit import audit_pipeline
 from airflow_provider_eo.kafka import admin
@@ -61,29 +62,48 @@ class Query:
             producer.produce(self.source, key=key, value=value, partition=i % 2)
         assert producer.flush(30) == 0
 
-    def run(self, fault: str | None = None, hit: int = 1) -> int:
+    def start(
+        self, fault: str | None = None, hit: int = 1, **spec: Any
+    ) -> tuple[subprocess.Popen[bytes], Path]:
+        """The query's process (its own session), and its log."""
         env = dict(os.environ)
         env.pop("EO_FAULT", None)
         if fault:
             env.update(EO_FAULT=fault, EO_FAULT_HIT=str(hit))
+        if "run_id" in spec:
+            env["EO_STREAM_RUN_ID"] = spec.pop("run_id")
         log = self.logs / f"run-{fault or 'clean'}-{uuid.uuid4().hex[:4]}.log"
         with log.open("wb") as out:
             proc = subprocess.Popen(
-                [sys.executable, str(QUERY), json.dumps(self.spec)],
+                [sys.executable, str(QUERY), json.dumps({**self.spec, **spec})],
                 env=env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-            try:
-                code = proc.wait(timeout=300)
-            finally:
-                with_group_gone(proc)
+        return proc, log
+
+    def run(self, fault: str | None = None, hit: int = 1, **spec: Any) -> int:
+        proc, log = self.start(fault, hit, **spec)
+        try:
+            code = proc.wait(timeout=300)
+        finally:
+            with_group_gone(proc)
         if fault is None:
             assert code == 0, log.read_text()[-4000:]
         else:
             assert code == -signal.SIGKILL, f"the fault {fault} did not fire:\n{log.read_text()[-4000:]}"
         return code
+
+    def stream_run(self, run_id: str) -> Any:
+        """The run's ledger row; None before the query registered it."""
+        from airflow_provider_eo.ledger.streams import StreamRunNotFound
+
+        with Ledger(self.ledger_url) as ledger:
+            try:
+                return ledger.get_stream_run(run_id)
+            except StreamRunNotFound:
+                return None
 
     def pipeline(self) -> Pipeline:
         return Pipeline(
@@ -180,20 +200,37 @@ def test_running_count_killed_at_every_phase_is_published_exactly_once(
     query.check_group_and_audit()
 
 
-def test_nondeterministic_query_republishes_its_first_runs_staged_output(
+def test_nondeterministic_query_republishes_its_first_runs_staged_output_then_stops_on_request(
     tmp_path: Path, kafka_config: dict[str, Any], make_topic: Callable[..., str]
 ) -> None:
     query = Query(tmp_path, kafka_config, make_topic, "random")
     query.spec["max_offsets"] = 1000
     query.produce([(f"k{i % 5}", f"v{i}") for i in range(60)])
-    query.run("commit.after_commit_txn", 1)  # one shard of the batch published, then killed
-    query.run()
+    # one shard of the batch published, then killed: its run stays RUNNING in the ledger
+    query.run("commit.after_commit_txn", 1, run_id="killed")
+    # the restart runs until a stop request (what `eo stream-stop` and a stopped Airflow task send)
+    proc, log = query.start(run_id="live", trigger_s=1)
+    try:
+        wait_for(lambda: query.stream_run("live") is not None, "the restarted query's run", timeout=180)
+        assert query.stream_run("live").state == "RUNNING"
+        assert query.stream_run("killed").state == "LOST"  # declared so by the restart (its pid is gone)
+        query.produce([(f"k{i % 5}", f"v{i}") for i in range(60, 90)])
+        wait_for(
+            lambda: sum(c.records or 0 for c in query.committed()) == 90,
+            "the records produced while the query runs, committed",
+            timeout=180,
+        )
+        with Ledger(query.ledger_url) as ledger:
+            assert ledger.request_stream_stop(query.name, requested_by="the test") == ["live"]
+        assert proc.wait(timeout=120) == 0, log.read_text()[-4000:]
+    finally:
+        with_group_gone(proc)
+    run = query.stream_run("live")
+    assert run.state == "ENDED" and run.reason == "stop requested by the test", run
     values = query.sink_values()
-    assert sorted(v.split("|")[0] for v in values) == sorted(f"v{i}" for i in range(60))
-    tags = {v.split("|")[1] for v in values}
-    assert len(tags) == 1, (
-        f"the batch was published from two runs: {Counter(v.split('|')[1] for v in values)}"
-    )
+    assert sorted(v.split("|")[0] for v in values) == sorted(f"v{i}" for i in range(90))
+    first = [v.split("|")[1] for v in values if int(v.split("|")[0][1:]) < 60]
+    assert len(set(first)) == 1, f"the first batch was published from two runs: {Counter(first)}"
     query.check_group_and_audit()
 
 

@@ -1,0 +1,46 @@
+"""The Structured Streaming sink as eo's commands see it (no Spark, no Kafka)."""
+
+from __future__ import annotations
+
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_eo.errors import ConfigError
+from airflow_provider_eo.ledger import Ledger, RangeSpec
+from airflow_provider_eo.pipeline import load_pipeline
+from airflow_provider_eo.streaming import KafkaExactlyOnceSink
+
+
+def test_the_sink_is_a_pipeline_reference_once_its_query_ran(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    sink = KafkaExactlyOnceSink(
+        "agg", {"bootstrap.servers": "localhost:1"}, sink_topic="agg-out", ledger_url=url
+    )
+    module = types.ModuleType("eo_unit_sinks")
+    module.AGG = sink  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "eo_unit_sinks", module)
+    with pytest.raises(ConfigError, match="has no batch of this query yet"):
+        load_pipeline("eo_unit_sinks:AGG")
+    with Ledger(url) as ledger:
+        ledger.ensure_pipeline("agg", "f")
+        ledger.plan("agg", [RangeSpec("orders", 0, 0, 5), RangeSpec("refunds", 0, 0, 2)], batch=("q1", 0))
+    pipeline = load_pipeline("eo_unit_sinks:AGG")
+    assert pipeline.name == "agg" and pipeline.sink_topic == "agg-out"
+    assert tuple(pipeline.source_topics) == ("orders", "refunds")
+    assert pipeline.ledger_url == url and pipeline.kafka["bootstrap.servers"] == "localhost:1"
+
+
+@pytest.mark.parametrize("option", ["source_topics", "transform", "dead_letter_topic"])
+def test_pipeline_settings_the_query_owns_are_refused(option: str) -> None:
+    with pytest.raises(ConfigError, match=f"sink 'agg': '{option}' is not a setting"):
+        KafkaExactlyOnceSink("agg", {"bootstrap.servers": "b:9092"}, sink_topic="out", **{option: "x"})
+
+
+def test_a_bad_setting_fails_before_the_query_starts() -> None:
+    with pytest.raises(ConfigError, match="pipeline name"):
+        KafkaExactlyOnceSink("no spaces", {"bootstrap.servers": "b:9092"}, sink_topic="out")
