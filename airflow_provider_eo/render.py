@@ -48,9 +48,13 @@ _STATE_STYLE = {"PLANNED": "cyan", "PREPARED": "yellow", "COMMITTED": "green", "
 
 
 def checkpoints_table(records: Sequence[CheckpointRecord], *, title: str | None = None) -> Table:
-    """A rich table of checkpoints: id, state, lineage, records, dead letters, ranges, durations."""
+    """A rich table of checkpoints: id, state, lineage, records, dead letters, ranges, durations
+    (and the micro-batch id when they are a Structured Streaming query's batches)."""
+    batches = any(r.batch_id is not None for r in records)
     table = Table(title=title, header_style="bold")
     table.add_column("id", justify="right")
+    if batches:
+        table.add_column("batch", justify="right")
     table.add_column("state")
     table.add_column("lineage", justify="right")
     table.add_column("records", justify="right")
@@ -62,6 +66,7 @@ def checkpoints_table(records: Sequence[CheckpointRecord], *, title: str | None 
         style = _STATE_STYLE.get(r.state.value, "")
         table.add_row(
             str(r.checkpoint_id),
+            *(["-" if r.batch_id is None else str(r.batch_id)] if batches else []),
             f"[{style}]{r.state.value}[/]" if style else r.state.value,
             str(r.lineage),
             "-" if r.records is None else str(r.records),

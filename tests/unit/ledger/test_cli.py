@@ -59,3 +59,28 @@ def test_render_table(ledger: Ledger) -> None:
     console.print(checkpoints_table(ledger.list_checkpoints("orders")))
     text = console.export_text()
     assert "plan→prepare" in text and "t[0]:10-20" in text
+
+
+def test_a_querys_batches_show_their_batch_ids(ledger: Ledger) -> None:
+    ledger.ensure_pipeline("agg", "f")
+    ledger.plan("agg", [RangeSpec("t", 0, 0, 5)], batch=("q1", 7))
+    console = Console(width=200, record=True)
+    console.print(checkpoints_table(ledger.list_checkpoints("agg")))
+    header, *rows = [line for line in console.export_text().splitlines() if "│" in line or "┃" in line]
+    assert "batch" in header and any(" 7 " in row for row in rows)
+    result = CliRunner().invoke(
+        app,
+        [
+            "checkpoints",
+            "agg",
+            "--json",
+            "--ledger-url",
+            ledger.engine.url.render_as_string(hide_password=False),
+        ],
+    )
+    row = json.loads(result.stdout.splitlines()[0])
+    assert (row["query_id"], row["batch_id"]) == ("q1", 7)
+    console = Console(width=200, record=True)
+    _seed(ledger)
+    console.print(checkpoints_table(ledger.list_checkpoints("orders")))
+    assert "batch" not in console.export_text()  # a pipeline's own checkpoints: no column
