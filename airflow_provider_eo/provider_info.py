@@ -44,6 +44,7 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_provider_eo.operators.restore",
                     "airflow_provider_eo.operators.backfill",
                     "airflow_provider_eo.operators.stream",
+                    "airflow_provider_eo.operators.query",
                 ],
             }
         ],

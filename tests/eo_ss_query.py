@@ -15,13 +15,13 @@ from __future__ import annotations
 import json
 import sys
 import uuid
+from typing import Any
 
 
 def main(spec: dict[str, object]) -> None:
     from pyspark.sql import functions as F
 
     from airflow_provider_eo.spark.session import get_spark
-    from airflow_provider_eo.streaming import KafkaExactlyOnceSink
 
     spark = get_spark(f"eo-ss-{spec['name']}", conf={"spark.sql.shuffle.partitions": "2"})
     source = (
@@ -58,16 +58,13 @@ def main(spec: dict[str, object]) -> None:
             ),
         )
         mode = "append"
-    sink = KafkaExactlyOnceSink(
-        name=str(spec["name"]),
-        kafka={"bootstrap.servers": str(spec["bootstrap"])},
-        sink_topic=str(spec["sink"]),
-        ledger_url=str(spec["ledger_url"]),
-        staging_dir=str(spec["staging_dir"]),
-        commit_shards=int(spec.get("commit_shards", 1)),  # type: ignore[call-overload]
-        commit_mode="local",
-        heartbeat_s=1.0,
-    )
+    if spec.get("sink_ref"):  # the sink an Airflow task also imports (tests/eo_ss_sinks.py)
+        import importlib
+
+        module_name, _, attr = str(spec["sink_ref"]).partition(":")
+        sink = getattr(importlib.import_module(module_name), attr)
+    else:
+        sink = _sink(spec)
     trigger_s = spec.get("trigger_s")
     query = sink.start(
         out,
@@ -79,6 +76,21 @@ def main(spec: dict[str, object]) -> None:
     query.awaitTermination()
     sink.close()
     spark.stop()
+
+
+def _sink(spec: dict[str, Any]) -> Any:
+    from airflow_provider_eo.streaming import KafkaExactlyOnceSink
+
+    return KafkaExactlyOnceSink(
+        name=str(spec["name"]),
+        kafka={"bootstrap.servers": str(spec["bootstrap"])},
+        sink_topic=str(spec["sink"]),
+        ledger_url=str(spec["ledger_url"]),
+        staging_dir=str(spec["staging_dir"]),
+        commit_shards=int(spec.get("commit_shards", 1)),  # type: ignore[call-overload]
+        commit_mode="local",
+        heartbeat_s=1.0,
+    )
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_eo import names
+from airflow_provider_eo.connections import ConnectionSettings, apply_settings, read_handoff
 from airflow_provider_eo.core.batches import BatchPosition, begin_batch
 from airflow_provider_eo.core.commit import commit_checkpoint
 from airflow_provider_eo.core.fault_seam import fault_point
@@ -142,6 +144,7 @@ class KafkaExactlyOnceSink:
         # Held while a batch is in foreachBatch: a stop request waits for the batch to end.
         self._in_batch = threading.Lock()
         self._resolved: Pipeline | None = None
+        self._settings: ConnectionSettings | None = None
         self._ledger: Ledger | None = None
         self._query_id: str | None = None
 
@@ -159,7 +162,7 @@ class KafkaExactlyOnceSink:
             return self._resolved
         from airflow_provider_eo.core.batches import newest_checkpoint
 
-        pipeline = self._resolve(Pipeline(**self._options, source_topics=(f"{self.name}.source",)))
+        pipeline = self._resolve(self.base_pipeline())
         with Ledger(pipeline.ledger_url) as ledger:
             newest = newest_checkpoint(ledger, self.name)
         if newest is None:
@@ -313,9 +316,20 @@ class KafkaExactlyOnceSink:
             self._resolved = self._resolve(Pipeline(**self._options, source_topics=tuple(topics)))
         return self._resolved
 
-    @staticmethod
-    def _resolve(pipeline: Pipeline) -> Pipeline:
-        """``pipeline`` with its Airflow connections applied (when it names any)."""
+    def base_pipeline(self) -> Pipeline:
+        """The sink's settings as a pipeline whose source is a placeholder (the query's Kafka
+        topics are known at its first batch): its name, cluster, ledger and connections."""
+        return Pipeline(**self._options, source_topics=(f"{self.name}.source",))
+
+    def _resolve(self, pipeline: Pipeline) -> Pipeline:
+        """``pipeline`` with its Airflow connections applied (when it names any): the settings
+        an Airflow task handed this driver (client deploy mode: the private hand-off file,
+        read once), else the connections read here."""
+        handoff = os.environ.pop(names.CONNECTIONS_FILE_ENV, None)
+        if handoff:
+            self._settings = read_handoff(handoff)
+        if self._settings is not None:
+            return apply_settings(pipeline, self._settings)
         if pipeline.connection_ids:
             from airflow_provider_eo.hooks.base import resolve_connections
 

@@ -44,3 +44,13 @@ def test_pipeline_settings_the_query_owns_are_refused(option: str) -> None:
 def test_a_bad_setting_fails_before_the_query_starts() -> None:
     with pytest.raises(ConfigError, match="pipeline name"):
         KafkaExactlyOnceSink("no spaces", {"bootstrap.servers": "b:9092"}, sink_topic="out")
+
+
+def test_a_query_tasks_run_id_fits_the_ledger_and_names_the_try() -> None:
+    from airflow_provider_eo.operators.query import query_run_id
+
+    long = query_run_id("d" * 250, "manual__2026-11-26T10:42:23+00:00", "t" * 250, 12)
+    assert len(long) <= 64 and long.endswith("-12")  # eo_stream_runs.run_id is 64 characters
+    one, two = (query_run_id("dag", "run", "query", n) for n in (1, 2))
+    assert one != two and one.startswith("af-query-")
+    assert query_run_id("dag", "run-a", "query", 1) != query_run_id("dag", "run-b", "query", 1)
