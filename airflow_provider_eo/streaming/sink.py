@@ -88,6 +88,9 @@ class KafkaExactlyOnceSink:
     :param heartbeat_s: the query's run in the ledger beats every this many seconds (as a
         streaming-mode run: one live run per pipeline, a silent one counts as lost, a stop
         request stops the query).
+    :param checkpoint_location: the query's checkpoint location, when it is fixed (``start``
+        uses it unless given another; ``eo doctor`` and ``eo savepoint create
+        --copy-checkpoint-to`` read it).
     :param pipeline_options: further :class:`~airflow_provider_eo.pipeline.Pipeline` settings
         (e.g. ``spark_commit_min_records``, ``sink_max_message_bytes``).
     """
@@ -109,6 +112,7 @@ class KafkaExactlyOnceSink:
         transaction_timeout_ms: int = 60_000,
         allow_new_query: bool = False,
         heartbeat_s: float = 5.0,
+        checkpoint_location: str | None = None,
         **pipeline_options: Any,
     ) -> None:
         for refused in ("source_topics", "transform", "dead_letter_topic", "startup", "backfill_of"):
@@ -138,7 +142,7 @@ class KafkaExactlyOnceSink:
         Pipeline(**self._options, source_topics=(f"{sink_topic}.source",))
         self.allow_new_query = allow_new_query
         self.heartbeat_s = float(heartbeat_s)
-        self.checkpoint_location: str | None = None
+        self.checkpoint_location: str | None = checkpoint_location
         self.query: StreamingQuery | None = None
         self._run: _QueryRun | None = None
         # Held while a batch is in foreachBatch: a stop request waits for the batch to end.
@@ -178,7 +182,7 @@ class KafkaExactlyOnceSink:
     def start(
         self,
         df: DataFrame,
-        checkpoint_location: str,
+        checkpoint_location: str | None = None,
         *,
         trigger_interval: str | None = "5 seconds",
         output_mode: str = "update",
@@ -188,11 +192,18 @@ class KafkaExactlyOnceSink:
         """Start ``df``'s query writing through this sink and return Spark's ``StreamingQuery``.
 
         :param checkpoint_location: the query's checkpoint location (its offset log is what
-            the sink records each batch's ranges from; restart the query from the same one).
+            the sink records each batch's ranges from; restart the query from the same one);
+            default: the sink's ``checkpoint_location``.
         :param trigger_interval: processing-time trigger (``None``: as fast as possible).
         :param output_mode: ``append``, ``update`` or ``complete``, as the query needs.
         :param available_now: process what the sources hold now, in batches, then stop.
         """
+        checkpoint_location = checkpoint_location or self.checkpoint_location
+        if not checkpoint_location:
+            raise ConfigError(
+                f"sink {self.name!r}: give the query's checkpoint location (start(df, "
+                "checkpoint_location=...) or KafkaExactlyOnceSink(checkpoint_location=...))"
+            )
         self.checkpoint_location = checkpoint_location
         writer = (
             df.writeStream.foreachBatch(self.foreach_batch)
