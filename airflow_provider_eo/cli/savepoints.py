@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from airflow_provider_eo.cli._common import JsonFlag, PipelineRef, emit, opened
-from airflow_provider_eo.cli.errors import err, reported
+from airflow_provider_eo.cli.errors import err, fail, reported
 
 if TYPE_CHECKING:
     from airflow_provider_eo.ledger import CheckpointRecord, PipelineRecord
@@ -46,12 +46,51 @@ def savepoint_create_cmd(
     wait: Annotated[
         float, typer.Option("--wait", help="Seconds to wait for the checkpoint in flight to finish.")
     ] = 600.0,
+    copy_to: Annotated[
+        str | None,
+        typer.Option(
+            "--copy-checkpoint-to",
+            help="A Structured Streaming sink only: also copy the query's checkpoint location as of "
+            "the savepoint's batch to this new folder (start the query from it to restore).",
+        ),
+    ] = None,
+    checkpoint_location: Annotated[
+        str | None,
+        typer.Option(
+            "--checkpoint-location",
+            help="The query's checkpoint location (default: the sink's checkpoint_location).",
+        ),
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Record a savepoint at the newest COMMITTED checkpoint (waiting for the one in flight)."""
+    """Record a savepoint at the newest COMMITTED checkpoint (waiting for the one in flight);
+    for a Structured Streaming sink, at its newest COMMITTED batch."""
     from airflow_provider_eo.core.savepoint import take_savepoint
     from airflow_provider_eo.ledger import Actor
+    from airflow_provider_eo.streaming.savepoint import load_sink, take_query_savepoint
 
+    sink = load_sink(ref)
+    if sink is not None:
+        if stop:
+            fail(
+                f"sink {sink.name!r}: --stop is for eo's own pipelines; stop the query first "
+                f"(`eo stream-stop {ref}`), then take the savepoint"
+            )
+        with reported(), opened(ref) as (pipeline, ledger):
+            query_sp = take_query_savepoint(
+                pipeline,
+                ledger,
+                name,
+                checkpoint_location=checkpoint_location or sink.checkpoint_location,
+                copy_to=copy_to,
+                note=note,
+                wait_s=wait,
+                actor=Actor.here(),
+            )
+        emit(query_sp.summary(), as_json)
+        return
+    if copy_to or checkpoint_location:
+        fail(f"{ref}: --copy-checkpoint-to and --checkpoint-location are for a KafkaExactlyOnceSink")
     with reported(), opened(ref) as (pipeline, ledger):
         sp = take_savepoint(
             pipeline,

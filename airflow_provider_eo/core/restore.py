@@ -200,6 +200,22 @@ def _refuse_unfinished(pipeline: Pipeline, ledger: Ledger, what: str) -> None:
         )
 
 
+def _refuse_query_batches(pipeline: Pipeline, ledger: Ledger, what: str) -> None:
+    """A pipeline whose checkpoints are a Structured Streaming query's batches takes its
+    positions from the query's checkpoint location, not from the ledger: a new lineage
+    there would only make the query's next batch be refused (its ranges continue the
+    query's own offsets)."""
+    newest = ledger.last_committed(pipeline.name) or ledger.unfinished(pipeline.name)
+    if newest is not None and newest.query_id is not None:
+        raise RestoreRefused(
+            f"pipeline {pipeline.name!r}: cannot {what}: its checkpoints are the batches of "
+            f"Structured Streaming query {newest.query_id}, which restarts from its checkpoint "
+            "location; nothing was changed. Start the query from a copy of its checkpoint "
+            "location (`eo savepoint create MODULE:ATTR NAME --copy-checkpoint-to DIR`), or "
+            "write to another sink name to process records again (docs/design.md §12)."
+        )
+
+
 def _repeated(pipeline: str, outcome: RestoreOutcome) -> RestoreResult:
     info = outcome.details
     offsets: dict[TP, int] = {}
@@ -274,6 +290,7 @@ def restore_from_savepoint(
         if earlier is not None:
             return _repeated(pipeline.name, earlier)
     sp = ledger.get_savepoint(pipeline.name, name)
+    _refuse_query_batches(pipeline, ledger, f"restore from savepoint {name!r}")
     _refuse_unfinished(pipeline, ledger, f"restore from savepoint {name!r}")
     saved = {(t, p): o for t, parts in sp.offsets.items() for p, o in parts.items()}
     now_parts = _current_partitions(pipeline)
@@ -348,6 +365,7 @@ def reset_pipeline(
         earlier = ledger.find_restore(pipeline.name, request_key)
         if earlier is not None:
             return _repeated(pipeline.name, earlier)
+    _refuse_query_batches(pipeline, ledger, f"reset to {target.describe()}")
     _refuse_unfinished(pipeline, ledger, f"reset to {target.describe()}")
     config = librdkafka_config(pipeline.kafka)
     parts = _current_partitions(pipeline)
