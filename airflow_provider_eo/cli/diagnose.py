@@ -64,8 +64,18 @@ def doctor_cmd(
         from airflow_provider_eo.spark.probe import staging_probe
 
         probe = staging_probe
+    from airflow_provider_eo.streaming.savepoint import load_sink
+
+    sink = load_sink(ref)
+    query_location = None
+    if sink is not None and sink.checkpoint_location:  # the query's location, read here
+        from functools import partial
+
+        from airflow_provider_eo.streaming.checkpoint_location import read_location
+
+        query_location = partial(read_location, sink.checkpoint_location)
     with reported():
-        report = run_doctor(load(ref), staging_probe=probe)
+        report = run_doctor(load(ref), staging_probe=probe, query_location=query_location)
     if as_json:
         print(json.dumps(report.as_dict()))
     else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import dataclass
 
 import pytest
 
@@ -14,6 +15,7 @@ from airflow_provider_eo.core.doctor import (
     judge_marker_group,
     judge_open_transactions,
     judge_prefix,
+    judge_query,
     judge_same_name,
     judge_sink_topic,
     judge_source_topics,
@@ -225,3 +227,95 @@ def test_staging_shared_fails_when_the_executors_rows_are_not_all_visible() -> N
     assert "a local folder works only with a local master" in unseen.change
     broken = judge_staging_shared("/data/staging", None, 0, "h", "Py4JError: no master")
     assert broken.severity == "fail" and "Py4JError: no master" in broken.found
+
+
+# -- a Structured Streaming query's batches ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Location:
+    location: str
+    query_id: str | None
+    latest_offsets: int | None
+    latest_commit: int | None
+
+
+def _batch(batch: int, state: CheckpointState, query: str = "q1") -> CheckpointRecord:
+    return CheckpointRecord(
+        pipeline="agg",
+        checkpoint_id=batch + 1,
+        state=state,
+        lineage=1,
+        ranges=(),
+        planned_at=NOW,
+        query_id=query,
+        batch_id=batch,
+    )
+
+
+RUNNING = {"run_id": "r1", "state": "RUNNING", "host": "h", "pid": 7, "heartbeat_age_s": 1.0}
+
+
+def _by_check(findings: list[Finding]) -> dict[str, Finding]:
+    return {f.check: f for f in findings}
+
+
+def test_query_at_the_ledgers_batch_running_is_ok() -> None:
+    got = _by_check(
+        judge_query("agg", _batch(4, CheckpointState.COMMITTED), RUNNING, _Location("/ck", "q1", 5, 4))
+    )
+    assert {c: f.severity for c, f in got.items()} == {
+        "query-run": "ok",
+        "query-batch": "ok",
+        "query-identity": "ok",
+        "query-position": "ok",
+    }
+
+
+def test_query_location_of_another_query_or_none_fails() -> None:
+    other = _by_check(
+        judge_query("agg", _batch(4, CheckpointState.COMMITTED), RUNNING, _Location("/ck", "q2", 0, 0))
+    )
+    assert other["query-identity"].severity == "fail" and "q2" in other["query-identity"].found
+    empty = _by_check(
+        judge_query("agg", _batch(4, CheckpointState.COMMITTED), None, _Location("/ck", None, None, None))
+    )
+    assert empty["query-identity"].severity == "fail"
+    assert empty["query-run"].severity == "warn"
+    unknown = _by_check(judge_query("agg", _batch(4, CheckpointState.COMMITTED), RUNNING, None))
+    assert (
+        unknown["query-identity"].severity == "warn"
+        and "checkpoint_location" in unknown["query-identity"].change
+    )
+
+
+def test_query_location_behind_or_ahead_of_the_ledger() -> None:
+    ended = {**RUNNING, "state": "ENDED", "reason": "the query ended"}
+    behind = _by_check(
+        judge_query("agg", _batch(6, CheckpointState.COMMITTED), ended, _Location("/ck", "q1", 3, 3))
+    )
+    assert (
+        behind["query-position"].severity == "warn"
+        and "re-runs batches 4..6" in behind["query-position"].found
+    )
+    one_behind = _by_check(
+        judge_query("agg", _batch(6, CheckpointState.COMMITTED), ended, _Location("/ck", "q1", 6, 5))
+    )
+    assert one_behind["query-position"].severity == "ok"
+    ahead = _by_check(
+        judge_query("agg", _batch(6, CheckpointState.COMMITTED), ended, _Location("/ck", "q1", 8, 8))
+    )
+    assert ahead["query-position"].severity == "fail"
+
+
+def test_a_prepared_batch_without_a_running_query_is_flagged() -> None:
+    stale = {**RUNNING, "state": "STALE", "heartbeat_age_s": 60.0}
+    got = _by_check(
+        judge_query("agg", _batch(2, CheckpointState.PREPARED), stale, _Location("/ck", "q1", 2, 1))
+    )
+    assert got["query-run"].severity == "warn" and "silent for 60.0s" in got["query-run"].found
+    assert got["query-batch"].severity == "warn" and "PREPARED" in got["query-batch"].found
+    live = _by_check(
+        judge_query("agg", _batch(2, CheckpointState.PREPARED), RUNNING, _Location("/ck", "q1", 2, 1))
+    )
+    assert live["query-batch"].severity == "ok"
