@@ -67,6 +67,9 @@ def _brief(row: Checkpoint | None) -> dict[str, Any] | None:
         "aborted_at": _iso(row.aborted_at),
         "dag_id": row.dag_id,
         "run_id": row.run_id,
+        # A Structured Streaming query's batch (None for eo's own checkpoints).
+        "query_id": row.query_id,
+        "batch_id": row.batch_id,
     }
 
 
@@ -243,6 +246,8 @@ def checkpoint_page(db: Database, name: str, *, limit: int = 50, before: int | N
                     "backfill": row.filter_start_ms is not None,
                     "dag_id": row.dag_id,
                     "run_id": row.run_id,
+                    "query_id": row.query_id,
+                    "batch_id": row.batch_id,
                 }
             )
         return {
