@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import itertools
 import json
 import os
 import signal
@@ -30,10 +31,11 @@ from airflow_provider_eo.core.restore import restore_from_savepoint
 from airflow_provider_eo.errors import RestoreRefused
 from airflow_provider_eo.kafka import admin
 from airflow_provider_eo.kafka.audit import read_sink, read_topic, settled_ends
-from airflow_provider_eo.ledger import CheckpointRecord, CheckpointState, Ledger
+from airflow_provider_eo.ledger import CheckpointNotFound, CheckpointRecord, CheckpointState, Ledger
 from airflow_provider_eo.pipeline import load_pipeline
 from airflow_provider_eo.sensors.checkpoint import EoCheckpointSensor
 from airflow_provider_eo.streaming.checkpoint_location import read_location
+from airflow_provider_eo.streaming.savepoint import take_query_savepoint
 from airflow_provider_eo.triggers.checkpoint import EoCheckpointTrigger
 from airflow_provider_eo.ui import app as ui_app
 from airflow_provider_eo.ui.lag import LagCache
@@ -59,25 +61,39 @@ SINK = KafkaExactlyOnceSink(
 """
 
 
-def run_query(spec: dict[str, Any], env: dict[str, str], log: Path) -> None:
-    """The query (tests/eo_ss_query.py, availableNow) until it exits 0."""
+def start_query(spec: dict[str, Any], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """The query (tests/eo_ss_query.py) as its own process (session)."""
     with log.open("wb") as out:
-        proc = subprocess.Popen(
+        return subprocess.Popen(
             [sys.executable, str(QUERY), json.dumps(spec)],
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+
+
+def finish(proc: subprocess.Popen[bytes], log: Path) -> None:
+    """Wait for the query's process to exit 0; stop what it left (its Spark JVM)."""
     try:
         code = proc.wait(timeout=300)
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # its Spark JVM, if left
-        except ProcessLookupError:
-            pass
-        proc.wait()
+        with_group_gone(proc)
     assert code == 0, log.read_text()[-4000:]
+
+
+def with_group_gone(proc: subprocess.Popen[bytes]) -> None:
+    """Stop the query's process group if it is still there."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def run_query(spec: dict[str, Any], env: dict[str, str], log: Path) -> None:
+    """The query with ``availableNow``, until it exits 0."""
+    finish(start_query(spec, env, log), log)
 
 
 def eo(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -103,50 +119,109 @@ def ui_client() -> TestClient:
     return TestClient(app)
 
 
-def test_savepoint_copy_restores_the_query_and_doctor_ui_sensor_see_its_batches(
+class Ops:
+    """One running-count query's topics, ledger, checkpoint location and sink module."""
+
+    def __init__(
+        self,
+        tmp_path: Path,
+        kafka_config: dict[str, Any],
+        make_topic: Callable[..., str],
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        self.config = kafka_config
+        self.source = make_topic("ss-ops-src", partitions=2)
+        self.sink = make_topic("ss-ops-out", partitions=2)
+        self.tps = [(self.source, 0), (self.source, 1)]
+        self.name = f"ss-ops-{uuid.uuid4().hex[:6]}"
+        self.ledger_url = f"sqlite:///{tmp_path / 'ledger.db'}"
+        self.checkpoint, self.copy = tmp_path / "checkpoint", tmp_path / "copy"
+        self.logs = tmp_path
+        self.spec: dict[str, Any] = {
+            "bootstrap": kafka_config["bootstrap.servers"],
+            "source": self.source,
+            "sink": self.sink,
+            "name": self.name,
+            "ledger_url": self.ledger_url,
+            "staging_dir": str(tmp_path / "staging"),
+            "checkpoint": str(self.checkpoint),
+            "kind": "count",
+            "commit_shards": 2,
+            "max_offsets": 40,
+        }
+        module = f"eo_ops_sink_{uuid.uuid4().hex[:8]}"
+        (tmp_path / f"{module}.py").write_text(SINK_MODULE.format(**self.spec))
+        monkeypatch.syspath_prepend(str(tmp_path))
+        self.ref = f"{module}:SINK"
+        self.env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])),
+        }
+        self.env.pop("EO_FAULT", None)
+
+    def produce(self, numbers: range) -> None:
+        producer = Producer(self.config)
+        for i in numbers:
+            producer.produce(self.source, key=f"k{i % 7}", value=str(i), partition=i % 2)
+        assert producer.flush(30) == 0
+
+    def committed(self) -> list[CheckpointRecord]:
+        with Ledger(self.ledger_url) as ledger:
+            try:
+                cps = [c for c in ledger.list_checkpoints(self.name) if c.state is CheckpointState.COMMITTED]
+            except CheckpointNotFound:  # the query has not registered the pipeline yet
+                return []
+        return sorted(cps, key=lambda c: c.checkpoint_id)
+
+    def consumed(self) -> int:
+        """Source records in the committed batches' ranges."""
+        return sum(r.end - r.start for c in self.committed() for r in c.ranges)
+
+    def check_output(self) -> None:
+        """Each committed batch's running counts (recounted from the source records of its
+        ranges) in the sink exactly once; the last counts are the source's; the group at the
+        source's ends; the batches contiguous."""
+        batches = self.committed()
+        assert [c.batch_id for c in batches] == list(range(len(batches)))
+        for before, after in itertools.pairwise(batches):
+            assert {r.key: r.start for r in after.ranges} == {r.key: r.end for r in before.ranges}
+        ends = settled_ends(self.config, self.tps)
+        records = {
+            (int(m.partition()), int(m.offset())): m.key().decode()
+            for m in read_topic(self.config, self.source, ends, isolation="read_committed")
+        }
+        running: Counter[str] = Counter()
+        expected: Counter[str] = Counter()
+        for cp in batches:  # each batch emits the running count of every key it touched
+            touched = set()
+            for r in cp.ranges:
+                for offset in range(r.start, r.end):
+                    running[records[(r.partition, offset)]] += 1
+                    touched.add(records[(r.partition, offset)])
+            expected.update(f"{key}={running[key]}" for key in touched)
+        values = [m.value().decode() for m in read_sink(self.config, self.sink)]
+        assert Counter(values) == expected
+        assert dict(running) == dict(Counter(records.values()))
+        newest = {r.key: r.end for r in batches[-1].ranges}
+        assert admin.committed_group_offsets(self.config, f"eo.{self.name}", self.tps) == newest == ends
+
+
+@pytest.fixture()
+def ops(
     tmp_path: Path,
     kafka_config: dict[str, Any],
     make_topic: Callable[..., str],
     monkeypatch: pytest.MonkeyPatch,
+) -> Ops:
+    return Ops(tmp_path, kafka_config, make_topic, monkeypatch)
+
+
+def test_savepoint_copy_restores_the_query_and_doctor_ui_sensor_see_its_batches(
+    ops: Ops, tmp_path: Path, kafka_config: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    source, sink = make_topic("ss-ops-src", partitions=2), make_topic("ss-ops-out", partitions=2)
-    tps = [(source, 0), (source, 1)]
-    name = f"ss-ops-{uuid.uuid4().hex[:6]}"
-    ledger_url = f"sqlite:///{tmp_path / 'ledger.db'}"
-    checkpoint, copy = tmp_path / "checkpoint", tmp_path / "copy"
-    spec: dict[str, Any] = {
-        "bootstrap": kafka_config["bootstrap.servers"],
-        "source": source,
-        "sink": sink,
-        "name": name,
-        "ledger_url": ledger_url,
-        "staging_dir": str(tmp_path / "staging"),
-        "checkpoint": str(checkpoint),
-        "kind": "count",
-        "commit_shards": 2,
-        "max_offsets": 40,
-    }
-    module = f"eo_ops_sink_{uuid.uuid4().hex[:8]}"
-    (tmp_path / f"{module}.py").write_text(SINK_MODULE.format(**spec))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    ref = f"{module}:SINK"
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])),
-    }
-    env.pop("EO_FAULT", None)
-
-    def produce(numbers: range) -> None:
-        producer = Producer(kafka_config)
-        for i in numbers:
-            producer.produce(source, key=f"k{i % 7}", value=str(i), partition=i % 2)
-        assert producer.flush(30) == 0
-
-    def committed() -> list[CheckpointRecord]:
-        with Ledger(ledger_url) as ledger:
-            cps = [c for c in ledger.list_checkpoints(name) if c.state is CheckpointState.COMMITTED]
-        return sorted(cps, key=lambda c: c.checkpoint_id)
-
+    name, ledger_url = ops.name, ops.ledger_url
+    checkpoint, copy, spec, ref, env = ops.checkpoint, ops.copy, ops.spec, ops.ref, ops.env
+    produce, committed = ops.produce, ops.committed
     produce(range(100))
     started = dt.datetime.now(dt.UTC)
     run_query(spec, env, tmp_path / "run-1.log")
@@ -161,7 +236,7 @@ def test_savepoint_copy_restores_the_query_and_doctor_ui_sensor_see_its_batches(
     assert position.returncode == 0, position.stderr
     sp = last_json(position)
     assert (sp["query_id"], sp["batch_id"], sp["checkpoint_id"]) == (query, 2, last.checkpoint_id)
-    assert sp["offsets"] == {source: ends} and sp["checkpoint_copy"] is None
+    assert sp["offsets"] == {ops.source: ends} and sp["checkpoint_copy"] is None
     with_copy = eo(env, "savepoint", "create", ref, "with-copy", "--copy-checkpoint-to", str(copy), "--json")
     assert with_copy.returncode == 0, with_copy.stderr
     sp = last_json(with_copy)
@@ -224,29 +299,7 @@ def test_savepoint_copy_restores_the_query_and_doctor_ui_sensor_see_its_batches(
     run_query({**spec, "checkpoint": str(copy)}, env, tmp_path / "run-2.log")
     batches = committed()
     assert [c.batch_id for c in batches] == [0, 1, 2, 3]
-    assert {r.key: r.start for r in batches[3].ranges} == {r.key: r.end for r in last.ranges}
-    records = {
-        (int(m.partition()), int(m.offset())): m.key().decode()
-        for m in read_topic(kafka_config, source, settled_ends(kafka_config, tps), isolation="read_committed")
-    }
-    running: Counter[str] = Counter()
-    expected: Counter[str] = Counter()
-    for cp in batches:  # each batch emits the running count of every key it touched
-        touched = set()
-        for r in cp.ranges:
-            for offset in range(r.start, r.end):
-                running[records[(r.partition, offset)]] += 1
-                touched.add(records[(r.partition, offset)])
-        expected.update(f"{key}={running[key]}" for key in touched)
-    values = [m.value().decode() for m in read_sink(kafka_config, sink)]
-    assert Counter(values) == expected  # the counts continue from the copy's state, each once
-    assert dict(running) == dict(Counter(records.values()))
-    newest = {r.key: r.end for r in batches[3].ranges}
-    assert (
-        admin.committed_group_offsets(kafka_config, f"eo.{name}", tps)
-        == newest
-        == settled_ends(kafka_config, tps)
-    )
+    ops.check_output()  # the counts continue from the copy's state, each once
     wait_for(lambda: lag_is(0), "no lag after the restored run", timeout=60)
     done = later.poke({})  # type: ignore[arg-type]
     assert done and done.xcom_value["checkpoint_id"] == batches[3].checkpoint_id  # type: ignore[union-attr]
@@ -261,3 +314,53 @@ def test_savepoint_copy_restores_the_query_and_doctor_ui_sensor_see_its_batches(
     assert (
         position_finding.severity == "ok" and "re-runs batch 3 without publishing" in position_finding.found
     )
+
+
+def test_a_copy_taken_while_the_query_runs_restores_it_without_publishing_twice(
+    ops: Ops, tmp_path: Path
+) -> None:
+    """The copy is taken while the query plans its first batches (40 + 40 + 20 records, all
+    in the topic before it starts, so the restarted query plans the same ones again): the
+    restarted query re-runs the batches after the copy's without publishing them, then
+    continues its counts with the records produced after."""
+    ops.produce(range(100))
+    live = start_query({**ops.spec, "trigger_s": 1}, ops.env, tmp_path / "live.log")
+    try:
+        wait_for(lambda: len(ops.committed()) >= 1, "the query's first batch", timeout=180)
+        with Ledger(ops.ledger_url) as ledger:
+            taken = take_query_savepoint(
+                load_pipeline(ops.ref),
+                ledger,
+                "while-running",
+                checkpoint_location=str(ops.checkpoint),
+                copy_to=str(ops.copy),
+            )
+        wait_for(lambda: ops.consumed() == 100, "the first 100 records", timeout=180)
+        with Ledger(ops.ledger_url) as ledger:
+            assert ledger.request_stream_stop(ops.name, requested_by="the test")
+        finish(live, tmp_path / "live.log")
+    finally:
+        with_group_gone(live)
+    assert [c.batch_id for c in ops.committed()] == [0, 1, 2]
+    copied = read_location(str(ops.copy))
+    assert copied.latest_offsets == copied.latest_commit == taken.batch_id
+    # restarted from the copy: re-runs the batches after it (nothing published), then new records
+    restored = start_query(
+        {**ops.spec, "checkpoint": str(ops.copy), "trigger_s": 1}, ops.env, tmp_path / "restored.log"
+    )
+    try:
+        wait_for(
+            lambda: read_location(str(ops.copy)).latest_commit == 2,
+            "the re-run of batches up to 2",
+            timeout=180,
+        )
+        assert [c.batch_id for c in ops.committed()] == [0, 1, 2]
+        ops.produce(range(100, 130))
+        wait_for(lambda: ops.consumed() == 130, "the 30 new records", timeout=180)
+        with Ledger(ops.ledger_url) as ledger:
+            assert ledger.request_stream_stop(ops.name, requested_by="the test")
+        finish(restored, tmp_path / "restored.log")
+    finally:
+        with_group_gone(restored)
+    assert [c.batch_id for c in ops.committed()] == [0, 1, 2, 3]
+    ops.check_output()
