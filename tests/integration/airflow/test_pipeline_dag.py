@@ -25,82 +25,66 @@ def _audit_clean(pipeline: Any) -> list[Any]:
     return checkpoints
 
 
-def test_three_runs_commit_three_checkpoints(airflow_env: Any, kafka_bootstrap: str) -> None:
+def test_three_runs_commit_exactly_once_through_a_commit_and_a_prepare_retry(
+    airflow_env: Any, kafka_bootstrap: str
+) -> None:
+    """Three runs of the example DAG, one spark-submit each (and one for the retried prepare):
+
+    - run 1's commit dies after the Kafka commit (before the ledger update): its retry finds
+      the commit markers and sends nothing;
+    - run 2's prepare job dies after writing its staged files: the retry prepares the very
+      checkpoint and ranges the plan recorded, once;
+    - run 3 is clean (every task on its first try).
+
+    Every task is retried only where a fault was injected; three checkpoints commit, in the
+    ledger with their Airflow lineage and extra links; every committed source record is in
+    the sink exactly once: none lost, none twice, nothing of the aborted input."""
     pipeline = airflow_env.pipeline()
-    committed, _aborted = produce_sample(kafka_bootstrap, pipeline.source_topics[0])
+    committed, aborted = produce_sample(kafka_bootstrap, pipeline.source_topics[0])
 
-    runs = airflow_env.run_dag_test("eo_pipeline", runs=3)
+    runs = airflow_env.run_dag_test("eo_pipeline", runs=3, commit_fault_runs="1", prepare_fault_runs="2")
 
+    first, second, third = runs
     for run in runs:
         assert run["state"] == "success", run
         assert run["xcoms"]["eo.commit"]["state"] == "COMMITTED", run
-        assert all(ti["try_number"] == 1 for ti in run["tis"].values()), run
+    retried = {1: "eo.commit", 2: "eo.prepare", 3: None}
+    for run in runs:
+        tries = {task: ti["try_number"] for task, ti in run["tis"].items()}
+        expected = {task: 2 if task == retried[run["run"]] else 1 for task in tries}
+        assert tries == expected, run
+    log = airflow_env.log_text()
+    assert "injected fault at commit.after_commit_txn" in log
+    assert "injected fault at prepare.after_write" in log
+    # Run 1: try 1 published and died before the ledger update; the retry found the commit
+    # marker and sent nothing.
+    assert first["xcoms"]["eo.commit"]["published"] == 0, first
+    assert first["xcoms"]["eo.commit"]["shards_skipped"] >= 1, first
     assert [r["xcoms"]["eo.plan"]["checkpoint_id"] for r in runs] == [1, 2, 3]
     checkpoints = _audit_clean(pipeline)
     assert [c.state for c in checkpoints] == [CheckpointState.COMMITTED] * 3
     assert sum(c.records or 0 for c in checkpoints) == committed
-    assert_sink_is_source_exactly_once(pipeline.kafka, pipeline, source_records=committed)
+    # Counted against the source, by the source position each output carries.
+    report = assert_sink_is_source_exactly_once(pipeline.kafka, pipeline, source_records=committed)
+    assert report.sink == committed == 40 and aborted == 20, report.describe()
     # Airflow lineage in the ledger: each checkpoint names the run that planned it.
     assert [c.run_id for c in checkpoints] == [r["run_id"] for r in runs]
-    assert sum(r["xcoms"]["eo.commit"]["published"] for r in runs) == committed
+    # Runs 2 and 3 published what their checkpoints hold (run 1's try 1 published its own).
+    assert [r["xcoms"]["eo.commit"]["published"] for r in (second, third)] == [
+        c.records for c in checkpoints[1:]
+    ]
+    # Run 2: the retry prepared the very checkpoint and ranges the plan recorded, once.
+    cp = checkpoints[1]
+    assert [r.compact() for r in cp.ranges] == second["xcoms"]["eo.plan"]["ranges"]
+    with Ledger(pipeline.ledger_url) as ledger:
+        events = ledger.events(pipeline.name, cp.checkpoint_id)
+    prepared = [e for e in events if e.to_state is CheckpointState.PREPARED]
+    assert len(prepared) == 1 and prepared[0].try_number == 2 and prepared[0].task_id == "eo.prepare"
     # The plan and commit tasks' "Checkpoint" extra link: the UI page, on their checkpoint.
     for n, run in enumerate(runs, start=1):
         for task in ("eo.plan", "eo.commit"):
             link = run["links"][f"{task}_link_EoCheckpointLink"]
             assert link.endswith(f"/eo/?pipeline={pipeline.name}&checkpoint={n}"), (task, link)
-
-
-def test_prepare_fails_first_try_retry_prepares_same_checkpoint(
-    airflow_env: Any, kafka_bootstrap: str
-) -> None:
-    pipeline = airflow_env.pipeline()
-    _committed, _ = produce_sample(kafka_bootstrap, pipeline.source_topics[0])
-
-    (run,) = airflow_env.run_dag_test("eo_pipeline", runs=1, prepare_fault_runs="1")
-
-    assert run["state"] == "success", run
-    assert run["tis"]["eo.prepare"]["try_number"] == 2, run  # try 1 died, try 2 prepared
-    assert "injected fault at prepare.after_write" in airflow_env.log_text()
-    with Ledger(pipeline.ledger_url) as ledger:
-        (cp,) = ledger.list_checkpoints(pipeline.name)
-        events = ledger.events(pipeline.name, cp.checkpoint_id)
-    # The retry prepared the very checkpoint and ranges the plan recorded.
-    assert cp.checkpoint_id == run["xcoms"]["eo.plan"]["checkpoint_id"] == 1
-    assert [r.compact() for r in cp.ranges] == run["xcoms"]["eo.plan"]["ranges"]
-    assert cp.state is CheckpointState.COMMITTED
-    prepared = [e for e in events if e.to_state is CheckpointState.PREPARED]
-    assert len(prepared) == 1 and prepared[0].try_number == 2 and prepared[0].task_id == "eo.prepare"
-    _audit_clean(pipeline)
-
-
-def test_commit_killed_after_kafka_commit_retry_publishes_nothing(
-    airflow_env: Any, kafka_bootstrap: str
-) -> None:
-    """Run 1's commit dies after the Kafka commit (before the ledger update); its retry sends
-    nothing, and after the third run (the last of the input) every committed source record
-    is in the sink exactly once: none lost, none twice, nothing of the aborted input."""
-    pipeline = airflow_env.pipeline()
-    committed, aborted = produce_sample(kafka_bootstrap, pipeline.source_topics[0])
-
-    runs = airflow_env.run_dag_test("eo_pipeline", runs=3, commit_fault_runs="1")
-
-    first, *later = runs
-    assert first["state"] == "success", first
-    assert first["tis"]["eo.commit"]["try_number"] == 2, first
-    assert "injected fault at commit.after_commit_txn" in airflow_env.log_text()
-    # Try 1 published and died before the ledger update; the retry found the commit
-    # marker and sent nothing.
-    assert first["xcoms"]["eo.commit"]["published"] == 0, first
-    assert first["xcoms"]["eo.commit"]["shards_skipped"] >= 1, first
-    for run in later:
-        assert run["state"] == "success", run
-        assert run["xcoms"]["eo.commit"]["state"] == "COMMITTED", run
-    checkpoints = _audit_clean(pipeline)
-    assert [c.state for c in checkpoints] == [CheckpointState.COMMITTED] * 3
-    # Counted against the source, by the source position each output carries.
-    report = assert_sink_is_source_exactly_once(pipeline.kafka, pipeline, source_records=committed)
-    assert report.sink == committed == 40 and aborted == 20, report.describe()
-    assert sum(c.records or 0 for c in checkpoints) == committed
 
 
 def test_plan_preflight_fails_the_run_naming_the_missing_sink(airflow_env: Any, kafka_bootstrap: str) -> None:
