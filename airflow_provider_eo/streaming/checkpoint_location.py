@@ -128,6 +128,7 @@ def read_location(location: str) -> QueryLocation:
 
 
 _LEADING_NUMBER = re.compile(r"(\d+)")
+_CHUNK = 8 << 20
 
 
 def keep_in_copy(relative: str, batch_id: int) -> bool:
@@ -183,8 +184,9 @@ def copy_at_batch(location: str, destination: str, batch_id: int) -> CheckpointC
             dst_fs.create_dir(target.rsplit("/", 1)[0], recursive=True)
             try:
                 with src_fs.open_input_stream(info.path) as r, dst_fs.open_output_stream(target) as w:
-                    data = r.read()
-                    w.write(data)
+                    while chunk := r.read(_CHUNK):  # state snapshots may be large
+                        w.write(chunk)
+                        size += len(chunk)
             except FileNotFoundError as exc:
                 raise CheckpointLocationError(
                     f"{where}: {relative} vanished while it was copied (Spark removed it as the query "
@@ -192,7 +194,6 @@ def copy_at_batch(location: str, destination: str, batch_id: int) -> CheckpointC
                     "the query first."
                 ) from exc
             files += 1
-            size += len(data)
         for needed in (f"offsets/{batch_id}", f"commits/{batch_id}", "metadata"):
             if dst_fs.get_file_info(f"{dst}/{needed}").type != pafs.FileType.File:
                 raise CheckpointLocationError(

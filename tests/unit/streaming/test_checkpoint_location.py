@@ -75,6 +75,7 @@ def test_copy_and_read_location(tmp_path: Path) -> None:
     held = {str(p.relative_to(tmp_path / "copy")) for p in (tmp_path / "copy").rglob("*") if p.is_file()}
     assert held == AT_2
     assert (copy.query_id, copy.batch_id, copy.files) == (QUERY, 2, len(AT_2))
+    assert copy.bytes == sum((src / rel).stat().st_size for rel in AT_2)
     assert (tmp_path / "copy" / "state/0/0/3.delta").read_text() == "state/0/0/3.delta"
     again = read_location(str(tmp_path / "copy"))
     assert (again.query_id, again.latest_offsets, again.latest_commit) == (QUERY, 2, 2)
