@@ -44,7 +44,7 @@ class FrameStager:
         limits = Observation(f"eo-{request.pipeline.name}-{request.checkpoint_id}-{request.attempt}")
         staged = shape.observe_limits(staged, limits, request.max_message_bytes, sink_partitions)
         try:
-            write.write_staged(staged, f"{path}/data", sink_partitions)
+            write.write_staged(staged, f"{path}/data", sink_partitions, source_order=False)
         except BaseException:
             staging.remove(path)
             raise

@@ -16,7 +16,9 @@ The sink partition of each record, in order of precedence:
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_eo import staging
@@ -93,17 +95,7 @@ def staged_frame(
 
     ``where`` names the pipeline and checkpoint in errors.
     """
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import (
-        ArrayType,
-        BinaryType,
-        IntegerType,
-        LongType,
-        StringType,
-        StructType,
-    )
-
-    from airflow_provider_eo.spark.udfs import kafka_partitioner
+    from pyspark.sql.types import ArrayType, BinaryType, StringType, StructType
 
     cols = set(out.columns)
     if "partition" in cols and source is not None:
@@ -120,19 +112,15 @@ def staged_frame(
         )
     fields = {f.name: f.dataType for f in out.schema.fields}
 
-    def as_binary(name: str) -> Any:
+    def kind(name: str) -> str:
         dtype = fields[name]
-        if isinstance(dtype, BinaryType):
-            return F.col(name)
-        if isinstance(dtype, StringType):
-            return F.col(name).cast("binary")
+        if isinstance(dtype, (BinaryType, StringType)):
+            return dtype.simpleString()
         raise PrepareError(
             f"{where}: output column {name!r} has type {dtype.simpleString()}; it must be "
             "binary or string (serialize it, e.g. F.to_json(...))"
         )
 
-    value = as_binary("value")
-    key = as_binary("key") if "key" in cols else F.lit(None).cast("binary")
     if "headers" in cols:
         htype = fields["headers"]
         ok = (
@@ -144,10 +132,54 @@ def staged_frame(
             raise PrepareError(
                 f"{where}: output column 'headers' must be array<struct<key:string,value:binary>>"
             )
-        headers = F.col("headers")
-    else:
-        headers = F.lit(None).cast("array<struct<key:string,value:binary>>")
-    if PROVENANCE_COLUMN in cols:
+    form = _Form(
+        value=kind("value"),
+        key=kind("key") if "key" in cols else None,
+        headers="headers" in cols,
+        provenance=PROVENANCE_COLUMN in cols,
+        partition="partition" in cols,
+        sink_partitions=sink_partitions,
+    )
+    shaped, derived = _staged_columns(out.sparkSession, form)
+    return out.select(*shaped).withColumns(derived)
+
+
+@dataclass(frozen=True)
+class _Form:
+    """What the staged columns' expressions depend on: the output's columns and types."""
+
+    value: str
+    key: str | None
+    headers: bool
+    provenance: bool
+    partition: bool
+    sink_partitions: int
+
+
+# The expressions of each form, per session: building a column costs py4j round trips (tens
+# of milliseconds for the set), paid once per session instead of once per checkpoint.
+_COLUMNS: weakref.WeakKeyDictionary[Any, dict[_Form, tuple[list[Column], dict[str, Column]]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _staged_columns(spark: Any, form: _Form) -> tuple[list[Column], dict[str, Column]]:
+    """The projection onto the staged columns, and the columns derived from it
+    (``sink_partition``, ``size``), for an output of ``form``."""
+    cache = _COLUMNS.setdefault(spark, {})
+    if form in cache:
+        return cache[form]
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import IntegerType, LongType, StringType
+
+    from airflow_provider_eo.spark.udfs import kafka_partitioner
+
+    def as_binary(name: str, kind: str) -> Column:
+        return F.col(name) if kind == "binary" else F.col(name).cast("binary")
+
+    key = as_binary("key", form.key) if form.key else F.lit(None).cast("binary")
+    headers = F.col("headers") if form.headers else F.lit(None).cast("array<struct<key:string,value:binary>>")
+    if form.provenance:
         src_topic = F.col(f"{PROVENANCE_COLUMN}.topic")
         src_partition = F.col(f"{PROVENANCE_COLUMN}.partition")
         src_offset = F.col(f"{PROVENANCE_COLUMN}.offset")
@@ -155,26 +187,26 @@ def staged_frame(
         src_topic = F.lit(None).cast(StringType())
         src_partition = F.lit(None).cast(IntegerType())
         src_offset = F.lit(None).cast(LongType())
-    shaped = out.select(
+    explicit = F.col("partition").cast("int") if form.partition else F.lit(None).cast("int")
+    shaped = [
         key.alias("key"),
-        value.alias("value"),
+        as_binary("value", form.value).alias("value"),
         headers.alias("headers"),
         src_topic.alias("src_topic"),
         src_partition.alias("src_partition"),
         src_offset.alias("src_offset"),
-        (F.col("partition").cast("int") if "partition" in cols else F.lit(None).cast("int")).alias(
-            "explicit_partition"
-        ),
-    ).withColumn("seq", F.monotonically_increasing_id())  # ordering only, never placement
-    murmur = kafka_partitioner(out.sparkSession, sink_partitions)
+        explicit.alias("explicit_partition"),
+        F.monotonically_increasing_id().alias("seq"),  # ordering only, never placement
+    ]
+    murmur = kafka_partitioner(spark, form.sink_partitions)
     sink_partition = (
         F.when(F.col("explicit_partition").isNotNull(), F.col("explicit_partition"))
         .when(F.col("key").isNotNull(), murmur(F.col("key")))
-        .otherwise(fallback_partition(sink_partitions))
+        .otherwise(fallback_partition(form.sink_partitions))
     )
-    return shaped.withColumn("sink_partition", sink_partition).withColumn(
-        "size", record_size(has_headers="headers" in cols)
-    )
+    derived = {"sink_partition": sink_partition, "size": record_size(has_headers=form.headers)}
+    cache[form] = (shaped, derived)
+    return shaped, derived
 
 
 def bad_partition(sink_partitions: int) -> Column:
@@ -190,19 +222,30 @@ def observe_limits(staged: DataFrame, limits: Observation, max_bytes: int, sink_
     (``rows``), the records written per sink partition (``rows_p<i>``, what
     :func:`rows_per_partition` reads back) and the records without a source position
     (``created``: the transform made them, or dropped the provenance column)."""
-    from pyspark.sql import functions as F
+    return staged.observe(limits, *_limit_columns(staged.sparkSession, max_bytes, sink_partitions))
 
-    per_partition = [
-        F.count(F.when(F.col("sink_partition") == i, 1)).alias(f"rows_p{i}") for i in range(sink_partitions)
-    ]
-    return staged.observe(
-        limits,
-        F.count(F.when(F.col("size") > max_bytes, 1)).alias("oversize"),
-        F.count(F.when(bad_partition(sink_partitions), 1)).alias("bad_partition"),
-        F.count(F.lit(1)).alias("rows"),
-        F.count(F.when(F.col("src_offset").isNull(), 1)).alias("created"),
-        *per_partition,
-    )
+
+_LIMITS: weakref.WeakKeyDictionary[Any, dict[tuple[int, int], list[Column]]] = weakref.WeakKeyDictionary()
+
+
+def _limit_columns(spark: Any, max_bytes: int, sink_partitions: int) -> list[Column]:
+    """:func:`observe_limits`' aggregates, built once per session and limits."""
+    cache = _LIMITS.setdefault(spark, {})
+    if (max_bytes, sink_partitions) not in cache:
+        from pyspark.sql import functions as F
+
+        per_partition = [
+            F.count(F.when(F.col("sink_partition") == i, 1)).alias(f"rows_p{i}")
+            for i in range(sink_partitions)
+        ]
+        cache[max_bytes, sink_partitions] = [
+            F.count(F.when(F.col("size") > max_bytes, 1)).alias("oversize"),
+            F.count(F.when(bad_partition(sink_partitions), 1)).alias("bad_partition"),
+            F.count(F.lit(1)).alias("rows"),
+            F.count(F.when(F.col("src_offset").isNull(), 1)).alias("created"),
+            *per_partition,
+        ]
+    return cache[max_bytes, sink_partitions]
 
 
 def rows_per_partition(seen: dict[str, Any], sink_partitions: int) -> dict[int, int]:

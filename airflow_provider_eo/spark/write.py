@@ -46,10 +46,31 @@ def needs_shuffle(narrow: int | None, sink_partitions: int) -> bool:
     return narrow is None or narrow * sink_partitions > MAX_UNSHUFFLED_FILES
 
 
-def write_staged(staged: DataFrame, data_dir: str, sink_partitions: int) -> None:
+def unordered_tasks(parallelism: int, sink_partitions: int) -> int:
+    """How many tasks write a frame whose rows carry no source position: the cluster's
+    parallelism, fewer when that would leave more than :data:`MAX_UNSHUFFLED_FILES` files."""
+    return max(1, min(parallelism, MAX_UNSHUFFLED_FILES // max(1, sink_partitions)))
+
+
+def write_staged(
+    staged: DataFrame, data_dir: str, sink_partitions: int, *, source_order: bool = True
+) -> None:
     """Write ``staged`` (from :func:`shape.staged_frame`) under ``data_dir`` partitioned by
-    ``sink_partition``; fails if ``data_dir`` exists (an attempt folder is never reused)."""
-    if needs_shuffle(narrow_tasks(staged), sink_partitions):
+    ``sink_partition``; fails if ``data_dir`` exists (an attempt folder is never reused).
+
+    ``source_order=False`` is for a frame without source positions (a Structured Streaming
+    batch's output, ordered by ``seq`` alone): its tasks are merged without a shuffle
+    (``coalesce``) into :func:`unordered_tasks` tasks, each writing the rows of the tasks it
+    merged one task after the other, each task's rows in their order. Rows of different
+    tasks keep no order between them, as with Spark's own Kafka sink, whose tasks write
+    concurrently; every row of a key that one task computes (an aggregation's, a
+    deduplication's output) stays in order. Without merging, a query's many small shuffle
+    partitions (200 by default) leave a file per task and sink partition, or cost a shuffle.
+    """
+    if not source_order:
+        parallelism = staged.sparkSession.sparkContext.defaultParallelism
+        staged = staged.coalesce(unordered_tasks(parallelism, sink_partitions))
+    elif needs_shuffle(narrow_tasks(staged), sink_partitions):
         # A shuffling transform (or too many small files otherwise): one task per sink
         # partition; the sort below restores source order inside it.
         parallelism = staged.sparkSession.sparkContext.defaultParallelism

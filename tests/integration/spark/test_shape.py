@@ -7,6 +7,8 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_eo.errors import PrepareError
+from airflow_provider_eo.kafka.partitioner import java_partition
 from airflow_provider_eo.spark import shape, source
 
 pytestmark = [pytest.mark.spark]
@@ -59,3 +61,34 @@ def test_the_shaping_projection_is_generated_code(spark: Any, headers: bool) -> 
     projects = [line for line in plan.splitlines() if "Project [" in line]
     assert projects, plan
     assert all(line.lstrip(" +-:").startswith("*(") for line in projects), plan
+
+
+def test_columns_built_once_per_form_follow_each_frames_types(spark: Any) -> None:
+    """The staged expressions are reused per session and form: a string-valued frame after a
+    binary-valued one of the same columns is still cast, with its key hashed like Java."""
+    binary = spark.createDataFrame([(b"k", b"v")], "key binary, value binary")
+    text = spark.createDataFrame([("k", "v")], "key string, value string")
+    for frame in (binary, text, binary):
+        staged = shape.staged_frame(frame, 3, "test")
+        assert dict(staged.dtypes)["value"] == "binary"
+        assert dict(staged.dtypes)["key"] == "binary"
+        row = staged.select("key", "value", "sink_partition").first()
+        assert (row["key"], row["value"]) == (b"k", b"v")
+        assert row["sink_partition"] == java_partition(b"k", 3)
+
+
+@pytest.mark.parametrize(
+    ("schema", "message"),
+    [
+        (
+            "value int",
+            r"pipeline p, checkpoint 7: output column 'value' has type int; it must be binary or string",
+        ),
+        ("key array<int>, value string", r"output column 'key' has type array<int>"),
+        ("value string, headers array<string>", r"output column 'headers' must be array<struct"),
+    ],
+)
+def test_an_output_column_of_the_wrong_type_is_refused(spark: Any, schema: str, message: str) -> None:
+    frame = spark.createDataFrame([], schema)
+    with pytest.raises(PrepareError, match=message):
+        shape.staged_frame(frame, 3, "pipeline p, checkpoint 7")
