@@ -35,23 +35,40 @@ def _audit(pipeline: Any) -> None:
     assert report.ok and report.duplicates == 0, report.as_dict()
 
 
-def test_inline_stream_commits_n_checkpoints_exactly_once(airflow_env: Any, kafka_bootstrap: str) -> None:
+def test_driver_death_fails_the_task_then_a_new_try_resumes_and_commits_n_checkpoints(
+    airflow_env: Any, kafka_bootstrap: str
+) -> None:
+    """The streaming driver dies after staging checkpoint 1: the task fails with the driver's
+    reason and checkpoint 1 stays PLANNED. The next run (``{"checkpoints": 2}``) resumes it and
+    commits it and checkpoint 2 inline, exactly once, with the driver's metrics for both."""
+    _stream_env(airflow_env, EO_FAULT="prepare.after_write", EO_FAULT_ACTION="exit")
     pipeline = airflow_env.pipeline()
     produce_sample(kafka_bootstrap, pipeline.source_topics[0])
+
+    (run,) = airflow_env.run_dag_test("eo_stream", conf='{"checkpoints": 1}')
+
+    assert run["state"] == "failed" and run["tis"]["stream"]["state"] == "failed", run
+    log = airflow_env.log_text()
+    assert "StreamDriverFailed" in log and "the streaming application's driver died (exit code" in log
+    assert "injected fault at prepare.after_write" in log  # the driver's own reason, in the task's error
+    (cp,) = _checkpoints(pipeline)
+    assert cp.state is CheckpointState.PLANNED
+    del airflow_env.env["EO_FAULT"], airflow_env.env["EO_FAULT_ACTION"]
 
     # The driver's metrics (it is not an Airflow task: it sends through Airflow's Stats from
     # the [metrics] settings it inherits), to a StatsD listener in InfluxDB tag mode.
     with statsd_listener() as statsd:
-        _stream_env(airflow_env, **statsd_env(statsd.port))
-        (run,) = airflow_env.run_dag_test("eo_stream", conf='{"checkpoints": 2}')
+        airflow_env.env.update(statsd_env(statsd.port))
+        (again,) = airflow_env.run_dag_test("eo_stream", conf='{"checkpoints": 2}')
         poll_until(lambda: len(statsd.metrics("airflow.eo.checkpoint.records")) >= 2, timeout=10)
         sent = statsd.metrics("airflow.eo.")
 
-    assert run["state"] == "success", run
-    summary = run["xcoms"]["stream"]
+    assert again["state"] == "success", again
+    summary = again["xcoms"]["stream"]
     assert summary["checkpoints"] == 2 and summary["reason"] == "checkpoints", summary
     assert summary["unfinished"] == [], summary
     checkpoints = _checkpoints(pipeline)
+    assert [c.checkpoint_id for c in checkpoints] == [1, 2]  # 1 resumed, not planned again
     assert [c.state for c in checkpoints] == [CheckpointState.COMMITTED] * 2
     assert summary["records"] == sum(c.records or 0 for c in checkpoints) > 0
     _audit(pipeline)
@@ -68,28 +85,6 @@ def test_inline_stream_commits_n_checkpoints_exactly_once(airflow_env: Any, kafk
     ends = {(r.topic, r.partition): r.end for r in last.ranges}
     log_ends = admin.list_offsets(pipeline.kafka, list(ends), spec="latest")
     assert lags[-1].value == sum(log_ends[tp] - end for tp, end in ends.items()), sent
-
-
-def test_driver_death_fails_the_task_then_a_new_try_resumes(airflow_env: Any, kafka_bootstrap: str) -> None:
-    _stream_env(airflow_env, EO_FAULT="prepare.after_write", EO_FAULT_ACTION="exit")
-    pipeline = airflow_env.pipeline()
-    produce_sample(kafka_bootstrap, pipeline.source_topics[0])
-
-    (run,) = airflow_env.run_dag_test("eo_stream", conf='{"checkpoints": 1}')
-
-    assert run["state"] == "failed" and run["tis"]["stream"]["state"] == "failed", run
-    log = airflow_env.log_text()
-    assert "StreamDriverFailed" in log and "the streaming application's driver died (exit code" in log
-    assert "injected fault at prepare.after_write" in log  # the driver's own reason, in the task's error
-    (cp,) = _checkpoints(pipeline)
-    assert cp.state is CheckpointState.PLANNED
-    # The next try (here: a new run, as a retry would) resumes checkpoint 1 from the ledger.
-    del airflow_env.env["EO_FAULT"], airflow_env.env["EO_FAULT_ACTION"]
-    (again,) = airflow_env.run_dag_test("eo_stream", conf='{"checkpoints": 1}')
-    assert again["state"] == "success", again
-    (cp,) = _checkpoints(pipeline)
-    assert cp.state is CheckpointState.COMMITTED and cp.checkpoint_id == 1
-    _audit(pipeline)
 
 
 def test_airflow_commit_mode_commit_dag_runs_commit_prepared_checkpoints(
