@@ -4,8 +4,9 @@ retried after that shard's marker expired, must not publish the shard again: the
 reads the proof back from the committed output (the provenance header names the
 checkpoint and the pipeline identity).
 
-Runs its own broker with ``offsets.retention.minutes=1`` (the session broker keeps the
-default seven days).
+The markers' expiry is the marker group's deletion: once the broker has expired every
+offset of a group with no members (``offsets.retention.minutes`` after the last commit), it
+removes the group, which is the state ``kafka-consumer-groups --delete`` leaves at once.
 """
 
 from __future__ import annotations
@@ -18,53 +19,27 @@ from typing import Any
 
 import pytest
 from eo_faultlib import assert_group_offsets_match_ledger, marker
-from eo_harness import Harness, wait_for
+from eo_harness import Harness
 
-from airflow_provider_eo.errors import KafkaAdminError
-from airflow_provider_eo.kafka.admin import ensure_topic
+from airflow_provider_eo import names
+from airflow_provider_eo.kafka.admin import admin_client, ensure_topic
 from airflow_provider_eo.ledger import CheckpointState, ShardState
 from airflow_provider_eo.pipeline import Pipeline
-from airflow_provider_eo.stack.kafka import LocalKafka
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
-ROOT = Path(__file__).resolve().parents[3]
-
-
-@pytest.fixture(scope="module")
-def short_retention_kafka() -> Iterator[dict[str, Any]]:
-    """A broker of our own whose group offsets expire one minute after their commit (the
-    expiry check runs every second)."""
-    import os
-
-    kafka = LocalKafka(
-        home=ROOT / ".eo" / "test-kafka" / f"{os.getpid()}-retention",
-        extra_config={
-            "offsets.retention.minutes": "1",
-            "offsets.retention.check.interval.ms": "1000",
-        },
-    )
-    kafka.wipe()
-    info = kafka.up(timeout_s=120)
-    try:
-        yield {"bootstrap.servers": info.bootstrap}
-    finally:
-        kafka.wipe()
-
 
 @pytest.fixture()
-def expiring(
-    tmp_path: Path, short_retention_kafka: dict[str, Any], spark: Any
-) -> Iterator[Callable[..., Harness]]:
+def expiring(tmp_path: Path, kafka_config: dict[str, Any], spark: Any) -> Iterator[Callable[..., Harness]]:
     made: list[Harness] = []
 
     def _make(**kw: Any) -> Harness:
         source, sink = f"src-{uuid.uuid4().hex[:10]}", f"sink-{uuid.uuid4().hex[:10]}"
-        ensure_topic(short_retention_kafka, source, partitions=2)
-        ensure_topic(short_retention_kafka, sink, partitions=3)
+        ensure_topic(kafka_config, source, partitions=2)
+        ensure_topic(kafka_config, sink, partitions=3)
         pipeline = Pipeline(
             name=f"p-{uuid.uuid4().hex[:8]}",
-            kafka=dict(short_retention_kafka),
+            kafka=dict(kafka_config),
             source_topics=[source],
             sink_topic=sink,
             transform="eo_test_transforms:identity",
@@ -72,13 +47,20 @@ def expiring(
             staging_dir=str(tmp_path / "staging"),
             **kw,
         )
-        h = Harness(pipeline, dict(short_retention_kafka), spark)
+        h = Harness(pipeline, dict(kafka_config), spark)
         made.append(h)
         return h
 
     yield _make
     for h in made:
         h.ledger.close()
+
+
+def _expire_markers(pipeline: Pipeline) -> None:
+    """What the broker does once the markers' retention passed: the group and its offsets go."""
+    group = names.marker_group(pipeline)
+    futures = admin_client(pipeline.kafka).delete_consumer_groups([group], request_timeout=30)
+    futures[group].result(timeout=60)
 
 
 def test_expired_marker_of_a_published_shard_does_not_republish(expiring: Callable[..., Harness]) -> None:
@@ -96,14 +78,8 @@ def test_expired_marker_of_a_published_shard_does_not_republish(expiring: Callab
     assert [(s.shard, s.state) for s in cp.shards] == [(0, ShardState.PENDING)]
     assert marker(h.pipeline, 0) == planned.checkpoint_id
 
-    # Wait (poll) until the broker expired every marker of the pipeline.
-    def expired() -> bool:
-        try:
-            return all(marker(h.pipeline, s) == -1 for s in range(3))
-        except KafkaAdminError:  # a read timed out (a loaded machine): poll again
-            return False
-
-    wait_for(expired, "the commit markers to expire", timeout=300)
+    _expire_markers(h.pipeline)
+    assert [marker(h.pipeline, s) for s in range(3)] == [-1, -1, -1]
     result = h.commit(planned.checkpoint_id)
     assert result.checkpoint.state is CheckpointState.COMMITTED
     assert result.shards_skipped == 1  # shard 0: proven by its committed output
