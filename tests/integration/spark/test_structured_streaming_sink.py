@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -29,6 +31,9 @@ from airflow_provider_eo.pipeline import Pipeline
 pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.timeout(900)]
 
 QUERY = Path(__file__).resolve().parents[2] / "eo_ss_query.py"
+# The seed of the random kill moments (EO_SS_KILL_SEED to try others; where the kill lands
+# also depends on the machine's speed).
+SEED = int(os.environ.get("EO_SS_KILL_SEED", "5"))
 
 
 class Query:
@@ -94,6 +99,23 @@ class Query:
         else:
             assert code == -signal.SIGKILL, f"the fault {fault} did not fire:\n{log.read_text()[-4000:]}"
         return code
+
+    def kill_at_a_random_moment(self, rng: random.Random) -> None:
+        """Run the query on a 1 s trigger until it has committed one more batch, then SIGKILL
+        its whole process group ``rng.uniform(0, 2)`` seconds later: in a batch, between the
+        shards of a commit, between batches, wherever that lands."""
+        before = len(self.committed())
+        proc, log = self.start(trigger_s=1)
+        try:
+            wait_for(
+                lambda: len(self.committed()) > before or proc.poll() is not None,
+                "a batch committed by the run to kill",
+                timeout=240,
+            )
+            assert proc.poll() is None, log.read_text()[-4000:]
+            time.sleep(rng.uniform(0, 2))  # the random moment itself, not a wait for a condition
+        finally:
+            with_group_gone(proc)
 
     def stream_run(self, run_id: str) -> Any:
         """The run's ledger row; None before the query registered it."""
@@ -182,7 +204,9 @@ def test_running_count_killed_at_every_phase_is_published_exactly_once(
         ("batch.after_commit", 2),  # batch 1 COMMITTED, Spark's commit log not written
     ]:
         query.run(fault, hit)
-    query.produce([(k, str(i)) for i, k in enumerate(keys[:40], start=1000)])  # more after the kills
+    query.produce([(k, str(i)) for i, k in enumerate(keys[:120], start=1000)])  # more after the kills
+    rng = random.Random(SEED)
+    query.kill_at_a_random_moment(rng)
     query.run()
     values = query.sink_values()
     assert Counter(values) == expected_count_updates(query)  # each update once, none missing
@@ -238,9 +262,10 @@ def test_drop_duplicates_within_watermark_killed_mid_commit(
     tmp_path: Path, kafka_config: dict[str, Any], make_topic: Callable[..., str]
 ) -> None:
     query = Query(tmp_path, kafka_config, make_topic, "dedup")
-    values = [f"v{i % 50}" for i in range(120)]  # each value two or three times, across batches
+    values = [f"v{i % 50}" for i in range(240)]  # each value four or five times, across batches
     query.produce([(f"k{i % 3}", v) for i, v in enumerate(values)])
     query.run("commit.before_ledger", 2)  # the second batch published, ledger not updated
+    query.kill_at_a_random_moment(random.Random(SEED + 1))
     query.run()
     got = query.sink_values()
     assert Counter(got) == Counter(set(values)), Counter(got) - Counter(set(values))
