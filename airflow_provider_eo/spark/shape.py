@@ -16,7 +16,6 @@ The sink partition of each record, in order of precedence:
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -156,19 +155,38 @@ class _Form:
     sink_partitions: int
 
 
-# The expressions of each form, per session: building a column costs py4j round trips (tens
-# of milliseconds for the set), paid once per session instead of once per checkpoint.
-_COLUMNS: weakref.WeakKeyDictionary[Any, dict[_Form, tuple[list[Column], dict[str, Column]]]] = (
-    weakref.WeakKeyDictionary()
-)
+# Column expressions are plain (unresolved) expressions, valid in any session of one JVM:
+# built once per output form instead of once per checkpoint (a set costs ~500 py4j round
+# trips, tens of milliseconds). Keyed by the py4j gateway too: a foreachBatch frame comes
+# with a new Python session object every batch, and expressions of another JVM are void.
+_COLUMNS: dict[tuple[_Form, bool], tuple[Any, tuple[list[Column], dict[str, Column]]]] = {}
+_LIMITS: dict[tuple[int, int], tuple[Any, list[Column]]] = {}
+
+
+def _gateway(spark: Any) -> Any:
+    """The py4j gateway of a classic session (None otherwise: nothing is cached)."""
+    return getattr(getattr(spark, "_sc", None), "_gateway", None)
 
 
 def _staged_columns(spark: Any, form: _Form) -> tuple[list[Column], dict[str, Column]]:
     """The projection onto the staged columns, and the columns derived from it
     (``sink_partition``, ``size``), for an output of ``form``."""
-    cache = _COLUMNS.setdefault(spark, {})
-    if form in cache:
-        return cache[form]
+    from airflow_provider_eo.spark.udfs import register_java_partitioner
+
+    jvm_partitioner = register_java_partitioner(spark)  # per session: its function registry
+    gateway = _gateway(spark)
+    cached = _COLUMNS.get((form, jvm_partitioner))
+    if cached is not None and gateway is not None and cached[0] is gateway:
+        return cached[1]
+    built = _build_staged_columns(spark, form, jvm_partitioner)
+    if gateway is not None:
+        _COLUMNS[form, jvm_partitioner] = (gateway, built)
+    return built
+
+
+def _build_staged_columns(
+    spark: Any, form: _Form, jvm_partitioner: bool
+) -> tuple[list[Column], dict[str, Column]]:
     from pyspark.sql import functions as F
     from pyspark.sql.types import IntegerType, LongType, StringType
 
@@ -198,14 +216,13 @@ def _staged_columns(spark: Any, form: _Form) -> tuple[list[Column], dict[str, Co
         explicit.alias("explicit_partition"),
         F.monotonically_increasing_id().alias("seq"),  # ordering only, never placement
     ]
-    murmur = kafka_partitioner(spark, form.sink_partitions)
+    murmur = kafka_partitioner(spark, form.sink_partitions, registered=jvm_partitioner)
     sink_partition = (
         F.when(F.col("explicit_partition").isNotNull(), F.col("explicit_partition"))
         .when(F.col("key").isNotNull(), murmur(F.col("key")))
         .otherwise(fallback_partition(form.sink_partitions))
     )
     derived = {"sink_partition": sink_partition, "size": record_size(has_headers=form.headers)}
-    cache[form] = (shaped, derived)
     return shaped, derived
 
 
@@ -225,27 +242,27 @@ def observe_limits(staged: DataFrame, limits: Observation, max_bytes: int, sink_
     return staged.observe(limits, *_limit_columns(staged.sparkSession, max_bytes, sink_partitions))
 
 
-_LIMITS: weakref.WeakKeyDictionary[Any, dict[tuple[int, int], list[Column]]] = weakref.WeakKeyDictionary()
-
-
 def _limit_columns(spark: Any, max_bytes: int, sink_partitions: int) -> list[Column]:
-    """:func:`observe_limits`' aggregates, built once per session and limits."""
-    cache = _LIMITS.setdefault(spark, {})
-    if (max_bytes, sink_partitions) not in cache:
-        from pyspark.sql import functions as F
+    """:func:`observe_limits`' aggregates, built once per JVM and limits."""
+    gateway = _gateway(spark)
+    cached = _LIMITS.get((max_bytes, sink_partitions))
+    if cached is not None and gateway is not None and cached[0] is gateway:
+        return cached[1]
+    from pyspark.sql import functions as F
 
-        per_partition = [
-            F.count(F.when(F.col("sink_partition") == i, 1)).alias(f"rows_p{i}")
-            for i in range(sink_partitions)
-        ]
-        cache[max_bytes, sink_partitions] = [
-            F.count(F.when(F.col("size") > max_bytes, 1)).alias("oversize"),
-            F.count(F.when(bad_partition(sink_partitions), 1)).alias("bad_partition"),
-            F.count(F.lit(1)).alias("rows"),
-            F.count(F.when(F.col("src_offset").isNull(), 1)).alias("created"),
-            *per_partition,
-        ]
-    return cache[max_bytes, sink_partitions]
+    per_partition = [
+        F.count(F.when(F.col("sink_partition") == i, 1)).alias(f"rows_p{i}") for i in range(sink_partitions)
+    ]
+    built = [
+        F.count(F.when(F.col("size") > max_bytes, 1)).alias("oversize"),
+        F.count(F.when(bad_partition(sink_partitions), 1)).alias("bad_partition"),
+        F.count(F.lit(1)).alias("rows"),
+        F.count(F.when(F.col("src_offset").isNull(), 1)).alias("created"),
+        *per_partition,
+    ]
+    if gateway is not None:
+        _LIMITS[max_bytes, sink_partitions] = (gateway, built)
+    return built
 
 
 def rows_per_partition(seen: dict[str, Any], sink_partitions: int) -> dict[int, int]:

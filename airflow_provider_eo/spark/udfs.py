@@ -40,12 +40,13 @@ def register_java_partitioner(spark: Any) -> bool:
     return True
 
 
-def kafka_partitioner(spark: Any, partitions: int) -> Callable[[Any], Any]:
+def kafka_partitioner(spark: Any, partitions: int, *, registered: bool | None = None) -> Callable[[Any], Any]:
     """Column -> the Java client's partition of each key: in the JVM when eo's jar is on the
-    session's classpath (no Python worker round trip), else the Arrow UDF above."""
+    session's classpath (no Python worker round trip), else the Arrow UDF above.
+    ``registered``: what :func:`register_java_partitioner` already returned for ``spark``."""
     from pyspark.sql import functions as F
 
-    if register_java_partitioner(spark):
+    if registered if registered is not None else register_java_partitioner(spark):
         return lambda key: F.call_function(KAFKA_PARTITION_FUNCTION, key, F.lit(partitions))
     global _FALLBACK_LOGGED
     if not _FALLBACK_LOGGED:
