@@ -350,7 +350,12 @@ class Torture:
         self.source_partitions, self.sink_partitions = source_partitions, sink_partitions
         self.commit_shards, self.max_records = commit_shards, max_records
         self.transaction_timeout_ms, self.rate = transaction_timeout_ms, rate
-        self.kafka = LocalKafka(home=work / "kafka")
+        # A transaction past its timeout is aborted within half a second (the broker looks
+        # every 10 s by default): stop_commit's wait for the broker's abort ends sooner.
+        self.kafka = LocalKafka(
+            home=work / "kafka",
+            extra_config={"transaction.abort.timed.out.transaction.cleanup.interval.ms": "500"},
+        )
         self.pg = Postgres(pg_dir)
         self.pg_was_running = False
         self.db_name = f"torture_{uuid.uuid4().hex[:10]}"

@@ -57,7 +57,13 @@ def kafka_bootstrap() -> Iterator[str]:
         owner = int(old.name) if old.name.isdigit() else -1
         if old.is_dir() and not (owner > 0 and pid_alive(owner)):  # its session is gone: stop and delete
             LocalKafka(home=old).wipe()
-    kafka = LocalKafka(home=parent / str(os.getpid()))
+    # A transaction past its timeout is aborted within half a second (the broker looks every
+    # 10 s by default): a test waiting for the broker's abort does not wait up to 10 s more,
+    # and a commit too large for its timeout always fails.
+    kafka = LocalKafka(
+        home=parent / str(os.getpid()),
+        extra_config={"transaction.abort.timed.out.transaction.cleanup.interval.ms": "500"},
+    )
     kafka.wipe()  # a fresh log every session: tests count records exactly
     info = kafka.up(timeout_s=120)
     try:

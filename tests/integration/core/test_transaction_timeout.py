@@ -10,10 +10,9 @@ there.
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,6 @@ from airflow_provider_eo.errors import TransactionTimedOut
 from airflow_provider_eo.kafka import admin
 from airflow_provider_eo.kafka.audit import read_sink, read_topic
 from airflow_provider_eo.pipeline import Pipeline
-from airflow_provider_eo.stack.kafka import LocalKafka
 
 pytestmark = [pytest.mark.kafka]
 
@@ -142,7 +140,6 @@ def test_a_publish_past_the_transaction_timeout_fails_by_name_and_publishes_noth
 
 # -- plan sizes checkpoints to the measured publish rate ----------------------------------------
 
-ROOT = Path(__file__).resolve().parents[3]
 LINK_RATE = 500  # records/s the throttled commit producers send
 TIMEOUT_MS = 2000
 
@@ -176,20 +173,12 @@ class SlowLink(RealKafka):
         return Paced(super().producer(*args, **kwargs), LINK_RATE)
 
 
-@pytest.fixture(scope="module")
-def prompt_abort_kafka() -> Iterator[dict[str, Any]]:
-    """A broker of our own that aborts a transaction past its timeout within half a second
-    (the default check runs every 10 s), so a commit too large for the timeout always fails."""
-    kafka = LocalKafka(
-        home=ROOT / ".eo" / "test-kafka" / f"{os.getpid()}-txn-timeout",
-        extra_config={"transaction.abort.timed.out.transaction.cleanup.interval.ms": "500"},
-    )
-    kafka.wipe()
-    info = kafka.up(timeout_s=120)
-    try:
-        yield {"bootstrap.servers": info.bootstrap}
-    finally:
-        kafka.wipe()
+@pytest.fixture()
+def prompt_abort_kafka(kafka_config: dict[str, Any]) -> dict[str, Any]:
+    """The session broker: it aborts a transaction past its timeout within half a second
+    (tests/conftest.py; the default check runs every 10 s), so a commit too large for the
+    timeout always fails."""
+    return kafka_config
 
 
 @pytest.mark.spark
