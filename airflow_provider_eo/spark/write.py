@@ -86,6 +86,16 @@ def write_staged(
         # Without it the staged write of 500k records took 0.15 s less (1.83 -> 1.68 s,
         # medians of 6 alternating runs in one warm JVM, local[2]).
         .option("parquet.enable.dictionary", "false")
+        # Hadoop's file committer, algorithm 2: each task moves its files into place when it
+        # commits, so the job commit has nothing left to move (one rename pass, not two), and
+        # no _SUCCESS file. Safe here because nothing reads a staged folder as complete on
+        # its own: the manifest, written after the counts are checked, marks it complete, a
+        # failed write removes the folder, a retried task writes the same file names, and a
+        # file left by an attempt that died while committing makes the listed counts differ
+        # from the counted ones (the prepare refuses the folder; the next attempt stages anew).
+        # Measured on a 1000-row Structured Streaming batch: 0.23 s less per batch.
+        .option("mapreduce.fileoutputcommitter.algorithm.version", "2")
+        .option("mapreduce.fileoutputcommitter.marksuccessfuljobs", "false")
         .partitionBy("sink_partition")
         .parquet(data_dir)
     )
