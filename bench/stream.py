@@ -4,6 +4,7 @@ at-least-once Kafka sink, same trigger interval, same input rate, same machine, 
     .venv/bin/python bench/stream.py [--interval 5] [--rate 1000] [--seconds 60] [--warmup 10]
                                      [--backlog 500000] [--partitions 4] [--max-pending 2]
                                      [--rounds 3] [--warm-passes 5] [--spark-fetch-max-wait-ms MS]
+                                     [--cases INTERVAL:MAX_RECORDS,...]
 
 One local broker (127.0.0.1) and one local SparkSession with the connector jars; every phase
 has its own topics.
@@ -36,7 +37,11 @@ has its own topics.
    eo's bounded reads set ``kafka.fetch.max.wait.ms`` to 20 ms (spark/source.py);
    ``--spark-fetch-max-wait-ms 20`` gives Spark's query the same (default: Spark's 500).
 
-Progress goes to stderr; the last line on stdout is machine-readable.
+4. ``--cases "5:0,1:0,5:125000"`` runs phases 1-3 once per interval/checkpoint-cap case (0:
+   the backlog), one after the other in the same JVM, and prints one line per case:
+   ``stream_case: interval_s= max_records= eo_p50_s= spark_p50_s= eo_rps= spark_rps=``.
+
+Progress goes to stderr; the last line on stdout is machine-readable (the first case's).
 """
 
 from __future__ import annotations
@@ -367,21 +372,43 @@ def latency_phases(
     work: Path,
     args: argparse.Namespace,
     running: list[Any],
+    suffix: str = "",
 ) -> tuple[Latency, Latency]:
-    """Phases 1 and 2: eo's stream, then Spark's query, each at ``args.rate`` records/s."""
+    """Phases 1 and 2: eo's stream, then Spark's query, each at ``args.rate`` records/s
+    (topics ``src-eo{suffix}`` ...: records are matched by their sequence number, so each
+    case's latency phases have topics of their own)."""
+    from airflow_provider_eo.kafka import admin
+
+    for t in ("src-eo", "sink-eo", "src-spark", "sink-spark"):
+        admin.ensure_topic({"bootstrap.servers": bootstrap}, t + suffix, partitions=args.partitions)
+    if suffix:
+        base = replace(
+            base, name=base.name + suffix, source_topics=["src-eo" + suffix], sink_topic="sink-eo" + suffix
+        )
     log(f"(a) eo stream, inline commit, interval {args.interval}s, {args.rate:g} records/s")
     eo = EoStream(base, ledger, spark, args.interval)
     running.append(eo)
     eo.start()
-    eo_lat = measure_latency("eo", bootstrap, "src-eo", "sink-eo", args, 60.0 + 4 * args.interval)
+    eo_lat = measure_latency(
+        "eo", bootstrap, "src-eo" + suffix, "sink-eo" + suffix, args, 60.0 + 4 * args.interval
+    )
     eo.end()
     running.remove(eo)
     log(f"  eo phases: {eo.phases()}")
 
     log(f"(b) Spark Structured Streaming -> Kafka sink, trigger {args.interval}s, {args.rate:g} rec/s")
-    q = spark_query(spark, bootstrap, "src-spark", "sink-spark", work / "spark-ckpt", args.interval)
+    q = spark_query(
+        spark,
+        bootstrap,
+        "src-spark" + suffix,
+        "sink-spark" + suffix,
+        work / f"spark-ckpt{suffix}",
+        args.interval,
+    )
     running.append(q)
-    spark_lat = measure_latency("spark", bootstrap, "src-spark", "sink-spark", args, 60.0 + 4 * args.interval)
+    spark_lat = measure_latency(
+        "spark", bootstrap, "src-spark" + suffix, "sink-spark" + suffix, args, 60.0 + 4 * args.interval
+    )
     q.stop()
     running.remove(q)
     for name, lt in (("eo", eo_lat), ("spark", spark_lat)):
@@ -486,6 +513,91 @@ def backlog_pipeline(base: Pipeline) -> Pipeline:
     return replace(base, name="bench-stream-backlog", source_topics=["bl-eo"], sink_topic="bl-eo-sink")
 
 
+def parse_cases(args: argparse.Namespace) -> list[tuple[float, int | None]]:
+    """``--cases "5:0,1:0,5:125000"`` as (interval, max_records or None for the backlog);
+    without it, the one case of ``--interval`` and ``--max-records``."""
+    if not args.cases:
+        return [(args.interval, args.max_records)]
+    out = []
+    for item in args.cases.split(","):
+        interval, _, cap = item.partition(":")
+        out.append((float(interval), int(cap or 0) or None))
+    return out
+
+
+@dataclass
+class CaseResult:
+    """One interval/size case: latencies (None when skipped) and throughput medians."""
+
+    interval: float
+    max_records: int | None
+    eo_lat: Latency | None
+    spark_lat: Latency | None
+    eo_rps: float
+    spark_rps: float
+
+    def case_line(self) -> str:
+        """The case's machine-readable line."""
+
+        def p50(lt: Latency | None) -> str:
+            return "-" if lt is None else f"{lt.p50_s:.2f}"
+
+        return (
+            f"stream_case: interval_s={self.interval:g} max_records={self.max_records or 0} "
+            f"eo_p50_s={p50(self.eo_lat)} spark_p50_s={p50(self.spark_lat)} "
+            f"eo_rps={self.eo_rps:.0f} spark_rps={self.spark_rps:.0f}"
+        )
+
+
+def run_case(
+    spark: Any,
+    ledger: Any,
+    base: Pipeline,
+    bootstrap: str,
+    work: Path,
+    args: argparse.Namespace,
+    running: list[Any],
+    case_no: int,
+) -> CaseResult:
+    """The latency phases at the case's interval, then ``--rounds`` max-throughput rounds
+    with its checkpoint cap (pass numbers continue after the warm-up and earlier cases)."""
+    eo_lat = spark_lat = None
+    if not args.skip_latency:
+        suffix = f"-case{case_no + 1}" if case_no else ""
+        eo_lat, spark_lat = latency_phases(spark, ledger, base, bootstrap, work, args, running, suffix)
+    eo_rounds: list[float] = []
+    spark_rounds: list[float] = []
+    for i in range(1, args.rounds + 1):
+        # Alternate which side goes first, so neither is billed for the other's leftovers.
+        sides = ("eo", "spark") if i % 2 else ("spark", "eo")
+        n = args.warm_passes + case_no * args.rounds + i
+        rates = throughput_round(
+            spark,
+            ledger,
+            base,
+            bootstrap,
+            work,
+            args,
+            running,
+            n,
+            f"max throughput, round {i}/{args.rounds}",
+            sides,
+        )
+        eo_rounds.append(rates["eo"])
+        spark_rounds.append(rates["spark"])
+        log(
+            f"  round {i}/{args.rounds}: eo {rates['eo']:,.0f} records/s, spark "
+            f"{rates['spark']:,.0f} records/s ({rates['eo'] / rates['spark']:.2f}x)"
+        )
+    eo_rps, spark_rps = statistics.median(eo_rounds), statistics.median(spark_rounds)
+    log(
+        f"max throughput over {args.rounds} round(s), median: eo {eo_rps:,.0f}, spark "
+        f"{spark_rps:,.0f} records/s (eo rounds {[round(r) for r in eo_rounds]}, spark rounds "
+        f"{[round(r) for r in spark_rounds]})"
+    )
+    return CaseResult(args.interval, args.max_records, eo_lat, spark_lat, eo_rps, spark_rps)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--interval", type=float, default=5.0, help="trigger interval, seconds (both)")
@@ -524,6 +636,13 @@ def main() -> int:
         "reads use 20 (spark/source.py FETCH_MAX_WAIT_MS), this gives Spark the same",
     )
     ap.add_argument("--skip-latency", action="store_true", help="only the max-throughput phase")
+    ap.add_argument(
+        "--cases",
+        default=None,
+        help='interval:max_records cases run one after the other, e.g. "5:0,1:0,5:125000" '
+        "(0: the backlog); each prints a stream_case line, the first also the stream line "
+        "(default: the one case of --interval and --max-records)",
+    )
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the finally below still runs
     if args.spark_fetch_max_wait_ms is not None:
@@ -568,27 +687,21 @@ def main() -> int:
         # Warm-up: phase 3's passes, unmeasured, before anything else is measured.
         for k in range(1, args.warm_passes + 1):
             phase3(k, f"warm-up pass {k}/{args.warm_passes}", ("eo", "spark"))
-        eo_lat = spark_lat = None
-        if not args.skip_latency:
-            eo_lat, spark_lat = latency_phases(spark, ledger, base, bootstrap, work, args, running)
-        eo_rounds: list[float] = []
-        spark_rounds: list[float] = []
-        for i in range(1, args.rounds + 1):
-            # Alternate which side goes first, so neither is billed for the other's leftovers.
-            sides = ("eo", "spark") if i % 2 else ("spark", "eo")
-            rates = phase3(args.warm_passes + i, f"max throughput, round {i}/{args.rounds}", sides)
-            eo_rounds.append(rates["eo"])
-            spark_rounds.append(rates["spark"])
-            log(
-                f"  round {i}/{args.rounds}: eo {rates['eo']:,.0f} records/s, spark "
-                f"{rates['spark']:,.0f} records/s ({rates['eo'] / rates['spark']:.2f}x)"
-            )
-        eo_rps, spark_rps = statistics.median(eo_rounds), statistics.median(spark_rounds)
-        log(
-            f"max throughput over {args.rounds} round(s), median: eo {eo_rps:,.0f}, spark "
-            f"{spark_rps:,.0f} records/s (eo rounds {[round(r) for r in eo_rounds]}, spark rounds "
-            f"{[round(r) for r in spark_rounds]})"
+        results = []
+        for case_no, (interval, max_records) in enumerate(parse_cases(args)):
+            case = argparse.Namespace(**{**vars(args), "interval": interval, "max_records": max_records})
+            case_base = replace(base, max_records_per_checkpoint=max_records or max(args.backlog, 100_000))
+            log(f"case {case_no + 1}: interval {interval:g}s, max_records {max_records or 'the backlog'}")
+            result = run_case(spark, ledger, case_base, bootstrap, work, case, running, case_no)
+            results.append(result)
+            print(result.case_line(), flush=True)
+        eo_lat, spark_lat, eo_rps, spark_rps = (
+            results[0].eo_lat,
+            results[0].spark_lat,
+            results[0].eo_rps,
+            results[0].spark_rps,
         )
+        args.interval = results[0].interval
     finally:
         for r in running:
             try:
