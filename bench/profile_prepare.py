@@ -24,6 +24,14 @@ JVM's JIT keeps compiling for several 500k-record jobs; see bench/stream.py). Va
 ``--fetch-max-wait-ms`` sets the pipeline's ``java.fetch.max.wait.ms`` (eo's reads use 20 ms
 unless it is set: spark/source.py ``FETCH_MAX_WAIT_MS``; 500 is the Java client's default).
 
+With ``prepare`` measured, a breakdown of each measured prepare from Spark's own job records
+(the driver's status store: every job's submission and completion time): the Spark jobs'
+seconds, the driver's time before the first job (ledger, broker lookups, building the
+DataFrame, planning) and after the last one (listing the staged files, manifest, ledger), and
+the fixed cost beyond the jobs (prepare - jobs). Printed before the profile line as
+``prepare_breakdown: records= prepare_s= spark_jobs_s= jobs= before_first_job_s=
+after_last_job_s= fixed_s=`` (medians).
+
 Progress goes to stderr; the last line on stdout is machine-readable
 (``profile: <variant>_s=<median seconds> ...``).
 """
@@ -51,6 +59,39 @@ VARIANTS = ("read", "transform", "shape", "sort", "stage", "prepare", "commit", 
 
 def log(msg: str) -> None:
     print(f"[profile {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def spark_jobs(spark: Any) -> list[tuple[float, float]]:
+    """(submitted, completed) wall-clock seconds of every finished job the driver's status
+    store remembers (it keeps them with the UI off too; ``spark.ui.retainedJobs``)."""
+    store = spark.sparkContext._jsc.sc().statusStore()
+    jobs = store.jobsList(None)
+    out = []
+    for i in range(jobs.size()):
+        job = jobs.apply(i)
+        submitted, completed = job.submissionTime(), job.completionTime()
+        if submitted.isDefined() and completed.isDefined():
+            out.append((submitted.get().getTime() / 1000, completed.get().getTime() / 1000))
+    return out
+
+
+def breakdown(spark: Any, windows: list[tuple[float, float]], records: int) -> str:
+    """The ``prepare_breakdown`` line: per measured prepare (its wall-clock span), the Spark
+    jobs that ran inside it; medians over the prepares."""
+    jobs = spark_jobs(spark)
+    rows = []
+    for start, end in windows:
+        inside = sorted((s, e) for s, e in jobs if start <= s and e <= end)
+        busy = sum(e - s for s, e in inside)
+        before = (inside[0][0] - start) if inside else end - start
+        after = (end - inside[-1][1]) if inside else 0.0
+        rows.append((end - start, busy, len(inside), before, after))
+    med = [statistics.median(col) for col in zip(*rows, strict=True)]
+    return (
+        f"prepare_breakdown: records={records} prepare_s={med[0]:.2f} spark_jobs_s={med[1]:.2f} "
+        f"jobs={med[2]:g} before_first_job_s={med[3]:.2f} after_last_job_s={med[4]:.2f} "
+        f"fixed_s={med[0] - med[1]:.2f}"
+    )
 
 
 def main() -> int:
@@ -184,21 +225,25 @@ def main() -> int:
             "spark_kafka": (spark_kafka, None),
         }
         medians: dict[str, float] = {}
+        windows: dict[str, list[tuple[float, float]]] = {}  # measured runs' wall-clock spans
         for name in only:
             run, setup = steps[name]
             times = []
             for i in range(args.warm + args.repeat):
                 if setup is not None:
                     setup()
-                t0 = time.monotonic()
+                t0, wall0 = time.monotonic(), time.time()
                 run()
                 took = time.monotonic() - t0
                 measured = i >= args.warm
                 if measured:
                     times.append(took)
+                    windows.setdefault(name, []).append((wall0, time.time()))
                 log(f"{name} {'run' if measured else 'warm-up'} {i + 1}: {took:.2f}s")
             medians[name] = statistics.median(times)
             log(f"{name}: median {medians[name]:.2f}s of {args.repeat} ({args.records:,} records)")
+        if "prepare" in windows:
+            print(breakdown(spark, windows["prepare"], args.records), flush=True)
         print("profile: " + " ".join(f"{k}_s={v:.2f}" for k, v in medians.items()))
         return 0
     finally:
