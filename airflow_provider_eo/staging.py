@@ -271,6 +271,27 @@ def iter_batches(attempt_path: str, files: list[StagedFile], batch_size: int = 8
         yield from pf.iter_batches(batch_size=batch_size)
 
 
+PROVENANCE_COLUMNS = ("src_topic", "src_partition", "src_offset")
+
+
+def source_positions(attempt_path: str, files: dict[int, list[StagedFile]]) -> int:
+    """Distinct source positions (topic, partition, offset) among the staged records of
+    ``files`` (:func:`describe_attempt`), read here with Arrow: the three provenance columns
+    only, records without a position left out."""
+    import pyarrow as pa
+
+    fs, root = _fs(attempt_path)
+    tables = []
+    for staged in files.values():
+        for f in staged:
+            table = pq.read_table(f"{root}/{f.path}", columns=list(PROVENANCE_COLUMNS), filesystem=fs)
+            tables.append(table.filter(table.column("src_offset").is_valid()))
+    if not tables:
+        return 0
+    positions = pa.concat_tables(tables)
+    return int(positions.group_by(list(PROVENANCE_COLUMNS)).aggregate([]).num_rows)
+
+
 def remove_checkpoint_attempts(checkpoint_dir: str, identity: str, recorded: str | None) -> None:
     """Remove a committed checkpoint's staging that belongs to ledger ``identity``: the
     ``recorded`` attempt folder, attempts whose manifest names this identity (or none: older

@@ -78,3 +78,28 @@ def test_cleanup_removes_this_ledgers_attempts_only(tmp_path: Path) -> None:
 
     staging.remove_checkpoint_attempts(str(cp_dir), "their-identity", None)
     assert not cp_dir.exists()
+
+
+def test_source_positions_counts_each_position_once_across_files(tmp_path: Path) -> None:
+    """Outputs of one source record in two sink partitions count once; records without a
+    position (made by the transform) not at all; the same offset of another partition or
+    topic is another position."""
+    rows = {
+        0: [("t", 0, 5), ("t", 0, 6), (None, None, None)],
+        1: [("t", 0, 5), ("t", 1, 5), ("u", 0, 5), ("t", 0, 6)],
+    }
+    for partition, positions in rows.items():
+        folder = tmp_path / "a1" / "data" / f"sink_partition={partition}"
+        folder.mkdir(parents=True)
+        table = pa.table(
+            {
+                "value": [b"v"] * len(positions),
+                "src_topic": pa.array([p[0] for p in positions], pa.string()),
+                "src_partition": pa.array([p[1] for p in positions], pa.int32()),
+                "src_offset": pa.array([p[2] for p in positions], pa.int64()),
+            }
+        )
+        pq.write_table(table, folder / "part-00000.parquet")
+    path = str(tmp_path / "a1")
+    assert staging.source_positions(path, staging.describe_attempt(path)) == 4
+    assert staging.source_positions(path, {}) == 0
