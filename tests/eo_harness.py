@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -191,6 +192,16 @@ def poll_until(predicate: Callable[[], bool], timeout: float, interval: float = 
         if time.monotonic() >= deadline:
             return False
         time.sleep(interval)
+
+
+def with_group_gone(proc: subprocess.Popen[Any]) -> None:
+    """SIGKILL the process group ``proc`` leads (started with ``start_new_session=True``: a
+    Spark driver and its JVM) if anything of it is still there, and reap ``proc``."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
 
 
 def wait_for(

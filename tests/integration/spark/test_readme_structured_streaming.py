@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import signal
 import subprocess
 import sys
 import uuid
@@ -19,7 +18,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Producer
-from eo_harness import wait_for
+from eo_harness import wait_for, with_group_gone
 
 from airflow_provider_eo.kafka.audit import read_sink
 from airflow_provider_eo.ledger import CheckpointState, Ledger
@@ -142,9 +141,7 @@ def test_the_readme_example_runs_exactly_once(
         doctor = eo(commands[3]).stdout  # eo doctor: exits 0 when nothing is wrong
         assert "query-run" in doctor and "ENDED" in doctor, doctor
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        with_group_gone(proc)
 
     # Each running count per key once, and the last count per key = a recount of the source.
     values = [m.value().decode() for m in read_sink(kafka_config, sink_topic)]

@@ -11,7 +11,6 @@ import datetime as dt
 import itertools
 import json
 import os
-import signal
 import subprocess
 import sys
 import uuid
@@ -23,7 +22,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Producer
-from eo_harness import wait_for
+from eo_harness import wait_for, with_group_gone
 from fastapi.testclient import TestClient
 
 from airflow_provider_eo.core.doctor import run_doctor
@@ -80,15 +79,6 @@ def finish(proc: subprocess.Popen[bytes], log: Path) -> None:
     finally:
         with_group_gone(proc)
     assert code == 0, log.read_text()[-4000:]
-
-
-def with_group_gone(proc: subprocess.Popen[bytes]) -> None:
-    """Stop the query's process group if it is still there."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
 
 
 def run_query(spec: dict[str, Any], env: dict[str, str], log: Path) -> None:

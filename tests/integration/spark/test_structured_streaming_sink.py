@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Producer
-from eo_harness import wait_for
+from eo_harness import wait_for, with_group_gone
 
 from airflow_provider_eo.core.audit import audit_pipeline
 from airflow_provider_eo.kafka import admin
@@ -161,15 +161,6 @@ class Query:
         with Ledger(self.ledger_url) as ledger:
             report = audit_pipeline(self.pipeline(), ledger)
         assert report.ok and report.foreign == 0, report.as_dict()
-
-
-def with_group_gone(proc: subprocess.Popen[bytes]) -> None:
-    """Stop what the query process left (its Spark JVM) if it is still there."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
 
 
 def expected_count_updates(query: Query) -> Counter[str]:
