@@ -11,7 +11,6 @@ import random
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -20,7 +19,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Producer
-from eo_harness import wait_for, with_group_gone
+from eo_harness import poll_until, wait_for, with_group_gone
 
 from airflow_provider_eo.core.audit import audit_pipeline
 from airflow_provider_eo.kafka import admin
@@ -113,7 +112,10 @@ class Query:
                 timeout=240,
             )
             assert proc.poll() is None, log.read_text()[-4000:]
-            time.sleep(rng.uniform(0, 2))  # the random moment itself, not a wait for a condition
+            # Up to the random moment, watch that the query keeps running (it never exits
+            # on its own on a processing-time trigger), then kill it wherever it is.
+            exited = poll_until(lambda: proc.poll() is not None, timeout=rng.uniform(0, 2), interval=0.05)
+            assert not exited, log.read_text()[-4000:]
         finally:
             with_group_gone(proc)
 
