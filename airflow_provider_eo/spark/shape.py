@@ -16,13 +16,14 @@ The sink partition of each record, in order of precedence:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_eo import staging
 from airflow_provider_eo.errors import PrepareError
 from airflow_provider_eo.pipeline import Pipeline
+from airflow_provider_eo.spark.expressions import per_jvm
 from airflow_provider_eo.spark.source import PROVENANCE_COLUMN
 
 if TYPE_CHECKING:
@@ -155,33 +156,19 @@ class _Form:
     sink_partitions: int
 
 
-# Column expressions are plain (unresolved) expressions, valid in any session of one JVM:
-# built once per output form instead of once per checkpoint (a set costs ~500 py4j round
-# trips, tens of milliseconds). Keyed by the py4j gateway too: a foreachBatch frame comes
-# with a new Python session object every batch, and expressions of another JVM are void.
-_COLUMNS: dict[tuple[_Form, bool], tuple[Any, tuple[list[Column], dict[str, Column]]]] = {}
-_LIMITS: dict[tuple[int, int], tuple[Any, list[Column]]] = {}
-
-
-def _gateway(spark: Any) -> Any:
-    """The py4j gateway of a classic session (None otherwise: nothing is cached)."""
-    return getattr(getattr(spark, "_sc", None), "_gateway", None)
+_COLUMNS: dict[Hashable, tuple[Any, Any]] = {}  # expressions.per_jvm caches
+_LIMITS: dict[Hashable, tuple[Any, Any]] = {}
 
 
 def _staged_columns(spark: Any, form: _Form) -> tuple[list[Column], dict[str, Column]]:
     """The projection onto the staged columns, and the columns derived from it
-    (``sink_partition``, ``size``), for an output of ``form``."""
+    (``sink_partition``, ``size``), for an output of ``form`` (built once per JVM)."""
     from airflow_provider_eo.spark.udfs import register_java_partitioner
 
     jvm_partitioner = register_java_partitioner(spark)  # per session: its function registry
-    gateway = _gateway(spark)
-    cached = _COLUMNS.get((form, jvm_partitioner))
-    if cached is not None and gateway is not None and cached[0] is gateway:
-        return cached[1]
-    built = _build_staged_columns(spark, form, jvm_partitioner)
-    if gateway is not None:
-        _COLUMNS[form, jvm_partitioner] = (gateway, built)
-    return built
+    return per_jvm(
+        _COLUMNS, (form, jvm_partitioner), lambda: _build_staged_columns(spark, form, jvm_partitioner)
+    )
 
 
 def _build_staged_columns(
@@ -244,25 +231,23 @@ def observe_limits(staged: DataFrame, limits: Observation, max_bytes: int, sink_
 
 def _limit_columns(spark: Any, max_bytes: int, sink_partitions: int) -> list[Column]:
     """:func:`observe_limits`' aggregates, built once per JVM and limits."""
-    gateway = _gateway(spark)
-    cached = _LIMITS.get((max_bytes, sink_partitions))
-    if cached is not None and gateway is not None and cached[0] is gateway:
-        return cached[1]
-    from pyspark.sql import functions as F
 
-    per_partition = [
-        F.count(F.when(F.col("sink_partition") == i, 1)).alias(f"rows_p{i}") for i in range(sink_partitions)
-    ]
-    built = [
-        F.count(F.when(F.col("size") > max_bytes, 1)).alias("oversize"),
-        F.count(F.when(bad_partition(sink_partitions), 1)).alias("bad_partition"),
-        F.count(F.lit(1)).alias("rows"),
-        F.count(F.when(F.col("src_offset").isNull(), 1)).alias("created"),
-        *per_partition,
-    ]
-    if gateway is not None:
-        _LIMITS[max_bytes, sink_partitions] = (gateway, built)
-    return built
+    def build() -> list[Column]:
+        from pyspark.sql import functions as F
+
+        per_partition = [
+            F.count(F.when(F.col("sink_partition") == i, 1)).alias(f"rows_p{i}")
+            for i in range(sink_partitions)
+        ]
+        return [
+            F.count(F.when(F.col("size") > max_bytes, 1)).alias("oversize"),
+            F.count(F.when(bad_partition(sink_partitions), 1)).alias("bad_partition"),
+            F.count(F.lit(1)).alias("rows"),
+            F.count(F.when(F.col("src_offset").isNull(), 1)).alias("created"),
+            *per_partition,
+        ]
+
+    return per_jvm(_LIMITS, (max_bytes, sink_partitions), build)
 
 
 def rows_per_partition(seen: dict[str, Any], sink_partitions: int) -> dict[int, int]:

@@ -8,13 +8,14 @@ during the job that writes the output, so the source is never read twice.
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
+from collections.abc import Collection, Hashable
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_eo.core.prepare import RangeRead
 from airflow_provider_eo.kafka.client_config import java_client_options
 from airflow_provider_eo.ledger import RangeSpec
 from airflow_provider_eo.pipeline import Pipeline
+from airflow_provider_eo.spark.expressions import per_jvm
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -151,39 +152,31 @@ def with_provenance(source: DataFrame) -> DataFrame:
     return source.withColumn(PROVENANCE_COLUMN, F.struct("topic", "partition", "offset"))
 
 
-# range_metrics' aggregates depend on the ranges' topics and partitions only (not their
-# offsets), and a stream's checkpoints read the same partitions: built once per JVM and
-# partition list instead of once per checkpoint (three columns a range, ~20 py4j calls each).
-# Bounded: the live ranges (non-empty ones) of a stream's checkpoints may vary.
-_METRICS: dict[tuple[tuple[str, int], ...], tuple[Any, list[Column]]] = {}
-_METRICS_KEPT = 32
+_METRICS: dict[Hashable, tuple[Any, Any]] = {}  # expressions.per_jvm cache
 
 
 def range_metrics(live: list[RangeSpec]) -> list[Column]:
     """Aggregates ``n<i>``, ``lo<i>``, ``hi<i>``: records read and min/max timestamp (epoch ms)
-    of the i-th live range, for :meth:`DataFrame.observe` during the write."""
-    from pyspark import SparkContext
-    from pyspark.sql import functions as F
-
+    of the i-th live range, for :meth:`DataFrame.observe` during the write. They depend on
+    the ranges' topics and partitions only, which a stream's checkpoints share: built once
+    per JVM and partition list."""
     key = tuple((r.topic, r.partition) for r in live)
-    gateway = SparkContext._gateway
-    cached = _METRICS.get(key)
-    if cached is not None and gateway is not None and cached[0] is gateway:
-        return cached[1]
-    metrics = []
-    for i, (topic, partition) in enumerate(key):
-        hit = (F.col("topic") == topic) & (F.col("partition") == partition)
-        ts = F.when(hit, F.unix_millis(F.col("timestamp")))
-        metrics += [
-            F.count(F.when(hit, 1)).alias(f"n{i}"),
-            F.min(ts).alias(f"lo{i}"),
-            F.max(ts).alias(f"hi{i}"),
-        ]
-    if gateway is not None:
-        if len(_METRICS) >= _METRICS_KEPT:
-            _METRICS.clear()
-        _METRICS[key] = (gateway, metrics)
-    return metrics
+
+    def build() -> list[Column]:
+        from pyspark.sql import functions as F
+
+        metrics = []
+        for i, (topic, partition) in enumerate(key):
+            hit = (F.col("topic") == topic) & (F.col("partition") == partition)
+            ts = F.when(hit, F.unix_millis(F.col("timestamp")))
+            metrics += [
+                F.count(F.when(hit, 1)).alias(f"n{i}"),
+                F.min(ts).alias(f"lo{i}"),
+                F.max(ts).alias(f"hi{i}"),
+            ]
+        return metrics
+
+    return per_jvm(_METRICS, key, build)
 
 
 def range_reads(live: list[RangeSpec], stats: dict[str, Any]) -> list[RangeRead]:
