@@ -3,6 +3,8 @@ the ledger factory (``make_ledger``) every test that needs a ledger uses."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import subprocess
 import sys
@@ -113,23 +115,63 @@ def _parse_env_lines(stdout: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in stdout.splitlines() if "=" in line)
 
 
+# Test sessions using the server (one file per session, named by its pid) and whether a test
+# session started it: concurrent sessions (pytest-xdist workers, two developers' runs) share
+# one server, and the last one to finish stops it when a test session started it.
+PG_USERS = ROOT / ".eo" / "test-postgres-users"
+PG_STARTED_BY_TESTS = PG_USERS / "started-by-tests"
+
+
+@contextlib.contextmanager
+def _pg_users_lock() -> Iterator[None]:
+    """Held while a session starts, joins, leaves or stops the shared server."""
+    PG_USERS.mkdir(parents=True, exist_ok=True)
+    with open(PG_USERS / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _other_pg_users() -> list[int]:
+    """Pids of the other live sessions registered in PG_USERS (files of dead ones are removed)."""
+    from airflow_provider_eo.processes import pid_alive
+
+    live = []
+    for entry in PG_USERS.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        if pid_alive(int(entry.name)):
+            live.append(int(entry.name))
+        else:
+            entry.unlink(missing_ok=True)
+    return live
+
+
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[str]:
-    """URL of the maintenance database of the local PostgreSQL; stopped at the end when
-    this session started it."""
-    proc = subprocess.run(["bash", str(PG_SCRIPT), "start"], capture_output=True, text=True, timeout=600)
-    if proc.returncode != 0:
-        message = (
-            f"could not start PostgreSQL with {PG_SCRIPT} start (exit {proc.returncode}):\n"
-            f"{proc.stderr[-3000:]}"
-        )
-        pytest.fail(message)
-    info = _parse_env_lines(proc.stdout)
+    """URL of the maintenance database of the local PostgreSQL; stopped at the end when a test
+    session started it and no other test session still uses it."""
+    with _pg_users_lock():
+        proc = subprocess.run(["bash", str(PG_SCRIPT), "start"], capture_output=True, text=True, timeout=600)
+        if proc.returncode != 0:
+            message = (
+                f"could not start PostgreSQL with {PG_SCRIPT} start (exit {proc.returncode}):\n"
+                f"{proc.stderr[-3000:]}"
+            )
+            pytest.fail(message)
+        info = _parse_env_lines(proc.stdout)
+        if info.get("EO_PG_STARTED") == "1":
+            PG_STARTED_BY_TESTS.touch()
+        elif not _other_pg_users():  # running, and not for a live test session: someone else's
+            PG_STARTED_BY_TESTS.unlink(missing_ok=True)
+        (PG_USERS / str(os.getpid())).touch()
     try:
         yield info["EO_PG_URL"]
     finally:
-        if info.get("EO_PG_STARTED") == "1":
-            subprocess.run(["bash", str(PG_SCRIPT), "stop"], capture_output=True, timeout=120)
+        with _pg_users_lock():
+            (PG_USERS / str(os.getpid())).unlink(missing_ok=True)
+            if not _other_pg_users() and PG_STARTED_BY_TESTS.exists():
+                subprocess.run(["bash", str(PG_SCRIPT), "stop"], capture_output=True, timeout=120)
+                PG_STARTED_BY_TESTS.unlink(missing_ok=True)
 
 
 # -- Ledgers: one factory (tests/eo_ledgers.py) for every test that needs one ------------------

@@ -2,10 +2,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
 from airflow_provider_eo.cli import app
+from airflow_provider_eo.cli import ledger as cli_ledger
 from airflow_provider_eo.ledger import Ledger, RangeSpec
 from airflow_provider_eo.render import checkpoints_table
 
@@ -19,11 +21,14 @@ def _seed(ledger: Ledger) -> None:
     ledger.plan("orders", [RangeSpec("t", 0, 10, 20)])
 
 
-def test_checkpoints_table_and_json(ledger: Ledger) -> None:
+def test_checkpoints_table_and_json(ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
     _seed(ledger)
+    # The command's console reads COLUMNS when the CLI module is imported, which may be
+    # before this test (a pytest-xdist worker sets COLUMNS=80): give it a wide one here.
+    monkeypatch.setattr(cli_ledger, "_out", Console(width=200))
     runner = CliRunner()
     url = ledger.engine.url.render_as_string(hide_password=False)
-    result = runner.invoke(app, ["checkpoints", "orders", "--ledger-url", url], env={"COLUMNS": "200"})
+    result = runner.invoke(app, ["checkpoints", "orders", "--ledger-url", url])
     assert result.exit_code == 0, result.output
     assert "COMMITTED" in result.output and "t[0]:0-10, t[1]:3-5" in result.output
     assert "PLANNED" in result.output
