@@ -3,7 +3,7 @@ next to Spark's own read -> transform -> Kafka write of the same records, and th
 
     .venv/bin/python bench/profile_prepare.py [--records 500000] [--partitions 4] [--repeat 3]
                                               [--warm 4] [--only NAME,...]
-                                              [--fetch-max-wait-ms MS]
+                                              [--fetch-max-wait-ms MS] [--cprofile FILE]
 
 One local broker (127.0.0.1), one local SparkSession (local[2], eo's defaults). Every variant
 reads the same ``--records`` records (one range per source partition, read_committed, eo's
@@ -31,6 +31,9 @@ DataFrame, planning) and after the last one (listing the staged files, manifest,
 the fixed cost beyond the jobs (prepare - jobs). Printed before the profile line as
 ``prepare_breakdown: records= prepare_s= spark_jobs_s= jobs= before_first_job_s=
 after_last_job_s= fixed_s=`` (medians).
+
+``--cprofile FILE`` runs the measured prepares under Python's profiler and writes its stats to
+FILE (read them with ``python -m pstats FILE``): where the driver's own time goes.
 
 Progress goes to stderr; the last line on stdout is machine-readable
 (``profile: <variant>_s=<median seconds> ...``).
@@ -107,6 +110,7 @@ def main() -> int:
         default=None,
         help="the pipeline's java.fetch.max.wait.ms (default: eo's, spark/source.py)",
     )
+    ap.add_argument("--cprofile", default=None, help="write the measured prepares' cProfile stats here")
     args = ap.parse_args()
     only = [v for v in args.only.split(",") if v]
     unknown = sorted(set(only) - set(VARIANTS))
@@ -224,6 +228,9 @@ def main() -> int:
             "commit": (do_commit, do_prepare),
             "spark_kafka": (spark_kafka, None),
         }
+        import cProfile
+
+        profiler = cProfile.Profile() if args.cprofile else None
         medians: dict[str, float] = {}
         windows: dict[str, list[tuple[float, float]]] = {}  # measured runs' wall-clock spans
         for name in only:
@@ -232,16 +239,24 @@ def main() -> int:
             for i in range(args.warm + args.repeat):
                 if setup is not None:
                     setup()
-                t0, wall0 = time.monotonic(), time.time()
-                run()
-                took = time.monotonic() - t0
                 measured = i >= args.warm
+                profiled = profiler is not None and measured and name == "prepare"
+                t0, wall0 = time.monotonic(), time.time()
+                if profiled:
+                    profiler.enable()
+                run()
+                if profiled:
+                    profiler.disable()
+                took = time.monotonic() - t0
                 if measured:
                     times.append(took)
                     windows.setdefault(name, []).append((wall0, time.time()))
                 log(f"{name} {'run' if measured else 'warm-up'} {i + 1}: {took:.2f}s")
             medians[name] = statistics.median(times)
             log(f"{name}: median {medians[name]:.2f}s of {args.repeat} ({args.records:,} records)")
+        if profiler is not None:
+            profiler.dump_stats(args.cprofile)
+            log(f"cProfile stats of the measured prepares: {args.cprofile}")
         if "prepare" in windows:
             print(breakdown(spark, windows["prepare"], args.records), flush=True)
         print("profile: " + " ".join(f"{k}_s={v:.2f}" for k, v in medians.items()))

@@ -188,7 +188,7 @@ class SparkStager:
 
         # 4. Write the staged files under the fresh attempt folder.
         try:
-            write.write_staged(staged, f"{path}/data", sink_partitions)
+            write.write_staged(staged, f"{path}/data", sink_partitions, source_tasks=len(live))
         except Exception as exc:
             search: dict[str, Any] = {
                 "spark": spark,

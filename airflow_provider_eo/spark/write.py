@@ -22,14 +22,57 @@ PARQUET_ROW_GROUP_BYTES = 8 * 1024 * 1024
 MAX_UNSHUFFLED_FILES = 1024
 
 
-def narrow_tasks(df: DataFrame) -> int | None:
+# Logical operators that never need a shuffle and keep every row in the task that read its
+# source record (so each task holds whole, consecutive slices of source partitions). A plan made
+# of these over one Kafka source relation runs in as many tasks as the source reads ranges.
+NARROW_OPERATORS = frozenset(
+    {"Project", "Filter", "SubqueryAlias", "CollectMetrics", "Generate", "MapInPandas", "MapInArrow"}
+)
+
+
+def kafka_narrow(df: DataFrame) -> bool:
+    """Whether ``df``'s analyzed plan is only :data:`NARROW_OPERATORS` (no subquery in their
+    expressions) over exactly one Kafka source relation.
+
+    The analyzed plan already exists (a DataFrame is analyzed when it is built), so this plans
+    nothing: planning a Kafka source asks the broker for its partitions, and the write plans
+    it once anyway. False for anything else (an aggregation, a join, a coalesce, a union, a
+    limit, a subquery, another source) and for a DataFrame without a py4j plan.
+    """
+    try:
+        stack = [df._jdf.queryExecution().analyzed()]
+        relations = 0
+        while stack:
+            node = stack.pop()
+            name = node.nodeName()
+            if name == "LogicalRelation":
+                if node.relation().getClass().getSimpleName() != "KafkaRelation":
+                    return False
+                relations += 1
+            elif name not in NARROW_OPERATORS or not node.subqueries().isEmpty():
+                return False
+            children = node.children()
+            stack.extend(children.apply(i) for i in range(children.size()))
+        return relations == 1
+    except Exception:  # not a classic (py4j) DataFrame
+        return False
+
+
+def narrow_tasks(df: DataFrame, source_tasks: int | None = None) -> int | None:
     """How many Spark tasks produce ``df`` when its physical plan has no shuffle, else None.
 
     Without a shuffle every task holds whole, consecutive slices of source partitions (the
     Kafka source makes one task per offset range, split ranges in offset order), so sorting
     inside each task keeps source order, and Spark's file names (``part-<task>-…``) put a
     sink partition's files in task order: no repartition by sink partition is needed.
+
+    ``source_tasks`` (the number of non-empty ranges the Kafka source reads: one task each,
+    Spark's range calculator without ``minPartitions``) lets a plan :func:`kafka_narrow`
+    accepts be answered without planning it; any other plan is planned here and searched
+    for an exchange (a second planning of the query, which the write then repeats).
     """
+    if source_tasks is not None and kafka_narrow(df):
+        return source_tasks
     try:
         qe = df._jdf.queryExecution()
         if re.search(r"(?<!Broadcast)Exchange", qe.executedPlan().toString()):
@@ -53,7 +96,12 @@ def unordered_tasks(parallelism: int, sink_partitions: int) -> int:
 
 
 def write_staged(
-    staged: DataFrame, data_dir: str, sink_partitions: int, *, source_order: bool = True
+    staged: DataFrame,
+    data_dir: str,
+    sink_partitions: int,
+    *,
+    source_order: bool = True,
+    source_tasks: int | None = None,
 ) -> None:
     """Write ``staged`` (from :func:`shape.staged_frame`) under ``data_dir`` partitioned by
     ``sink_partition``; fails if ``data_dir`` exists (an attempt folder is never reused).
@@ -66,11 +114,14 @@ def write_staged(
     concurrently; every row of a key that one task computes (an aggregation's, a
     deduplication's output) stays in order. Without merging, a query's many small shuffle
     partitions (200 by default) leave a file per task and sink partition, or cost a shuffle.
+
+    ``source_tasks``: how many ranges the Kafka source under ``staged`` reads (see
+    :func:`narrow_tasks`).
     """
     if not source_order:
         parallelism = staged.sparkSession.sparkContext.defaultParallelism
         staged = staged.coalesce(unordered_tasks(parallelism, sink_partitions))
-    elif needs_shuffle(narrow_tasks(staged), sink_partitions):
+    elif needs_shuffle(narrow_tasks(staged, source_tasks), sink_partitions):
         # A shuffling transform (or too many small files otherwise): one task per sink
         # partition; the sort below restores source order inside it.
         parallelism = staged.sparkSession.sparkContext.defaultParallelism
