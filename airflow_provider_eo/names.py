@@ -97,9 +97,9 @@ def attempt_dir(pipeline: Pipeline, checkpoint_id: int, attempt: str) -> str:
 MANIFEST = "_eo_manifest.json"
 """Written last into an attempt folder: its presence means the staged output is complete."""
 
-# The provenance header on every published record (read by the auditor). One header, not
-# three: each header costs librdkafka a separate allocation and copy per record, which was a
-# third of the commit's produce time. Its value is three space-separated fields:
+# The provenance header on every published record (read by the auditor, the sink guard and
+# the read-back). One header, not three: each header costs librdkafka a separate allocation
+# and copy per record. What it says, in its text form (three space-separated fields):
 #   "<pipeline>:<checkpoint_id>:<identity8> <sink_partition>:<index> <topic>:<partition>:<offset>"
 # (identity8 is the first 8 characters of the pipeline's ledger identity, so the output
 # itself proves which ledger published a checkpoint when its marker expired; records
@@ -107,8 +107,20 @@ MANIFEST = "_eo_manifest.json"
 # position in the checkpoint's staged output of that sink partition, unique per checkpoint;
 # the source position is "-" when the transform dropped provenance). Pipeline and topic
 # names cannot contain spaces; pipeline names cannot contain ':'.
+#
+# eo writes the same fields in a compact binary form (:func:`compact_provenance_prefix`):
+#   0x01 | varint len(pipeline) | pipeline | varint len(identity8) | identity8
+#        | varint checkpoint_id | varint sink_partition | varint index
+#        [ | varint source partition | varint source offset | source topic ]
+# (unsigned LEB128 varints; no source part when the transform dropped provenance; the
+# topic takes the rest of the value). The text form always starts with a pipeline name's
+# first character (a letter or digit), never 0x01, so a reader tells the two apart by the
+# first byte; :func:`parse_provenance` reads both and returns the text form's fields, so
+# records of either form count alike (sinks hold both).
 HEADER_PROVENANCE = "eo.prov"
 PROVENANCE_IDENTITY_CHARS = 8
+PROVENANCE_COMPACT = 0x01
+"""First byte of the compact ``eo.prov`` form (never the first byte of the text form)."""
 
 
 def provenance_checkpoint_field(pipeline_name: str, checkpoint_id: int, identity: str) -> str:
@@ -129,9 +141,106 @@ def parse_checkpoint_field(field: bytes, pipeline_name: str) -> tuple[int, str |
     return int(rest[0]), (rest[1].decode(errors="replace") if len(rest) == 2 else None)
 
 
+def varint(value: int) -> bytes:
+    """Unsigned LEB128 of a non-negative int (the compact ``eo.prov`` form's numbers)."""
+    if value < 0:
+        raise ValueError(f"a provenance number cannot be negative: {value}")
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def compact_provenance_prefix(checkpoint_field: bytes, sink_partition: int) -> bytes:
+    """The part of the compact ``eo.prov`` value shared by every record a checkpoint
+    publishes to one sink partition, from the text first field
+    (``<pipeline>:<checkpoint_id>[:<identity8>]``): marker, pipeline, identity8,
+    checkpoint id and sink partition. Each record adds its index and source position."""
+    parts = checkpoint_field.split(b":")
+    if len(parts) not in (2, 3) or not parts[0] or not parts[1].isdigit():
+        raise ValueError(
+            f"provenance checkpoint field {checkpoint_field!r} is not "
+            "<pipeline>:<checkpoint_id>[:<identity8>]"
+        )
+    pipeline, identity = parts[0], parts[2] if len(parts) == 3 else b""
+    return b"".join(
+        (
+            bytes((PROVENANCE_COMPACT,)),
+            varint(len(pipeline)),
+            pipeline,
+            varint(len(identity)),
+            identity,
+            varint(int(parts[1])),
+            varint(sink_partition),
+        )
+    )
+
+
+def compact_provenance(
+    checkpoint_field: bytes, sink_partition: int, index: int, source: tuple[str, int, int] | None
+) -> bytes:
+    """One record's compact ``eo.prov`` value (the commit builds them in bulk, in Arrow)."""
+    value = compact_provenance_prefix(checkpoint_field, sink_partition) + varint(index)
+    if source is None:
+        return value
+    topic, partition, offset = source
+    return value + varint(partition) + varint(offset) + topic.encode()
+
+
+def _read_varint(value: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while shift < 64:
+        byte = value[pos]  # IndexError when the value ends inside the number
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result, pos
+        shift += 7
+    raise ValueError("varint longer than 64 bits")
+
+
+def _read_compact(value: bytes) -> tuple[bytes, bytes, bytes] | None:
+    try:
+        size, pos = _read_varint(value, 1)
+        pipeline, pos = value[pos : pos + size], pos + size
+        size, pos = _read_varint(value, pos)
+        identity, pos = value[pos : pos + size], pos + size
+        if pos > len(value):  # a length past the end of the value
+            return None
+        checkpoint_id, pos = _read_varint(value, pos)
+        sink_partition, pos = _read_varint(value, pos)
+        index, pos = _read_varint(value, pos)
+        if pos == len(value):
+            source = b"-"
+        else:
+            partition, pos = _read_varint(value, pos)
+            offset, pos = _read_varint(value, pos)
+            topic = value[pos:]
+            if not topic or b" " in topic:
+                return None
+            source = b"%s:%d:%d" % (topic, partition, offset)
+    except (IndexError, ValueError):
+        return None
+    if not pipeline or b":" in pipeline or b" " in pipeline:
+        return None
+    if b":" in identity or b" " in identity:
+        return None
+    first = (
+        b"%s:%d:%s" % (pipeline, checkpoint_id, identity)
+        if identity
+        else b"%s:%d" % (pipeline, checkpoint_id)
+    )
+    return first, b"%d:%d" % (sink_partition, index), source
+
+
 def parse_provenance(value: bytes) -> tuple[bytes, bytes, bytes] | None:
-    """Split an ``eo.prov`` header value into (``pipeline:checkpoint``, ``sink_partition:index``,
-    ``topic:partition:offset`` or ``-``); None when it is not one of ours."""
+    """Split an ``eo.prov`` header value, text or compact form, into (``pipeline:checkpoint``,
+    ``sink_partition:index``, ``topic:partition:offset`` or ``-``), in the text form's
+    spelling whichever form it was written in; None when it is not one of ours."""
+    if value[:1] == b"\x01":
+        return _read_compact(value)
     parts = value.split(b" ")
     if len(parts) != 3:
         return None

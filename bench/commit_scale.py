@@ -270,8 +270,8 @@ def verify(pipeline: Pipeline, ledger: Any, checkpoint_id: int, records: int) ->
             header = dict(msg.headers() or []).get(names.HEADER_PROVENANCE)
             prov = header if isinstance(header, bytes) else b""
             seen.add(prov)
-            fields = prov.split(b" ")  # checkpoint field, sink position, source offset
-            ckpt, src = fields[0], fields[-1]
+            # checkpoint field, sink position, source offset (either form of the header)
+            ckpt, _position, src = names.parse_provenance(prov) or (b"", b"", b"")
             per_field[ckpt] += 1
             if ckpt in sources:
                 sources[ckpt].add(src)

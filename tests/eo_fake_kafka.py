@@ -149,7 +149,19 @@ class FakeProducer:
         self._check_epoch()
         self.open = True
 
-    def produce(self, topic: str, value: Any = None, key: Any = None, partition: int = -1, **kw: Any) -> None:
+    def produce(
+        self,
+        topic: str,
+        value: Any = None,
+        key: Any = None,
+        partition: int = -1,
+        callback: Any = None,
+        on_delivery: Any = None,
+        timestamp: int = 0,
+        headers: Any = None,
+    ) -> None:
+        """confluent-kafka's ``produce()`` (its positional order: the commit passes headers
+        positionally)."""
         self.broker._maybe_fail(self, "produce")
         if not self.open:
             raise kafka_error(KafkaError._STATE)
@@ -157,7 +169,7 @@ class FakeProducer:
         if code is not None:
             self.reports.append((KafkaError(code, "refused"), _Msg(partition)))
             return
-        self.pending.append(Record(topic, partition, key, value, list(kw.get("headers") or [])))
+        self.pending.append(Record(topic, partition, key, value, list(headers or [])))
 
     def poll(self, timeout: float = 0) -> int:
         served, self.reports = self.reports, []

@@ -20,7 +20,10 @@ is never reused across an indefinite error (KAFKA-17754).
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
+from itertools import repeat
+from operator import length_hint
 from typing import Any, TypeVar
 
 import numpy as np
@@ -328,8 +331,10 @@ def _string(text: str) -> pa.Scalar:
 
 
 def provenance_values(batch: pa.RecordBatch, prefix: str, first_index: int) -> pa.Array:
-    """The ``eo.prov`` header value of every row of a staged batch, built in Arrow (no
-    Python string formatting per record): ``prefix`` + index + " " + source position.
+    """The ``eo.prov`` header value of every row of a staged batch in the text form, built in
+    Arrow (no Python string formatting per record): ``prefix`` + index + " " + source
+    position. eo writes the compact form (:func:`compact_provenance_values`); readers accept
+    both.
 
     No Python object reaches pyarrow's converters here (``pa.array``/``pa.scalar`` on Python
     values import pandas on first use): arrays and scalars are built from buffers.
@@ -348,6 +353,65 @@ def provenance_values(batch: pa.RecordBatch, prefix: str, first_index: int) -> p
     return pc.cast(joined, pa.binary())
 
 
+def _varints(numbers: np.ndarray) -> pa.Array:
+    """Unsigned LEB128 of each int64 (``names.varint``), vectorized: a binary array built
+    from buffers, one pass per byte of the longest number."""
+    n = len(numbers)
+    unsigned = numbers.astype(np.uint64, copy=False)
+    lengths = np.ones(n, dtype=np.int32)
+    rest = unsigned >> np.uint64(7)
+    while rest.any():
+        lengths += rest != 0
+        rest >>= np.uint64(7)
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    data = np.empty(int(offsets[-1]), dtype=np.uint8)
+    starts = offsets[:-1]
+    rest = unsigned.copy()
+    for k in range(int(lengths.max()) if n else 0):
+        at = lengths > k
+        more = (lengths - 1 > k).astype(np.uint8) << np.uint8(7)  # another byte follows
+        group = (rest & np.uint64(0x7F)).astype(np.uint8) | more
+        data[starts[at] + k] = group[at]
+        rest >>= np.uint64(7)
+    return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+
+
+def _binary(data: bytes) -> pa.Scalar:
+    offsets = np.array([0, len(data)], dtype=np.int32)
+    return pa.Array.from_buffers(pa.binary(), 1, [None, pa.py_buffer(offsets), pa.py_buffer(data)])[0]
+
+
+def _numbers(column: pa.Array) -> np.ndarray:
+    """An integer column's values as int64 straight from its buffer (a null's slot holds
+    anything: its row is dropped by the null check)."""
+    width = column.type.bit_width // 8
+    raw = np.frombuffer(column.buffers()[1], dtype=np.dtype(f"<i{width}"))
+    return raw[column.offset : column.offset + len(column)].astype(np.int64)
+
+
+def compact_provenance_values(batch: pa.RecordBatch, prefix: bytes, first_index: int) -> list[bytes]:
+    """The compact ``eo.prov`` value (``names.compact_provenance``) of every row of a staged
+    batch, built in Arrow and numpy: ``prefix`` (:func:`names.compact_provenance_prefix`) +
+    varint index + (varint source partition + varint source offset + source topic, or
+    nothing when the transform dropped provenance)."""
+    n = batch.num_rows
+    index = _varints(np.arange(first_index, first_index + n, dtype=np.int64))
+    src = pc.binary_join_element_wise(
+        _varints(_numbers(batch.column("src_partition"))),
+        _varints(_numbers(batch.column("src_offset"))),
+        pc.cast(batch.column("src_topic"), pa.binary()),
+        _binary(b""),
+    )
+    for name in ("src_partition", "src_offset"):  # a position with a null part names nothing
+        column = batch.column(name)
+        if column.null_count:
+            src = pc.if_else(column.is_null(), pa.nulls(n, pa.binary()), src)
+    src = pc.fill_null(src, _binary(b""))  # the transform dropped provenance
+    values: list[bytes] = pc.binary_join_element_wise(_binary(prefix), index, src, _binary(b"")).to_pylist()
+    return values
+
+
 def _produce_error(exc: KafkaException, where: str) -> Exception:
     err: KafkaError = exc.args[0]
     if err.code() == KafkaError._STATE:  # the transaction failed earlier (a delivery report)
@@ -363,6 +427,14 @@ class Sent:
         self.records = 0
 
 
+Header = tuple[str, "str | bytes | None"]
+
+
+def _with_user_headers(user: list[Any] | None, provenance: Header) -> list[Header]:
+    """A record's headers: the user's own (as staged), then the provenance header."""
+    return [(h["key"], h["value"]) for h in user or ()] + [provenance]
+
+
 def produce_staged(
     producer: Producer,
     topic: str,
@@ -373,38 +445,50 @@ def produce_staged(
     sent: Sent | None = None,
 ) -> int:
     """Produce one sink partition's staged rows, in staged order, each with the provenance
-    header (checkpoint, position in the staged output, source position). Returns the count;
-    ``sent`` (when given) counts them as they go, a failure included.
+    header in its compact form (checkpoint, position in the staged output, source position;
+    ``checkpoint_header`` is the text first field, :func:`names.provenance_checkpoint_field`).
+    Returns the count; ``sent`` (when given) counts them as they go, a failure included.
 
     The user's headers are kept; ``produce()`` is used because ``produce_batch`` drops
-    headers. Columns become Python objects once per batch; the per-record work is one
-    ``produce()`` call.
+    headers. Columns and header values become Python objects once per batch, and the
+    ``produce()`` calls are made by ``map`` in C, not by a Python loop: the per-record work
+    is the call itself, its headers passed positionally (a keyword argument costs the C call
+    a keyword lookup per record).
 
     Raises :class:`Abortable` when the transaction already failed (a failed delivery report
     makes ``produce()`` raise ``_STATE``), else the sorted error of :func:`kafka_call`.
     """
     send = producer.produce
-    prefix = f"{checkpoint_header.decode()} {partition}:"
+    key_name = HEADER_PROVENANCE
+    prefix = names.compact_provenance_prefix(checkpoint_header, partition)
     index = 0
     for batch in batches:
         n = batch.num_rows
         if n == 0:
             continue
-        prov = provenance_values(batch, prefix, index).to_pylist()
+        prov = compact_provenance_values(batch, prefix, index)
         keys = batch.column("key").to_pylist()
         values = batch.column("value").to_pylist()
         user = batch.column("headers")
         user_headers = user.to_pylist() if user.null_count < n else None
-        i = 0
+        headers: Iterable[list[Header]]
+        if user_headers is None:  # [(key_name, value)] per record, built in C
+            headers = map(list, zip(zip(repeat(key_name), prov, strict=True), strict=True))
+        else:
+            headers = [_with_user_headers(u, (key_name, p)) for u, p in zip(user_headers, prov, strict=True)]
+        pending = iter(values)
+        # positional: topic, value, key, partition, callback, on_delivery, timestamp, headers
+        none = repeat(None)
+        calls = map(send, repeat(topic), pending, keys, repeat(partition), none, none, repeat(0), headers)
         try:
-            for i in range(n):
-                hdrs = [(HEADER_PROVENANCE, prov[i])]
-                if user_headers is not None and user_headers[i]:
-                    hdrs = [(h["key"], h["value"]) for h in user_headers[i]] + hdrs
-                try:  # positional: topic, value, key, partition (the hot loop of every commit)
-                    send(topic, values[i], keys[i], partition, headers=hdrs)
+            while True:
+                try:
+                    deque(calls, maxlen=0)  # every call; ends with the batch
+                    break
                 except BufferError:  # local queue full: serve delivery reports, then block
+                    i = n - length_hint(pending) - 1
                     serve("poll", producer.poll, 0.05, where=where)
+                    hdrs = _with_user_headers(user_headers[i] if user_headers else None, (key_name, prov[i]))
                     try:
                         produce(
                             producer, topic, value=values[i], key=keys[i], partition=partition, headers=hdrs
@@ -415,7 +499,7 @@ def produce_staged(
                     raise _produce_error(exc, where) from exc
         except BaseException:
             if sent is not None:
-                sent.records += i  # record i was not taken
+                sent.records += n - length_hint(pending) - 1  # the record that failed was not taken
             raise
         index += n
         if sent is not None:

@@ -85,6 +85,52 @@ def test_parse_provenance() -> None:
     assert names.parse_provenance(b"a b c d") is None
 
 
+def test_compact_provenance_round_trip() -> None:
+    """The compact form reads back as the text form's fields (a sink holds both forms)."""
+    field = names.provenance_checkpoint_field("orders", 12, "0123456789abcdef").encode()
+    value = names.compact_provenance(field, 3, 40, ("in", 2, 2**40 + 5))
+    text = b"orders:12:01234567 3:40 in:2:1099511627781"
+    assert value[0] == names.PROVENANCE_COMPACT
+    assert names.parse_provenance(value) == (b"orders:12:01234567", b"3:40", b"in:2:%d" % (2**40 + 5))
+    assert names.parse_provenance(value) == names.parse_provenance(text)
+    dropped = names.compact_provenance(field, 0, 7, None)
+    assert names.parse_provenance(dropped) == (b"orders:12:01234567", b"0:7", b"-")
+    # a checkpoint field without the identity (written before identities)
+    old = names.compact_provenance(b"orders:12", 1, 0, ("in", 0, 0))
+    fields = names.parse_provenance(old)
+    assert fields == (b"orders:12", b"1:0", b"in:0:0")
+    assert names.parse_checkpoint_field(fields[0], "orders") == (12, None)
+    assert names.parse_checkpoint_field(names.parse_provenance(value)[0], "orders") == (12, "01234567")  # type: ignore[index]
+    # the compact form is the shorter
+    assert len(value) < len(text)
+
+
+def test_compact_provenance_malformed_is_refused() -> None:
+    field = b"orders:12:01234567"
+    value = names.compact_provenance(field, 3, 40, ("in", 2, 99))
+    dropped = len(names.compact_provenance(field, 3, 40, None))  # ends there: a valid value
+    for cut in range(1, len(value) - len(b"in")):  # cut inside a length, a number or a name
+        if cut != dropped:
+            assert names.parse_provenance(value[:cut]) is None, value[:cut]
+    assert names.parse_provenance(b"\x01") is None
+    assert names.parse_provenance(b"\x01\x7forders") is None  # a length past the end
+    assert names.parse_provenance(b"\x01\x00\x00\x01\x00\x00") is None  # no pipeline
+    assert names.parse_provenance(b"\x01\x02a:\x00\x01\x00\x00") is None  # ':' in the pipeline
+    assert names.parse_provenance(b"\x01\x01a\x00" + b"\xff" * 11) is None  # a number past 64 bits
+    assert names.parse_provenance(b"\x01\x01a\x00\x01\x00\x00\x00\x00in put") is None  # space in topic
+    with pytest.raises(ValueError, match="checkpoint field"):
+        names.compact_provenance_prefix(b"orders", 0)
+    with pytest.raises(ValueError, match="negative"):
+        names.varint(-1)
+
+
+def test_varint() -> None:
+    assert names.varint(0) == b"\x00"
+    assert names.varint(127) == b"\x7f"
+    assert names.varint(128) == b"\x80\x01"
+    assert names.varint(300) == b"\xac\x02"
+
+
 def test_marker_metadata_round_trip() -> None:
     assert names.marker_metadata("abc123") == "eo1:abc123"
     assert names.marker_identity("eo1:abc123") == "abc123"

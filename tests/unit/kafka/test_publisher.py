@@ -14,6 +14,8 @@ from airflow_provider_eo.kafka.publisher import (
     Abortable,
     DeliveryFailures,
     ProducerLost,
+    Sent,
+    compact_provenance_values,
     kafka_call,
     largest_record,
     produce_staged,
@@ -82,11 +84,22 @@ class _FakeProducer:
         self.full_at = full_at or set()
         self.polls = 0
 
-    def produce(self, topic: str, value: Any = None, key: Any = None, partition: int = -1, **kw: Any) -> None:
+    def produce(
+        self,
+        topic: str,
+        value: Any = None,
+        key: Any = None,
+        partition: int = -1,
+        callback: Any = None,
+        on_delivery: Any = None,
+        timestamp: int = 0,
+        headers: Any = None,
+    ) -> None:
+        """confluent-kafka's ``produce()``, its positional order included."""
         self.calls += 1
         if self.calls in self.full_at:
             raise BufferError("queue full")
-        self.sent.append((topic, value, key, partition, kw["headers"]))
+        self.sent.append((topic, value, key, partition, headers))
 
     def poll(self, timeout: float) -> int:
         self.polls += 1
@@ -108,6 +121,24 @@ def test_provenance_values_vectorized() -> None:
     assert names.parse_provenance(b"something else") is None
 
 
+def test_compact_provenance_values_say_what_the_text_form_says() -> None:
+    batch = pa.RecordBatch.from_pydict(
+        {
+            "src_topic": pa.array(["orders", None, "in-2", "x", "orders"], pa.string()),
+            "src_partition": pa.array([2, None, 0, None, 2**31 - 1], pa.int32()),
+            "src_offset": pa.array([100, None, 2**62, 5, 0], pa.int64()),
+        }
+    )
+    field = names.provenance_checkpoint_field("orders", 17, "0123456789abcdef").encode()
+    compact = compact_provenance_values(batch, names.compact_provenance_prefix(field, 3), 127)
+    text = provenance_values(batch, f"{field.decode()} 3:", 127).to_pylist()
+    assert [names.parse_provenance(v) for v in compact] == [names.parse_provenance(v) for v in text]
+    assert names.parse_provenance(compact[1]) == (field, b"3:128", b"-")
+    assert names.parse_provenance(compact[3]) == (field, b"3:130", b"-")  # a position with a null part
+    assert compact[0] == names.compact_provenance(field, 3, 127, ("orders", 2, 100))
+    assert sum(map(len, compact)) < sum(map(len, text))
+
+
 def test_produce_staged_order_headers_and_backpressure() -> None:
     producer = _FakeProducer(full_at={2})  # the second record meets a full queue once
     user = [None, [{"key": "trace", "value": b"t1"}], None, None]
@@ -123,6 +154,7 @@ def test_produce_staged_order_headers_and_backpressure() -> None:
     assert [s[2] for s in producer.sent][:3] == [None, b"k1", b"k2"]
     assert {s[0] for s in producer.sent} == {"sink"} and {s[3] for s in producer.sent} == {3}
     prov = [dict(s[4])[names.HEADER_PROVENANCE] for s in producer.sent]
+    assert all(p[0] == names.PROVENANCE_COMPACT for p in prov)  # eo writes the compact form
     # The index runs on across batches; it is unique within the sink partition.
     assert [names.parse_provenance(p)[1] for p in prov] == [f"3:{i}".encode() for i in range(6)]  # type: ignore[index]
     assert producer.sent[1][4] == [("trace", b"t1"), (names.HEADER_PROVENANCE, prov[1])]
@@ -164,16 +196,26 @@ class _StateProducer(_FakeProducer):
         super().__init__()
         self.state_from = state_from
 
-    def produce(self, topic: str, value: Any = None, key: Any = None, partition: int = -1, **kw: Any) -> None:
+    def produce(
+        self, topic: str, value: Any = None, key: Any = None, partition: int = -1, *a: Any, **kw: Any
+    ) -> None:
         if self.calls + 1 >= self.state_from:
             self.calls += 1
             raise KafkaException(KafkaError(KafkaError._STATE, "Unable to produce message"))
-        super().produce(topic, value, key, partition, **kw)
+        super().produce(topic, value, key, partition, *a)
 
 
 def test_produce_in_a_failed_transaction_is_abortable() -> None:
+    sent = Sent()
     with pytest.raises(Abortable, match="abortable state"):
-        produce_staged(_StateProducer(3), "sink", 0, [_staged_batch(5)], b"p:1")  # type: ignore[arg-type]
+        produce_staged(_StateProducer(3), "sink", 0, [_staged_batch(5)], b"p:1", sent=sent)  # type: ignore[arg-type]
+    assert sent.records == 2  # the third record was refused, not taken
+    sent = Sent()
+    with pytest.raises(Abortable):  # in the second batch, after a full queue
+        producer = _StateProducer(9)
+        producer.full_at = {7}
+        produce_staged(producer, "sink", 0, [_staged_batch(5), _staged_batch(5)], b"p:1", sent=sent)  # type: ignore[arg-type]
+    assert sent.records == 7 and len(producer.sent) == 7  # 5, then 2 (one of them retried)
 
 
 class _Report:
