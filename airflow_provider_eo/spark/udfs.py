@@ -4,15 +4,17 @@ No ``from __future__ import annotations`` here: arrow_udf reads the type hints a
 """
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import pyarrow as pa
 
 from airflow_provider_eo.kafka.partitioner import java_partitions
+from airflow_provider_eo.spark.expressions import per_jvm
 
 KAFKA_PARTITION_FUNCTION = "eo_kafka_partition"
 _FALLBACK_LOGGED = False
+_REGISTERED: "dict[Hashable, tuple[Any, Any]]" = {}  # per_jvm: JVM session id -> registered
 
 
 def murmur2_partitioner(partitions: int):  # type: ignore[no-untyped-def]
@@ -30,14 +32,26 @@ def murmur2_partitioner(partitions: int):  # type: ignore[no-untyped-def]
 
 def register_java_partitioner(spark: Any) -> bool:
     """Register ``eo_kafka_partition(key, partitions)`` (the JVM class from eo's jar) in
-    ``spark``; False when the session's classpath does not have it."""
+    ``spark``; False when the session's classpath does not have it.
+
+    Once per JVM session (its function registry holds the function): registering again every
+    checkpoint cost py4j round trips and logged Spark's "replaced a previously registered
+    function" warning each time. A foreachBatch frame brings a new Python session object for
+    the same JVM session, so the JVM session's id is the key."""
     from airflow_provider_eo.stack.javac import KAFKA_PARTITION_CLASS
 
+    def register() -> bool:
+        try:
+            spark.udf.registerJavaFunction(KAFKA_PARTITION_FUNCTION, KAFKA_PARTITION_CLASS, "int")
+        except Exception:  # class not on the classpath (a session built without eo's jars)
+            return False
+        return True
+
     try:
-        spark.udf.registerJavaFunction(KAFKA_PARTITION_FUNCTION, KAFKA_PARTITION_CLASS, "int")
-    except Exception:  # class not on the classpath (a session built without eo's jars)
-        return False
-    return True
+        session_id = str(spark._jsparkSession.sessionUUID())
+    except Exception:  # not a classic (py4j) session
+        return register()
+    return per_jvm(_REGISTERED, session_id, register)
 
 
 def kafka_partitioner(spark: Any, partitions: int, *, registered: bool | None = None) -> Callable[[Any], Any]:

@@ -31,3 +31,29 @@ def test_jvm_and_arrow_partitioners_match_the_java_client(spark: Any) -> None:
         assert [r["a"] for r in got] == [-1 if e is None else e for e in expected]
         plan = rows._jdf.queryExecution().executedPlan().toString()
         assert "eo_kafka_partition" in plan
+
+
+def test_registered_once_per_session_and_in_every_new_session(
+    spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each checkpoint asks for the JVM partitioner: the first ask in a JVM session registers
+    it, later ones do not (no py4j calls, no "replaced a registered function" warning); a new
+    session of the same JVM (e.g. a streaming query's) registers it in its own registry."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.udf import UDFRegistration
+
+    calls: list[str] = []
+    real = UDFRegistration.registerJavaFunction
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> None:
+        calls.append(str(self.sparkSession._jsparkSession.sessionUUID()))
+        real(self, *args, **kwargs)
+
+    monkeypatch.setattr(UDFRegistration, "registerJavaFunction", counted)
+    other = spark.newSession()
+    for _ in range(3):
+        assert register_java_partitioner(spark)
+        assert register_java_partitioner(other)
+    assert len(calls) <= 2 and len(set(calls)) == len(calls)  # at most once per session
+    call = F.call_function("eo_kafka_partition", F.lit(b"k").cast("binary"), F.lit(3))
+    assert other.range(1).select(call.alias("p")).first()["p"] == java_partition(b"k", 3)
