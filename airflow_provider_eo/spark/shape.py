@@ -91,7 +91,8 @@ def staged_frame(
     out: DataFrame, sink_partitions: int, where: str, source: DataFrame | None = None
 ) -> DataFrame:
     """Validate the transform's output and shape it into the staged columns: key, value,
-    headers, src_topic/src_partition/src_offset, explicit_partition, seq, sink_partition, size.
+    headers, src_topic/src_partition/src_offset, seq, sink_partition, size (the transform's
+    ``partition`` decides ``sink_partition`` and is not kept).
 
     ``where`` names the pipeline and checkpoint in errors.
     """
@@ -141,7 +142,7 @@ def staged_frame(
         sink_partitions=sink_partitions,
     )
     shaped, derived = _staged_columns(out.sparkSession, form)
-    return out.select(*shaped).withColumns(derived)
+    return out.select(*shaped).select(*derived)
 
 
 @dataclass(frozen=True)
@@ -160,9 +161,10 @@ _COLUMNS: dict[Hashable, tuple[Any, Any]] = {}  # expressions.per_jvm caches
 _LIMITS: dict[Hashable, tuple[Any, Any]] = {}
 
 
-def _staged_columns(spark: Any, form: _Form) -> tuple[list[Column], dict[str, Column]]:
-    """The projection onto the staged columns, and the columns derived from it
-    (``sink_partition``, ``size``), for an output of ``form`` (built once per JVM)."""
+def _staged_columns(spark: Any, form: _Form) -> tuple[list[Column], list[Column]]:
+    """The projection onto the staged columns, and the projection of those adding the
+    derived ones (``sink_partition``, ``size``), for an output of ``form`` (built once per
+    JVM)."""
     from airflow_provider_eo.spark.udfs import register_java_partitioner
 
     jvm_partitioner = register_java_partitioner(spark)  # per session: its function registry
@@ -173,7 +175,7 @@ def _staged_columns(spark: Any, form: _Form) -> tuple[list[Column], dict[str, Co
 
 def _build_staged_columns(
     spark: Any, form: _Form, jvm_partitioner: bool
-) -> tuple[list[Column], dict[str, Column]]:
+) -> tuple[list[Column], list[Column]]:
     from pyspark.sql import functions as F
     from pyspark.sql.types import IntegerType, LongType, StringType
 
@@ -209,7 +211,9 @@ def _build_staged_columns(
         .when(F.col("key").isNotNull(), murmur(F.col("key")))
         .otherwise(fallback_partition(form.sink_partitions))
     )
-    derived = {"sink_partition": sink_partition, "size": record_size(has_headers=form.headers)}
+    kept = [F.col(c) for c in ("key", "value", "headers", "src_topic", "src_partition", "src_offset", "seq")]
+    size = record_size(has_headers=form.headers)
+    derived = [*kept, sink_partition.alias("sink_partition"), size.alias("size")]
     return shaped, derived
 
 

@@ -129,7 +129,6 @@ def write_staged(
         staged = staged.repartition(tasks, "sink_partition")
     (
         staged.sortWithinPartitions(*STAGED_ORDER)
-        .drop("explicit_partition")
         .write.mode("errorifexists")
         .option("parquet.block.size", str(PARQUET_ROW_GROUP_BYTES))
         # Staged keys, values and offsets are nearly all distinct: dictionary encoding builds

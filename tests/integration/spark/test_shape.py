@@ -92,3 +92,33 @@ def test_an_output_column_of_the_wrong_type_is_refused(spark: Any, schema: str, 
     frame = spark.createDataFrame([], schema)
     with pytest.raises(PrepareError, match=message):
         shape.staged_frame(frame, 3, "pipeline p, checkpoint 7")
+
+
+def test_an_explicit_partition_wins_over_the_key_and_is_not_staged(spark: Any) -> None:
+    """A transform's ``partition`` column picks the sink partition (over the key's hash);
+    the staged files carry only ``sink_partition``, and a partition the sink lacks is counted."""
+    from pyspark.sql import Observation
+
+    frame = spark.createDataFrame(
+        [(b"k", b"v", 2), (b"k", b"w", None), (b"k", b"x", 7)], "key binary, value binary, partition int"
+    )
+    staged = shape.staged_frame(frame, 3, "test")
+    assert staged.columns == [
+        "key",
+        "value",
+        "headers",
+        "src_topic",
+        "src_partition",
+        "src_offset",
+        "seq",
+        "sink_partition",
+        "size",
+    ]
+    limits = Observation("explicit-partition")
+    rows = shape.observe_limits(staged, limits, 1_000_000, 3).select("value", "sink_partition").collect()
+    assert {bytes(r["value"]): r["sink_partition"] for r in rows} == {
+        b"v": 2,
+        b"w": java_partition(b"k", 3),
+        b"x": 7,
+    }
+    assert limits.get["bad_partition"] == 1
