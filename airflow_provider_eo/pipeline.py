@@ -27,6 +27,16 @@ _FORBIDDEN_CLIENT_KEYS = {
 # The broker's default transaction.max.timeout.ms (15 minutes).
 BROKER_MAX_TRANSACTION_TIMEOUT_MS = 900_000
 
+#: Offsets a checkpoint plans at most unless the pipeline says otherwise. Each checkpoint pays a
+#: fixed cost (the Spark job's planning and start, the staged write's commit, the ledger, the
+#: commit's transaction) whatever its size, so a backlog caught up in small checkpoints goes at
+#: a fraction of the rate of large ones: with bench/stream.py (5 s interval, local[2], one
+#: broker), 125,000-offset checkpoints reached 0.56x Spark's own Kafka sink, 500,000-offset ones
+#: 0.86x. Larger ones add little and hold the first output of a backlog back longer; the
+#: transaction-timeout sizing (core/plan.py) still caps each checkpoint to what its commit
+#: can publish in time.
+DEFAULT_MAX_RECORDS_PER_CHECKPOINT = 500_000
+
 #: Where a commit's shard transactions may run (``Pipeline.commit_mode``).
 COMMIT_MODES = ("local", "spark", "auto")
 
@@ -90,7 +100,9 @@ class Pipeline:
     :param ledger_conn_id: an Airflow ``eo_ledger`` or ``postgres`` connection whose URL
         replaces ``ledger_url``.
     :param staging_dir: where prepared output is staged until it is committed.
-    :param max_records_per_checkpoint: cap of offsets planned per checkpoint (all partitions).
+    :param max_records_per_checkpoint: cap of offsets planned per checkpoint (all partitions);
+        default :data:`DEFAULT_MAX_RECORDS_PER_CHECKPOINT`. A stream's steady checkpoints are
+        as small as an interval's input; the cap sizes the checkpoints that catch up a backlog.
         Plan also keeps a checkpoint small enough that its commit publishes within half of
         ``transaction_timeout_ms``, at the rate measured from the pipeline's recent commits
         (5,000 offsets/s assumed until one is measured): a bigger one would be aborted by the
@@ -141,7 +153,7 @@ class Pipeline:
     transform: str | None = None
     ledger_url: str = DEFAULT_LEDGER_URL
     staging_dir: str = ".eo/staging"
-    max_records_per_checkpoint: int = 100_000
+    max_records_per_checkpoint: int = DEFAULT_MAX_RECORDS_PER_CHECKPOINT
     startup: Startup = field(default_factory=Startup)
     consumer_group: str | None = None
     transactional_id_prefix: str = "eo"

@@ -151,7 +151,7 @@ PUBLISH_TIMEOUT_SHARE = 0.5
 #: Source offsets published per second assumed until the ledger has measured a commit of the
 #: pipeline. Low on purpose: a local broker takes 300k-500k small records/s from one commit,
 #: large records over a slow link far fewer. At the default 60 s timeout it allows 150,000
-#: offsets, more than the default ``max_records_per_checkpoint``.
+#: offsets: a new pipeline's first checkpoints stay that small until a commit is measured.
 DEFAULT_PUBLISH_RATE = 5_000.0
 #: How many recent committed checkpoints the publish rate is measured from (their median).
 RATE_SAMPLES = 5
