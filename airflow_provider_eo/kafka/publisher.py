@@ -20,10 +20,7 @@ is never reused across an indefinite error (KAFKA-17754).
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from itertools import repeat
-from operator import length_hint
 from typing import Any, TypeVar
 
 import numpy as np
@@ -427,14 +424,6 @@ class Sent:
         self.records = 0
 
 
-Header = tuple[str, "str | bytes | None"]
-
-
-def _with_user_headers(user: list[Any] | None, provenance: Header) -> list[Header]:
-    """A record's headers: the user's own (as staged), then the provenance header."""
-    return [(h["key"], h["value"]) for h in user or ()] + [provenance]
-
-
 def produce_staged(
     producer: Producer,
     topic: str,
@@ -450,10 +439,9 @@ def produce_staged(
     Returns the count; ``sent`` (when given) counts them as they go, a failure included.
 
     The user's headers are kept; ``produce()`` is used because ``produce_batch`` drops
-    headers. Columns and header values become Python objects once per batch, and the
-    ``produce()`` calls are made by ``map`` in C, not by a Python loop: the per-record work
-    is the call itself, its headers passed positionally (a keyword argument costs the C call
-    a keyword lookup per record).
+    headers. Columns and header values become Python objects once per batch; the per-record
+    work is one ``produce()`` call, its headers passed positionally (as a keyword argument
+    they cost the C call a keyword lookup per record, more than the header itself).
 
     Raises :class:`Abortable` when the transaction already failed (a failed delivery report
     makes ``produce()`` raise ``_STATE``), else the sorted error of :func:`kafka_call`.
@@ -471,24 +459,16 @@ def produce_staged(
         values = batch.column("value").to_pylist()
         user = batch.column("headers")
         user_headers = user.to_pylist() if user.null_count < n else None
-        headers: Iterable[list[Header]]
-        if user_headers is None:  # [(key_name, value)] per record, built in C
-            headers = map(list, zip(zip(repeat(key_name), prov, strict=True), strict=True))
-        else:
-            headers = [_with_user_headers(u, (key_name, p)) for u, p in zip(user_headers, prov, strict=True)]
-        pending = iter(values)
-        # positional: topic, value, key, partition, callback, on_delivery, timestamp, headers
-        none = repeat(None)
-        calls = map(send, repeat(topic), pending, keys, repeat(partition), none, none, repeat(0), headers)
+        i = 0
         try:
-            while True:
-                try:
-                    deque(calls, maxlen=0)  # every call; ends with the batch
-                    break
+            for i in range(n):
+                hdrs: list[tuple[str, str | bytes | None]] = [(key_name, prov[i])]
+                if user_headers is not None and user_headers[i]:
+                    hdrs = [(h["key"], h["value"]) for h in user_headers[i]] + hdrs
+                try:  # positional: topic, value, key, partition, callback, on_delivery, timestamp, headers
+                    send(topic, values[i], keys[i], partition, None, None, 0, hdrs)
                 except BufferError:  # local queue full: serve delivery reports, then block
-                    i = n - length_hint(pending) - 1
                     serve("poll", producer.poll, 0.05, where=where)
-                    hdrs = _with_user_headers(user_headers[i] if user_headers else None, (key_name, prov[i]))
                     try:
                         produce(
                             producer, topic, value=values[i], key=keys[i], partition=partition, headers=hdrs
@@ -499,7 +479,7 @@ def produce_staged(
                     raise _produce_error(exc, where) from exc
         except BaseException:
             if sent is not None:
-                sent.records += n - length_hint(pending) - 1  # the record that failed was not taken
+                sent.records += i  # record i was not taken
             raise
         index += n
         if sent is not None:
