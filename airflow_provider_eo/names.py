@@ -190,6 +190,10 @@ def compact_provenance(
 
 
 def _read_varint(value: bytes, pos: int) -> tuple[int, int]:
+    """(number, position after it) of the unsigned LEB128 at ``value[pos]``."""
+    byte = value[pos]  # IndexError when the value ends inside the number
+    if byte < 0x80:
+        return byte, pos + 1
     result = shift = 0
     while shift < 64:
         byte = value[pos]  # IndexError when the value ends inside the number
@@ -201,29 +205,21 @@ def _read_varint(value: bytes, pos: int) -> tuple[int, int]:
     raise ValueError("varint longer than 64 bits")
 
 
-def _read_compact(value: bytes) -> tuple[bytes, bytes, bytes] | None:
+def _read_head(head: bytes) -> tuple[bytes, bytes] | None:
+    """(first text field, ``b"<sink_partition>:"``) of a compact value's head: everything up
+    to and including the sink partition; None when malformed."""
     try:
-        size, pos = _read_varint(value, 1)
-        pipeline, pos = value[pos : pos + size], pos + size
-        size, pos = _read_varint(value, pos)
-        identity, pos = value[pos : pos + size], pos + size
-        if pos > len(value):  # a length past the end of the value
+        size, pos = _read_varint(head, 1)
+        pipeline, pos = head[pos : pos + size], pos + size
+        size, pos = _read_varint(head, pos)
+        identity, pos = head[pos : pos + size], pos + size
+        if pos > len(head):  # a length past the end of the value
             return None
-        checkpoint_id, pos = _read_varint(value, pos)
-        sink_partition, pos = _read_varint(value, pos)
-        index, pos = _read_varint(value, pos)
-        if pos == len(value):
-            source = b"-"
-        else:
-            partition, pos = _read_varint(value, pos)
-            offset, pos = _read_varint(value, pos)
-            topic = value[pos:]
-            if not topic or b" " in topic:
-                return None
-            source = b"%s:%d:%d" % (topic, partition, offset)
+        checkpoint_id, pos = _read_varint(head, pos)
+        sink_partition, pos = _read_varint(head, pos)
     except (IndexError, ValueError):
         return None
-    if not pipeline or b":" in pipeline or b" " in pipeline:
+    if pos != len(head) or not pipeline or b":" in pipeline or b" " in pipeline:
         return None
     if b":" in identity or b" " in identity:
         return None
@@ -232,7 +228,44 @@ def _read_compact(value: bytes) -> tuple[bytes, bytes, bytes] | None:
         if identity
         else b"%s:%d" % (pipeline, checkpoint_id)
     )
-    return first, b"%d:%d" % (sink_partition, index), source
+    return first, b"%d:" % sink_partition
+
+
+_HEADS: dict[bytes, tuple[bytes, bytes] | None] = {}
+"""Read heads of compact values (a checkpoint's records in one sink partition share one)."""
+_UNREAD: tuple[bytes, bytes] = (b"", b"")
+
+
+def _read_compact(value: bytes) -> tuple[bytes, bytes, bytes] | None:
+    end = len(value)
+    try:
+        # where the head ends: two lengths with their bytes, then two varints
+        size, pos = _read_varint(value, 1)
+        size, pos = _read_varint(value, pos + size)
+        pos += size
+        for _ in range(2):
+            while value[pos] >= 0x80:
+                pos += 1
+            pos += 1
+        head = value[:pos]
+        known = _HEADS.get(head, _UNREAD)  # one lookup: safe while another thread clears
+        if known is _UNREAD:
+            if len(_HEADS) >= 4096:
+                _HEADS.clear()
+            known = _HEADS[head] = _read_head(head)
+        if known is None:
+            return None
+        index, pos = _read_varint(value, pos)
+        if pos == end:
+            return known[0], known[1] + b"%d" % index, b"-"
+        partition, pos = _read_varint(value, pos)
+        offset, pos = _read_varint(value, pos)
+    except (IndexError, ValueError):
+        return None
+    topic = value[pos:]
+    if not topic or b" " in topic:
+        return None
+    return known[0], known[1] + b"%d" % index, b"%s:%d:%d" % (topic, partition, offset)
 
 
 def parse_provenance(value: bytes) -> tuple[bytes, bytes, bytes] | None:

@@ -116,6 +116,8 @@ def test_compact_provenance_malformed_is_refused() -> None:
     assert names.parse_provenance(b"\x01\x7forders") is None  # a length past the end
     assert names.parse_provenance(b"\x01\x00\x00\x01\x00\x00") is None  # no pipeline
     assert names.parse_provenance(b"\x01\x02a:\x00\x01\x00\x00") is None  # ':' in the pipeline
+    assert names.parse_provenance(b"\x01\x02a:\x00\x01\x00\x00") is None  # again (its head is known)
+    assert names.parse_provenance(value) is not None  # a known head, a good value
     assert names.parse_provenance(b"\x01\x01a\x00" + b"\xff" * 11) is None  # a number past 64 bits
     assert names.parse_provenance(b"\x01\x01a\x00\x01\x00\x00\x00\x00in put") is None  # space in topic
     with pytest.raises(ValueError, match="checkpoint field"):
