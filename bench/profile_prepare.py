@@ -28,9 +28,11 @@ With ``prepare`` measured, a breakdown of each measured prepare from Spark's own
 (the driver's status store: every job's submission and completion time): the Spark jobs'
 seconds, the driver's time before the first job (ledger, broker lookups, building the
 DataFrame, planning) and after the last one (listing the staged files, manifest, ledger), and
-the fixed cost beyond the jobs (prepare - jobs). Printed before the profile line as
+the fixed cost beyond the jobs (prepare - jobs), and the staged write's SQL execution taken
+apart (see :func:`breakdown`). Printed before the profile line as
 ``prepare_breakdown: records= prepare_s= spark_jobs_s= jobs= before_first_job_s=
-after_last_job_s= fixed_s=`` (medians).
+after_last_job_s= fixed_s= driver_before_write_s= write_planning_s= write_commit_s=
+driver_after_write_s=`` (medians).
 
 ``--cprofile FILE`` runs the measured prepares under Python's profiler and writes its stats to
 FILE (read them with ``python -m pstats FILE``): where the driver's own time goes.
@@ -78,22 +80,58 @@ def spark_jobs(spark: Any) -> list[tuple[float, float]]:
     return out
 
 
+def sql_executions(spark: Any) -> list[tuple[float, float]]:
+    """(submitted, completed) wall-clock seconds of every finished SQL execution (a DataFrame
+    write is one: its planning, its jobs and its job commit) in the SQL status store."""
+    store = spark._jsparkSession.sharedState().statusStore()
+    executions = store.executionsList()
+    out = []
+    for i in range(executions.size()):
+        ex = executions.apply(i)
+        completed = ex.completionTime()
+        if completed.isDefined():
+            out.append((ex.submissionTime() / 1000, completed.get().getTime() / 1000))
+    return out
+
+
 def breakdown(spark: Any, windows: list[tuple[float, float]], records: int) -> str:
     """The ``prepare_breakdown`` line: per measured prepare (its wall-clock span), the Spark
-    jobs that ran inside it; medians over the prepares."""
+    jobs that ran inside it; medians over the prepares.
+
+    The staged write is one SQL execution: ``driver_before_write_s`` is the prepare's time
+    before it starts (ledger, broker lookups, building the DataFrame, the write's analysis),
+    ``write_planning_s`` from its start to its first job (the query's optimization and
+    physical planning, which asks the broker for the source's partitions, and the output
+    committer's job setup), ``write_commit_s`` from its last job's end to its own (the job
+    commit), ``driver_after_write_s`` the rest (listing the staged files, manifest, ledger).
+    """
     jobs = spark_jobs(spark)
+    executions = sql_executions(spark)
     rows = []
     for start, end in windows:
         inside = sorted((s, e) for s, e in jobs if start <= s and e <= end)
         busy = sum(e - s for s, e in inside)
         before = (inside[0][0] - start) if inside else end - start
         after = (end - inside[-1][1]) if inside else 0.0
-        rows.append((end - start, busy, len(inside), before, after))
+        # The write's execution holds its jobs (Spark also records the inner query of the write
+        # command as a nested execution, which does not).
+        writes = [
+            (s, e)
+            for s, e in executions
+            if inside and start <= s <= inside[0][0] and inside[-1][1] <= e <= end
+        ]
+        if writes:
+            w_start, w_end = min(writes)
+            split = (w_start - start, inside[0][0] - w_start, w_end - inside[-1][1], end - w_end)
+        else:  # no job (nothing to read): all of it is the driver's
+            split = (before, 0.0, 0.0, after)
+        rows.append((end - start, busy, len(inside), before, after, *split))
     med = [statistics.median(col) for col in zip(*rows, strict=True)]
     return (
         f"prepare_breakdown: records={records} prepare_s={med[0]:.2f} spark_jobs_s={med[1]:.2f} "
         f"jobs={med[2]:g} before_first_job_s={med[3]:.2f} after_last_job_s={med[4]:.2f} "
-        f"fixed_s={med[0] - med[1]:.2f}"
+        f"fixed_s={med[0] - med[1]:.2f} driver_before_write_s={med[5]:.2f} "
+        f"write_planning_s={med[6]:.2f} write_commit_s={med[7]:.2f} driver_after_write_s={med[8]:.2f}"
     )
 
 
