@@ -99,7 +99,8 @@ MANIFEST = "_eo_manifest.json"
 
 # The provenance header on every published record (read by the auditor, the sink guard and
 # the read-back). One header, not three: each header costs librdkafka a separate allocation
-# and copy per record. What it says, in its text form (three space-separated fields):
+# and copy per record. What it says, in the text form earlier versions wrote (three
+# space-separated fields):
 #   "<pipeline>:<checkpoint_id>:<identity8> <sink_partition>:<index> <topic>:<partition>:<offset>"
 # (identity8 is the first 8 characters of the pipeline's ledger identity, so the output
 # itself proves which ledger published a checkpoint when its marker expired; records
