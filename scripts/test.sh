@@ -14,4 +14,8 @@ echo "== import contracts" >&2
 .venv/bin/lint-imports --no-cache --no-logo
 echo "== pytest" >&2
 # pytest exits 5 when it collects nothing; set -e turns that into a failure too.
-.venv/bin/pytest -q --timeout=1200 --durations=50 "$@"
+# Two processes (pytest-xdist), whole files to each: most of the run is waiting on brokers,
+# JVMs and subprocesses, not CPU. Each worker is a test session of its own (its own broker,
+# Spark session and temp folders); a file's tests share its module fixtures in one worker.
+# EO_TEST_WORKERS=0 runs everything in this process.
+.venv/bin/pytest -q --timeout=1200 --durations=50 -n "${EO_TEST_WORKERS:-2}" --dist loadfile "$@"
