@@ -63,11 +63,10 @@ def _assert_group_not_past_ledger(h: Any) -> None:
         assert offset <= ends.get(tp, 0), (tp, offset, ends)
 
 
-def test_a_million_records_all_published_by_executors(
-    harness: Callable[..., Any], cluster: StandaloneCluster
-) -> None:
-    records = 1_000_000
-    h, cid = _prepared(harness, records, max_records_per_checkpoint=records, transaction_timeout_ms=900_000)
+def test_every_record_published_by_executors(harness: Callable[..., Any], cluster: StandaloneCluster) -> None:
+    # About 25k records a shard; bench/commit_scale.py checks the same at 1M and 4M records.
+    records = 50_000
+    h, cid = _prepared(harness, records, max_records_per_checkpoint=records)
     proc = _on_cluster(h, cluster).cli("commit", "--commit-mode", "spark", timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = parse_json_line(proc.stdout)
