@@ -58,6 +58,11 @@ class StandaloneCluster:
             SPARK_WORKER_DIR=str(self.home / "work"),
             PYSPARK_PYTHON=sys.executable,
             PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
+            # A port taken since it was picked (another test session on the machine) fails
+            # the daemon instead of moving it to the next port, where it would not be found.
+            SPARK_DAEMON_JAVA_OPTS=" ".join(
+                filter(None, [env.get("SPARK_DAEMON_JAVA_OPTS"), "-Dspark.port.maxRetries=0"])
+            ),
         )
         return env
 
@@ -86,6 +91,13 @@ class StandaloneCluster:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json/", timeout=5) as resp:
             return json.loads(resp.read())  # type: ignore[no-any-return]
 
+    def _master_answers(self) -> bool:
+        """This cluster's master (not another process on its UI port) serves its status."""
+        try:
+            return self.state().get("url") == self.master_url
+        except (OSError, ValueError):
+            return False
+
     def _alive_workers(self) -> int:
         try:
             return sum(1 for w in self.state().get("workers", []) if w.get("state") == "ALIVE")
@@ -97,16 +109,30 @@ class StandaloneCluster:
         :meth:`_start`: needs root and ``unshare``)."""
         (self.home / "logs").mkdir(parents=True, exist_ok=True)
         (self.home / "work").mkdir(parents=True, exist_ok=True)
-        self._start(
-            "master",
-            "org.apache.spark.deploy.master.Master",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--webui-port",
-            str(self.ui_port),
-        )
+        for attempt in range(3):
+            self._start(
+                "master",
+                "org.apache.spark.deploy.master.Master",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--webui-port",
+                str(self.ui_port),
+            )
+            master = self.procs[-1]
+            wait_for(
+                lambda: self._master_answers() or master.poll() is not None,  # noqa: B023
+                "the master to answer",
+                timeout=timeout_s,
+            )
+            if master.poll() is None:
+                break
+            # A port was taken between picking and binding: new ports, and again.
+            self.procs.remove(master)
+            if attempt == 2:
+                raise AssertionError(f"the Spark master did not start:\n{self.log_tail()}")
+            self.port, self.ui_port = free_port(), free_port()
         self._start_worker(timeout_s, private)
 
     def share_again(self, folder: Path) -> None:
