@@ -75,3 +75,23 @@ def test_range_reads_count_records_read_not_offsets() -> None:
 
 def test_range_reads_of_nothing() -> None:
     assert source.range_reads([], {}) == []
+
+
+def test_every_read_of_a_pipeline_uses_its_own_stable_reader_group() -> None:
+    """Spark pools executor consumers by group id: one id per pipeline, the same for every
+    checkpoint (a fresh random one per read made a new consumer per task), never another
+    pipeline's, never the group the commit moves; a pipeline's ``java.group.id`` wins."""
+    first = source.reader_options(_pipeline(), [RangeSpec("a", 0, 0, 10)])["kafka.group.id"]
+    later = source.reader_options(_pipeline(), [RangeSpec("a", 0, 10, 99)])["kafka.group.id"]
+    other = Pipeline(
+        name="q",
+        kafka={"bootstrap.servers": "127.0.0.1:9092"},
+        source_topics=["a"],
+        sink_topic="out",
+        ledger_url="sqlite://",
+    )
+    assert first == later == "eo-read.p"
+    assert source.reader_options(other, [RangeSpec("a", 0, 0, 10)])["kafka.group.id"] == "eo-read.q"
+    assert first != _pipeline().group_id
+    own = source.reader_options(_pipeline(**{"java.group.id": "mine"}), [RangeSpec("a", 0, 0, 10)])
+    assert own["kafka.group.id"] == "mine"
