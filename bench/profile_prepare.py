@@ -34,7 +34,7 @@ apart (see :func:`breakdown`). Printed before the profile line as
 after_last_job_s= fixed_s= driver_before_write_s= write_planning_s= write_commit_s=
 driver_after_write_s=`` (medians).
 
-``--cprofile FILE`` runs the measured prepares under Python's profiler and writes its stats to
+``--cprofile FILE`` runs the measured prepares and commits under Python's profiler and writes its stats to
 FILE (read them with ``python -m pstats FILE``): where the driver's own time goes.
 
 Progress goes to stderr; the last line on stdout is machine-readable
@@ -148,7 +148,9 @@ def main() -> int:
         default=None,
         help="the pipeline's java.fetch.max.wait.ms (default: eo's, spark/source.py)",
     )
-    ap.add_argument("--cprofile", default=None, help="write the measured prepares' cProfile stats here")
+    ap.add_argument(
+        "--cprofile", default=None, help="write the measured prepares' and commits' cProfile stats here"
+    )
     args = ap.parse_args()
     only = [v for v in args.only.split(",") if v]
     unknown = sorted(set(only) - set(VARIANTS))
@@ -278,7 +280,7 @@ def main() -> int:
                 if setup is not None:
                     setup()
                 measured = i >= args.warm
-                profiled = profiler is not None and measured and name == "prepare"
+                profiled = profiler is not None and measured and name in ("prepare", "commit")
                 t0, wall0 = time.monotonic(), time.time()
                 if profiled:
                     profiler.enable()
@@ -294,7 +296,7 @@ def main() -> int:
             log(f"{name}: median {medians[name]:.2f}s of {args.repeat} ({args.records:,} records)")
         if profiler is not None:
             profiler.dump_stats(args.cprofile)
-            log(f"cProfile stats of the measured prepares: {args.cprofile}")
+            log(f"cProfile stats of the measured prepares and commits: {args.cprofile}")
         if "prepare" in windows:
             print(breakdown(spark, windows["prepare"], args.records), flush=True)
         print("profile: " + " ".join(f"{k}_s={v:.2f}" for k, v in medians.items()))
