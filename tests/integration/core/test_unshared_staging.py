@@ -79,9 +79,12 @@ def cluster(tmp_path: Path) -> Iterator[tuple[StandaloneCluster, Path]]:
 
 
 def test_staging_the_driver_cannot_see_fails_loudly_then_catches_up_exactly_once(
-    harness: Callable[..., Any], cluster: tuple[StandaloneCluster, Path]
+    harness: Callable[..., Any], cluster: tuple[StandaloneCluster, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     standalone, staging = cluster
+    # `eo` prints its error wrapped at the console's width (COLUMNS, else 80): wide enough
+    # that no phrase or path checked below is split, whatever the temp folder's length.
+    monkeypatch.setenv("COLUMNS", "1000")
     h = harness(
         source_partitions=2,
         sink_partitions=2,
