@@ -74,8 +74,10 @@ def kafka_bootstrap() -> Iterator[str]:
         # Close the shared clients while the broker still answers: left to the exit,
         # each one waits on its dead connections (the session hung for minutes).
         from airflow_provider_eo.kafka.admin import close_shared_clients
+        from airflow_provider_eo.kafka.publisher import close_producers
 
         close_shared_clients()
+        close_producers()  # the idle transactional producers local commits kept
         kafka.wipe()
 
 

@@ -86,6 +86,7 @@ class FakeBroker:
         self.failures.setdefault(call, []).extend(exceptions)
 
     def _maybe_fail(self, producer: FakeProducer, call: str) -> None:
+        assert not producer.closed, f"{call} on a closed producer"
         self.calls.append((producer.transactional_id, call))
         if call in self.on_call:
             self.on_call[call](producer)
@@ -126,6 +127,7 @@ class FakeProducer:
         self.pending: list[Record] = []
         self.pending_marks: dict[tuple[str, str, int], tuple[int, str]] = {}
         self.open = False
+        self.closed = False
         self.reports: list[tuple[Any, Any]] = []
         broker.producers.append(self)
 
@@ -202,6 +204,13 @@ class FakeProducer:
 
     def _reset(self) -> None:
         self.pending, self.pending_marks, self.open = [], {}, False
+
+    def close(self) -> bool:
+        """``Producer.close()``: aborts an open transaction; the producer is unusable after."""
+        self.broker.calls.append((self.transactional_id, "close"))
+        self._reset()
+        self.closed = True
+        return True
 
 
 class _Msg:

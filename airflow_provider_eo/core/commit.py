@@ -11,7 +11,12 @@ a :class:`~airflow_provider_eo.core.shard.ShardTransaction` on the shard's froze
 (:class:`LedgerShardHooks`):
 
 1. A fresh producer with the shard's stable transactional id; ``init_transactions``
-   fences any zombie and aborts whatever an earlier attempt left open.
+   fences any zombie and aborts whatever an earlier attempt left open. A producer whose
+   last transaction of the id committed cleanly in this process is used again instead
+   (:class:`~airflow_provider_eo.kafka.publisher.ProducerPool`; a stream commits every
+   checkpoint this way): another process that fenced it meanwhile makes its first request
+   fail as fenced, and that round is redone with a fresh producer and
+   ``init_transactions``.
 2. Read the shard's commit marker. Already at this checkpoint: the shard is done (the
    crash came after the Kafka commit) and nothing is re-sent. A marker written by another
    ledger's pipeline identity is refused; a missing one (expired, topic re-created) is
@@ -58,7 +63,7 @@ from airflow_provider_eo.connections import require_applied
 from airflow_provider_eo.core.abort import abort_checkpoint
 from airflow_provider_eo.core.fault_seam import fault_point
 from airflow_provider_eo.core.markers import decide_marker
-from airflow_provider_eo.core.plan import frozen_commit_plan
+from airflow_provider_eo.core.plan import check_commit_plan, frozen_commit_plan
 from airflow_provider_eo.core.shard import (
     REAL_KAFKA,
     KafkaClients,
@@ -86,7 +91,15 @@ from airflow_provider_eo.errors import (
     StagingUnreadable,
 )
 from airflow_provider_eo.kafka.client_config import librdkafka_config
-from airflow_provider_eo.ledger import Actor, CheckpointRecord, CheckpointState, CommitPlan, Ledger
+from airflow_provider_eo.kafka.publisher import PRODUCERS
+from airflow_provider_eo.ledger import (
+    Actor,
+    CheckpointRecord,
+    CheckpointState,
+    CommitPlan,
+    Ledger,
+    PipelineRecord,
+)
 from airflow_provider_eo.ledger.errors import CheckpointNotFound
 from airflow_provider_eo.pipeline import COMMIT_MODES, Pipeline
 
@@ -234,10 +247,15 @@ class LedgerShardHooks:
     #: The clock the publish time is measured with (unit tests move it by hand).
     clock: Callable[[], float] = staticmethod(time.monotonic)
 
-    def __init__(self, ledger: Ledger, committable: ShardCommittable, *, owner: str) -> None:
+    def __init__(
+        self, ledger: Ledger, committable: ShardCommittable, *, owner: str, row_before: bool | None = None
+    ) -> None:
+        """:param row_before: whether the ledger had a row for the shard when this commit
+        read the checkpoint (None: not known, :meth:`may_have_published` reads it)."""
         self.ledger = ledger
         self.c = committable
         self.owner = owner
+        self.row_before = row_before
         self._began: float | None = None  # the clock at this process's latest before_begin
 
     def _record(self, *, state: str, records: int, publish_s: float | None = None) -> None:
@@ -254,7 +272,17 @@ class LedgerShardHooks:
         )
 
     def may_have_published(self) -> bool:
-        """A shard row exists: a try got as far as ``begin_transaction``."""
+        """A shard row exists: a try got as far as ``begin_transaction``.
+
+        With ``row_before`` (read with the checkpoint at the start of this commit) no read:
+        a row written since by another committer that began a transaction is covered all
+        the same, since its transaction is either aborted by this shard's fence or committed
+        with the marker, which the caller read first (a spark-mode commit's tasks rely on
+        the same early read)."""
+        if self._began is not None:
+            return True  # this process recorded the shard PENDING
+        if self.row_before is not None:
+            return self.row_before
         rows = self.ledger.get(self.c.pipeline, self.c.checkpoint_id).shards
         return any(row.shard == self.c.shard for row in rows)
 
@@ -303,18 +331,24 @@ def _staged_partitions(cp: CheckpointRecord) -> int | None:
         return None
 
 
-def cleanup_staging(pipeline: Pipeline, ledger: Ledger, cp: CheckpointRecord) -> None:
+def cleanup_staging(
+    pipeline: Pipeline, ledger: Ledger, cp: CheckpointRecord, *, registered: PipelineRecord | None = None
+) -> None:
     """Remove the staging of the committed checkpoint ``keep_committed_staging`` before
     ``cp``: this ledger's attempts of it (the recorded one, killed ones, any whose manifest
-    names this identity), never an attempt a same-name deployment staged beside it."""
+    names this identity), never an attempt a same-name deployment staged beside it.
+    ``registered``: the pipeline's ledger record when the caller has it (not read again)."""
     old = cp.checkpoint_id - pipeline.keep_committed_staging
     if old < 1:
         return
-    try:
-        location = ledger.get(pipeline.name, old).staging_location
-    except CheckpointNotFound:
-        return
-    registered = ledger.get_pipeline(pipeline.name)
+    if old == cp.checkpoint_id:  # keep none: this checkpoint's own, recorded in ``cp``
+        location = cp.staging_location
+    else:
+        try:
+            location = ledger.get(pipeline.name, old).staging_location
+        except CheckpointNotFound:
+            return
+    registered = registered or ledger.get_pipeline(pipeline.name)
     root = dataclasses.replace(pipeline, staging_dir=registered.staging_dir or pipeline.staging_dir)
     staging.remove_checkpoint_attempts(names.checkpoint_dir(root, old), registered.identity, location)
 
@@ -351,20 +385,26 @@ def commit_checkpoint(
             f"pipeline {pipeline.name!r}: checkpoint {checkpoint_id} is {cp.state.value}, not "
             "PREPARED; run (or retry) its prepare step first"
         )
+    registered = ledger.get_pipeline(pipeline.name)
     # The frozen plan, never today's settings (a checkpoint from before ledger revision
     # 0002 freezes one now, for the partition count its output was staged for). Refuses a
     # process with another transactional-id prefix, and a sink that lost partitions.
-    plan = frozen_commit_plan(
-        pipeline,
-        ledger,
-        cp,
-        staged_partitions=_staged_partitions(cp) if cp.commit_plan is None else None,
-        actor=actor,
-    )
+    if cp.commit_plan is not None and registered.transactional_id_prefix == pipeline.transactional_id_prefix:
+        # This process's prefix is the pinned one (a pin never changes): pinning it again
+        # would change nothing, so only the plan is checked (no ledger write).
+        plan = cp.commit_plan
+        check_commit_plan(pipeline, cp, plan)
+    else:
+        plan = frozen_commit_plan(
+            pipeline,
+            ledger,
+            cp,
+            staged_partitions=_staged_partitions(cp) if cp.commit_plan is None else None,
+            actor=actor,
+        )
     sink_partitions = plan.sink_partitions
     shards = plan.shards
     owner = owner or names.lease_owner(pipeline)
-    registered = ledger.get_pipeline(pipeline.name)
     identity = registered.identity
     # First (before the staged output is read: an older ledger's staging may be gone): a
     # shard whose marker is already past this checkpoint: only a ledger older than the
@@ -465,9 +505,11 @@ def commit_checkpoint(
         publishers = _publish_on_spark(ledger, cp, committables, owner=owner, runner=runner)
     else:
         publishers = []
+        rows = {row.shard for row in cp.shards}
         for committable in committables:
-            hooks = LedgerShardHooks(ledger, committable, owner=owner)
-            result = commit_shard(committable, hooks, clients)
+            hooks = LedgerShardHooks(ledger, committable, owner=owner, row_before=committable.shard in rows)
+            # The shard's producer is kept for the next checkpoint after a clean commit.
+            result = commit_shard(committable, hooks, clients, pool=PRODUCERS)
             publishers.append(
                 Publisher(
                     shard=committable.shard,
@@ -480,7 +522,7 @@ def commit_checkpoint(
             )
     fault_point("commit.before_ledger")
     cp = ledger.mark_committed(pipeline.name, checkpoint_id, actor=actor)
-    cleanup_staging(pipeline, ledger, cp)
+    cleanup_staging(pipeline, ledger, cp, registered=registered)
     return CommitResult(
         cp,
         sum(p.records for p in publishers),

@@ -14,12 +14,21 @@ Shaped like Flink's ``KafkaCommittable`` + ``KafkaCommitter`` (docs/design.md §
   re-inits a new one and lets the marker decide, never aborting; *permanent* fails with the
   reason. It never touches the ledger: what the ledger must record, and when, is the
   caller's :class:`ShardHooks`.
+
+A producer whose transaction committed cleanly is kept idle in the process's
+:class:`~airflow_provider_eo.kafka.publisher.ProducerPool` and used again for the same
+transactional id's next transaction (no new producer, no ``init_transactions``: only the
+first use in a process fences). Anything else drops it. A kept producer that another
+process fenced meanwhile (an ``eo commit`` elsewhere, a restarted stream) fails as fenced at
+its first request: that round is redone with a new producer and ``init_transactions``, which
+is what every round did before, and the marker decides.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterable, Iterator, Mapping
+import os
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from time import monotonic
 from typing import Any, Protocol
@@ -32,9 +41,11 @@ from airflow_provider_eo.core.fault_seam import fault_point, fault_triggered
 from airflow_provider_eo.core.markers import NO_MARKER, decide_marker
 from airflow_provider_eo.errors import CommitError, CommitFenced, LedgerBehindSink, TransactionTimedOut
 from airflow_provider_eo.kafka.publisher import (
+    PRODUCERS,
     Abortable,
     DeliveryFailures,
     ProducerLost,
+    ProducerPool,
     Sent,
     connect,
     kafka_call,
@@ -337,28 +348,60 @@ class ShardRunner(Protocol):
         of a shard whose run failed as a whole (its process lost too often)."""
 
 
-class ShardTransaction:
-    """One producer's go at one shard's transaction (a new one after any ambiguous or
-    abortable failure: librdkafka lacks KIP-890's epoch bump, so a producer is never reused
-    across an indefinite error)."""
+def pool_key(committable: ShardCommittable, clients: KafkaClients) -> Hashable:
+    """What an idle producer of :data:`PRODUCERS` is kept under: everything it was made from
+    (the clients' factory, the transactional id, the client config, the transaction timeout,
+    the batch limits) and this process's id."""
+    c = committable
+    return (clients, os.getpid(), c.transactional_id, c.kafka, c.transaction_timeout_ms, c.topic_max_bytes)
 
-    def __init__(self, committable: ShardCommittable, clients: KafkaClients = REAL_KAFKA) -> None:
+
+class ShardTransaction:
+    """One producer's go at one shard's transaction (a new one after any failure: librdkafka
+    lacks KIP-890's epoch bump, so a producer is never reused across an error).
+
+    :param pool: where a producer is taken from and, after a clean commit, given back to
+        (None: a new producer every time, dropped afterwards).
+    """
+
+    def __init__(
+        self,
+        committable: ShardCommittable,
+        clients: KafkaClients = REAL_KAFKA,
+        pool: ProducerPool | None = None,
+    ) -> None:
         self.committable = committable
         self.clients = clients
+        self.pool = pool
         self.failures = DeliveryFailures()
         self.producer: Any = None
+        self.reused = False  # the producer came from the pool: no init_transactions this round
         self.begun_at: float | None = None  # monotonic time of begin_transaction
         self.sent = Sent()  # records handed to the producer in this transaction
 
     def fence(self) -> None:
-        """A fresh producer on the shard's transactional id and ``init_transactions``: the
-        broker aborts whatever an earlier producer of the id left open and fences it."""
+        """The shard's producer, ready for a transaction: an idle one of this process that
+        committed the id's last transaction cleanly (from the pool), else a fresh producer on
+        the shard's transactional id and ``init_transactions``: the broker aborts whatever an
+        earlier producer of the id left open and fences it."""
         c = self.committable
+        if self.pool is not None:
+            kept = self.pool.take(pool_key(c, self.clients))
+            if kept is not None and kept.failures is not None:
+                self.producer, self.failures, self.reused = kept.producer, kept.failures, True
+                return
         self.producer = self.clients.producer(
             c.config, c.transactional_id, c.transaction_timeout_ms, self.failures, c.topic_max_bytes
         )
         kafka_call("metadata", connect, self.producer, c.sink_topic, c.timeout_s, where=c.where)
         kafka_call("init_transactions", self.producer.init_transactions, c.timeout_s, where=c.where)
+
+    def keep(self) -> None:
+        """After a clean ``commit_transaction`` (and nothing else): give the producer to the
+        pool for the id's next transaction. Without a pool it is dropped."""
+        if self.pool is not None and self.producer is not None and not self.failures:
+            self.pool.give(pool_key(self.committable, self.clients), self.producer, self.failures)
+        self.producer = None
 
     def marker(self) -> int:
         """The checkpoint id the shard's marker shows (-1: none); a foreign one is refused."""
@@ -564,7 +607,11 @@ def _kafka_words(exc: BaseException) -> str:
 
 
 def commit_shard(
-    committable: ShardCommittable, hooks: ShardHooks, clients: KafkaClients = REAL_KAFKA
+    committable: ShardCommittable,
+    hooks: ShardHooks,
+    clients: KafkaClients = REAL_KAFKA,
+    *,
+    pool: ProducerPool | None = None,
 ) -> ShardResult:
     """Publish one shard exactly once: rounds of fence -> marker -> publish -> seal ->
     commit until the marker or a commit settles it (see the module docstring for the ladder).
@@ -573,11 +620,16 @@ def commit_shard(
     skipped, nothing re-sent. Raises :class:`CommitError` after :data:`MAX_SHARD_ROUNDS`
     rounds or for a record the broker refuses every time, and :class:`CommitFenced` /
     :class:`TransactionalIdUnauthorized` as they come.
+
+    :param pool: idle producers of this process to take the shard's producer from
+        (:data:`~airflow_provider_eo.kafka.publisher.PRODUCERS` in a local commit; None: a
+        new producer every round). A producer is given back only when its round committed
+        and the hooks recorded it.
     """
     c = committable
     last_failure = ""
     for round_ in range(1, MAX_SHARD_ROUNDS + 1):
-        txn = ShardTransaction(c, clients)
+        txn = ShardTransaction(c, clients, pool)
         try:
             txn.fence()
             done = txn.committed_through(hooks)
@@ -601,8 +653,15 @@ def commit_shard(
                 continue  # ambiguous: a new producer re-inits and the marker decides
             fault_point("commit.after_commit_txn")
             hooks.committed(produced)
+            txn.keep()
             return ShardResult(c.shard, produced, False, round_)
         except Exception as exc:
+            if txn.reused and isinstance(exc, CommitFenced) and not txn.outlived_timeout(exc):
+                # A kept producer another process fenced while it was idle: this round's
+                # transaction cannot commit. Redo it as every round began before producers
+                # were kept: a new producer, init_transactions, and the marker decides.
+                last_failure = str(exc)
+                continue
             if txn.outlived_timeout(exc):
                 # The same size would time out again: fail with the numbers, not a redo loop
                 # (or a fence blamed on another committer).
@@ -619,7 +678,7 @@ def commit_shard(
             # AMBIGUOUS (retries ran out, or the producer was lost): the next round's fresh
             # producer re-inits and the marker decides.
         finally:
-            del txn
+            del txn  # a producer not given back to the pool goes with it
     raise CommitError(
         f"{c.where}could not publish after {MAX_SHARD_ROUNDS} rounds of retriable/abortable "
         f"errors (last: {last_failure or 'an ambiguous or retriable failure'}). Nothing from "
@@ -641,6 +700,8 @@ def fence_id(
     so the broker aborts any open transaction of an earlier producer and fences it. Raises
     :class:`ProducerLost` when the broker did not answer (the caller says what to do)."""
     timeout_s = transaction_timeout_ms / 1000
+    # An idle producer this process kept for the id is fenced by this: close it now.
+    PRODUCERS.discard(lambda key: isinstance(key, tuple) and key[0] is clients and key[2] == transactional_id)
     producer = clients.producer(config, transactional_id, transaction_timeout_ms, None, None)
     try:
         kafka_call("metadata", connect, producer, sink_topic, timeout_s, where=where)
@@ -666,4 +727,5 @@ __all__ = [
     "commit_shard",
     "fence_id",
     "outcome_of",
+    "pool_key",
 ]

@@ -642,5 +642,10 @@ def run_stream(
         ledger.end_stream_run(run.run_id, state=ENDED, reason=result.reason, summary=result.summary())
         return result
     finally:
+        # The producers the committer kept between checkpoints (core/shard.py): not left
+        # to the interpreter's exit.
+        from airflow_provider_eo.kafka.publisher import close_producers
+
+        close_producers()
         if own:
             ledger.close()

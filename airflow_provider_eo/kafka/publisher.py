@@ -12,15 +12,24 @@ Error classes (docs/design.md §3a):
 3. fatal / fenced: destroy the producer and fail with the reason.
 4. anything else: fail loudly, saying whether data may be affected.
 
-A fresh producer (and ``init_transactions``) is used per checkpoint shard and after any
-ambiguous failure: librdkafka lacks KIP-890's per-transaction epoch bump, so a producer
-is never reused across an indefinite error (KAFKA-17754).
+A producer is never reused across an error of any kind: librdkafka lacks KIP-890's
+per-transaction epoch bump, so a request of a failed transaction could land in the next one
+(KAFKA-17754); after any failure a fresh producer and ``init_transactions`` follow. Only a
+producer whose last transaction committed cleanly (every record and the end of the
+transaction acknowledged, nothing in flight) is kept, idle, for the same transactional id's
+next transaction in the same process (:class:`ProducerPool`): the first use of an id in a
+process still creates the producer and calls ``init_transactions``.
 """
 
 from __future__ import annotations
 
+import atexit
+import os
+import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
@@ -256,6 +265,130 @@ def new_producer(
             **_batch_limits(config, topic_max_bytes),
         }
     )
+
+
+@dataclass
+class PooledProducer:
+    """An idle transactional producer kept after a clean commit, with the delivery-report
+    sink it was created with (librdkafka calls that one for the producer's whole life)."""
+
+    producer: Any
+    failures: DeliveryFailures | None
+    pid: int  # the process that created it: never used, nor closed, in another one
+    idle_since: float
+
+
+class ProducerPool:
+    """Idle transactional producers of this process, one per key, kept between clean
+    commits of the same transactional id so a small commit does not pay a new producer, its
+    connections and ``init_transactions`` every time.
+
+    A producer is taken out while it is used (:meth:`take`) and only comes back through
+    :meth:`give`, which the caller makes only after a clean ``commit_transaction``; any
+    failure simply never gives it back. A key holds everything the producer was made from
+    (the transactional id, the client config, the transaction timeout, the batch limits)
+    plus the process id: a producer never crosses a fork (its librdkafka threads stay in the
+    parent; the child forgets what it inherited without destroying it). Producers idle
+    longer than ``max_idle_s``, and the least recently used beyond ``max_idle``, are closed.
+    :meth:`close` closes every idle one (the end of a stream, a test session before its
+    broker stops, and the interpreter's exit).
+    """
+
+    def __init__(self, *, max_idle: int = 32, max_idle_s: float = 300.0) -> None:
+        self.max_idle = max_idle
+        self.max_idle_s = max_idle_s
+        self._idle: OrderedDict[Hashable, PooledProducer] = OrderedDict()
+        self._lock = threading.Lock()
+        #: Producers inherited through a fork: kept referenced, never destroyed here.
+        self._inherited: list[PooledProducer] = []
+
+    def take(self, key: Hashable) -> PooledProducer | None:
+        """The idle producer of ``key`` made by this process (removed from the pool), or
+        None: the caller creates one and calls ``init_transactions``."""
+        now = time.monotonic()
+        with self._lock:
+            expired = self._expire(now)
+            entry = self._idle.pop(key, None)
+            if entry is not None and (entry.pid != os.getpid() or now - entry.idle_since > self.max_idle_s):
+                expired.append(entry)
+                entry = None
+        self._close_all(expired)
+        return entry
+
+    def give(self, key: Hashable, producer: Any, failures: DeliveryFailures | None) -> None:
+        """Keep ``producer`` for ``key``'s next transaction. Only after a clean
+        ``commit_transaction`` of this producer: never after an error."""
+        if failures:  # a failed delivery report: never reused (the caller should not get here)
+            self._close_all([PooledProducer(producer, failures, os.getpid(), 0.0)])
+            return
+        now = time.monotonic()
+        with self._lock:
+            closing = self._expire(now)
+            old = self._idle.pop(key, None)
+            if old is not None:
+                closing.append(old)
+            self._idle[key] = PooledProducer(producer, failures, os.getpid(), now)
+            while len(self._idle) > self.max_idle:
+                closing.append(self._idle.popitem(last=False)[1])
+        self._close_all(closing)
+
+    def discard(self, match: Callable[[Hashable], bool]) -> int:
+        """Close the idle producers whose key ``match`` accepts (a transactional id this
+        process just fenced with another producer); returns how many."""
+        with self._lock:
+            gone = [key for key in self._idle if match(key)]
+            closing = [self._idle.pop(key) for key in gone]
+        self._close_all(closing)
+        return len(closing)
+
+    def close(self) -> int:
+        """Close every idle producer (the ones in use are not in the pool); returns how many."""
+        with self._lock:
+            closing = list(self._idle.values())
+            self._idle.clear()
+        self._close_all(closing)
+        return len(closing)
+
+    def __len__(self) -> int:
+        return len(self._idle)
+
+    def forget_inherited(self) -> None:
+        """In a forked child: drop the parent's producers from the pool without closing them
+        (their threads are the parent's; destroying a copy here could hang)."""
+        self._inherited.extend(self._idle.values())
+        self._idle.clear()
+        self._lock = threading.Lock()  # the parent's may have been held by another thread
+
+    def _expire(self, now: float) -> list[PooledProducer]:
+        """Under the lock: remove the producers idle too long (returned, to close)."""
+        old = [key for key, entry in self._idle.items() if now - entry.idle_since > self.max_idle_s]
+        return [self._idle.pop(key) for key in old]
+
+    def _close_all(self, entries: list[PooledProducer]) -> None:
+        for entry in entries:
+            if entry.pid != os.getpid():
+                self._inherited.append(entry)
+                continue
+            try:
+                entry.producer.close()  # nothing is in flight after a clean commit
+            except Exception:  # already closed, or the broker is gone: nothing more to do
+                pass
+
+
+#: The process's pool of idle transactional producers (core/shard.py takes and gives).
+PRODUCERS = ProducerPool()
+
+
+def close_producers() -> int:
+    """Close the process's idle transactional producers (returns how many): at the end of a
+    stream, and before the cluster goes away (a test session stopping its broker). The next
+    commit of each transactional id creates and initializes a new producer."""
+    return PRODUCERS.close()
+
+
+atexit.register(close_producers)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=PRODUCERS.forget_inherited)
 
 
 # Room for the record batch header (61 bytes) and librdkafka's own accounting slack.
