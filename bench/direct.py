@@ -32,9 +32,12 @@ every record arrived once. Prints per round and, last, the medians:
 
     direct_eval: interval_s= rounds= direct_p50_s= staged_p50_s= spark_p50_s=
                  direct_build_s= direct_job_s= staged_prepare_s= staged_commit_s=
+                 direct_refenced_per_checkpoint=
 
 (``direct_build_s``: the driver's DataFrame building per checkpoint, ``direct_job_s``: the
-publishing job, medians over the checkpoints; ``staged_*``: the stream's prepare and commit.)
+publishing job, medians over the checkpoints; ``staged_*``: the stream's prepare and commit;
+``direct_refenced_per_checkpoint``: tasks per checkpoint whose range's producer, kept by
+another Python worker, had been fenced since, so a new one had to ``init_transactions``.)
 """
 
 from __future__ import annotations
@@ -207,7 +210,7 @@ class DirectCheckpoint:
     records: int
     build_s: float
     job_s: float
-    seal_s: float
+    refenced: int  # tasks whose kept producer had been fenced by another worker's
 
 
 @dataclass
@@ -298,7 +301,13 @@ class DirectStream:
                 for r in ranges:
                     ends[r.partition] = r.end
                 self.checkpoints.append(
-                    DirectCheckpoint(cid, sum(r.records for r in results), t1 - t0, t2 - t1, 0.0)
+                    DirectCheckpoint(
+                        cid,
+                        sum(r.records for r in results),
+                        t1 - t0,
+                        t2 - t1,
+                        sum(r.rounds - 1 for r in results),
+                    )
                 )
                 log(
                     f"    direct checkpoint {cid}: {sum(r.records for r in results):,} records, build "
@@ -318,6 +327,7 @@ class Round:
     direct_job_s: float
     staged_prepare_s: float
     staged_commit_s: float
+    refenced: float  # tasks per checkpoint that had to re-init a fenced producer (mean)
 
 
 def check(name: str, lat: Latency) -> None:
@@ -379,6 +389,7 @@ def one_round(
         statistics.median(c.job_s for c in cps),
         statistics.median(c.prepare_s or 0.0 for c in scps),
         statistics.median(c.commit_s or 0.0 for c in scps),
+        statistics.mean(c.refenced for c in cps),
     )
 
 
@@ -394,7 +405,8 @@ def line(interval: float, rounds: list[Round]) -> str:
         f"direct_build_s={med([r.direct_build_s for r in rounds])} "
         f"direct_job_s={med([r.direct_job_s for r in rounds])} "
         f"staged_prepare_s={med([r.staged_prepare_s for r in rounds])} "
-        f"staged_commit_s={med([r.staged_commit_s for r in rounds])}"
+        f"staged_commit_s={med([r.staged_commit_s for r in rounds])} "
+        f"direct_refenced_per_checkpoint={med([r.refenced for r in rounds])}"
     )
 
 
