@@ -15,13 +15,14 @@ Shaped like Flink's ``KafkaCommittable`` + ``KafkaCommitter`` (docs/design.md §
   reason. It never touches the ledger: what the ledger must record, and when, is the
   caller's :class:`ShardHooks`.
 
-A producer whose transaction committed cleanly is kept idle in the process's
-:class:`~airflow_provider_eo.kafka.publisher.ProducerPool` and used again for the same
-transactional id's next transaction (no new producer, no ``init_transactions``: only the
-first use in a process fences). Anything else drops it. A kept producer that another
+In a local commit, a producer whose transaction committed cleanly is kept idle in the
+process's :class:`~airflow_provider_eo.kafka.publisher.ProducerPool` and used again for the
+same transactional id's next transaction (no new producer, no ``init_transactions``: only
+the first use in a process fences). Anything else drops it. A kept producer that another
 process fenced meanwhile (an ``eo commit`` elsewhere, a restarted stream) fails as fenced at
-its first request: that round is redone with a new producer and ``init_transactions``, which
-is what every round did before, and the marker decides.
+its first request, and a marker read that fails on a kept producer's round may be held by
+another process's open transaction: either round is redone with a new producer and
+``init_transactions``, which is how every round began before, and the marker decides.
 """
 
 from __future__ import annotations
@@ -632,7 +633,16 @@ def commit_shard(
         txn = ShardTransaction(c, clients, pool)
         try:
             txn.fence()
-            done = txn.committed_through(hooks)
+            try:
+                done = txn.committed_through(hooks)
+            except Exception as exc:
+                if not txn.reused:
+                    raise
+                # No init_transactions ran this round: another process's transaction left
+                # open on the id (with its marker offsets) holds the stable marker read until
+                # it ends. Redo the round with a new producer, whose init aborts it.
+                last_failure = f"reading the marker: {exc}"
+                continue
             if done > c.checkpoint_id:
                 raise LedgerBehindSink(
                     f"pipeline {c.pipeline!r}: the ledger is older than the sink. Committing "

@@ -28,7 +28,7 @@ from eo_fake_kafka import (
 from airflow_provider_eo.core import shard as shard_module
 from airflow_provider_eo.core.commit import commit_checkpoint
 from airflow_provider_eo.core.shard import commit_shard, fence_id, pool_key
-from airflow_provider_eo.errors import CommitFenced
+from airflow_provider_eo.errors import CommitFenced, KafkaAdminError
 from airflow_provider_eo.kafka import publisher
 from airflow_provider_eo.kafka.publisher import PRODUCERS, ProducerPool
 from airflow_provider_eo.ledger import CheckpointState, Ledger
@@ -347,3 +347,35 @@ def test_another_prefix_is_still_refused(pipeline: Pipeline, ledger: Ledger, bro
     with pytest.raises(TransactionalIdPrefixMismatch):
         commit_checkpoint(other, ledger, cid, clients=clients)
     assert broker.count("begin_transaction") == 1
+
+
+def test_a_failed_marker_read_on_a_kept_producer_is_redone_after_init_transactions(
+    pipeline: Pipeline, ledger: Ledger, broker: FakeBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No init_transactions ran before a kept producer's marker read: another process's
+    transaction left open on the id can hold that stable read until it times out. A failed
+    read is redone in a round with a new producer (whose init aborts that transaction), not
+    failed; a fresh producer's failed read fails as before."""
+    clients = FakeClients(broker)
+    commit(pipeline, ledger, clients, 1)
+    real = clients.committed_marks
+    inits_at_failure: list[int] = []
+    reads = {"n": 0}
+
+    def committed_marks(config: Any, group: str, partitions: list[tuple[str, int]]) -> Any:
+        reads["n"] += 1
+        if reads["n"] == 2:  # the shard's own read (the first: the commit's check of every shard)
+            inits_at_failure.append(broker.count("init_transactions", TID))
+            raise KafkaAdminError("reading offsets of group 'g' failed: timed out")
+        return real(config, group, partitions)
+
+    monkeypatch.setattr(clients, "committed_marks", committed_marks)
+    commit(pipeline, ledger, clients, 2)
+    assert inits_at_failure == [1]  # the read failed on the kept producer's round
+    assert broker.count("init_transactions", TID) == 2 and broker.count("new_producer", TID) == 2
+    published_once(broker, 2)
+    PRODUCERS.close()
+    reads["n"] = 0
+    cid = prepare(ledger, pipeline, 3)
+    with pytest.raises(KafkaAdminError):
+        commit_checkpoint(pipeline, ledger, cid, clients=clients)
