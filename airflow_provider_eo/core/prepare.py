@@ -270,9 +270,11 @@ def prepare_checkpoint(
     # The output is partitioned for the checkpoint's frozen commit plan, never the sink's
     # live partition count (a checkpoint from before ledger revision 0002 freezes it now).
     commit_plan = frozen_commit_plan(pipeline, ledger, cp, actor=actor)
-    admin.partitions_of(config, pipeline.source_topics)  # a deleted source is a clear error
+    # A deleted source (or a missing dead-letter topic) is a clear error: one metadata request.
+    topics = list(pipeline.source_topics)
     if pipeline.dead_letter_topic is not None and pipeline.dead_letters_enabled:
-        admin.partitions_of(config, [pipeline.dead_letter_topic])  # so is a missing dead-letter topic
+        topics.append(pipeline.dead_letter_topic)
+    admin.partitions_of(config, topics)
     # Offsets retention (or a topic re-creation) took away fail every retry the same way:
     # name the lost ranges and what to do instead of the engine's offset-out-of-range error.
     lost = lost_ranges(pipeline, list(cp.ranges))

@@ -16,7 +16,8 @@ The sink partition of each record, in order of precedence:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+import re
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -37,31 +38,32 @@ STAGED_ORDER = ("sink_partition", "src_topic", "src_partition", "src_offset", "s
 """Sort order inside a staged partition: source order, then the transform's output order."""
 
 
-def expr_id(df: DataFrame, name: str) -> int | None:
-    """The analyzed plan's expression id of column ``name`` (None when unknown)."""
-    try:
-        output = df._jdf.queryExecution().analyzed().output()
-        for i in range(output.size()):
-            attr = output.apply(i)
-            if attr.name() == name:
-                return int(attr.exprId().id())
-    except Exception:  # not a classic (py4j) DataFrame
-        return None
-    return None
-
-
-def fallback_partition(sink_partitions: int) -> Column:
-    """The sink partition of a record with neither key nor explicit partition (see the module
-    docstring): a hash of the source position, or of the content when provenance is gone."""
+def _staged(columns: Mapping[str, Column] | None, name: str) -> Column:
+    """The staged column ``name``: its expression in ``columns``, else the column by name."""
     from pyspark.sql import functions as F
 
-    by_source = F.xxhash64("src_topic", "src_partition", "src_offset")
-    by_content = F.xxhash64("value", "headers")
-    chosen = F.when(F.col("src_offset").isNotNull(), by_source).otherwise(by_content)
+    return columns[name] if columns is not None else F.col(name)
+
+
+def fallback_partition(sink_partitions: int, columns: Mapping[str, Column] | None = None) -> Column:
+    """The sink partition of a record with neither key nor explicit partition (see the module
+    docstring): a hash of the source position, or of the content when provenance is gone.
+
+    ``columns``: the staged columns' expressions (``src_topic``, ``src_partition``,
+    ``src_offset``, ``value``, ``headers``) over the transform's output, to compute it in the
+    projection that makes them; by default the staged columns themselves."""
+    from pyspark.sql import functions as F
+
+    def c(name: str) -> Column:
+        return _staged(columns, name)
+
+    by_source = F.xxhash64(c("src_topic"), c("src_partition"), c("src_offset"))
+    by_content = F.xxhash64(c("value"), c("headers"))
+    chosen = F.when(c("src_offset").isNotNull(), by_source).otherwise(by_content)
     return F.pmod(chosen, F.lit(sink_partitions)).cast("int")
 
 
-def record_size(has_headers: bool = True) -> Column:
+def record_size(has_headers: bool = True, columns: Mapping[str, Column] | None = None) -> Column:
     """A staged record's size on the wire (key, value, header keys and values, and
     :data:`RECORD_OVERHEAD_BYTES`), in bytes.
 
@@ -71,20 +73,43 @@ def record_size(has_headers: bool = True) -> Column:
     array's bytes are the bytes of its keys joined plus its values joined (``array_join``
     skips null values; binary values are cast to strings byte for byte, and
     ``octet_length`` counts bytes, not characters). Without a ``headers`` column
-    (``has_headers=False``) nothing is evaluated for them.
+    (``has_headers=False``) nothing is evaluated for them. ``columns``: as for
+    :func:`fallback_partition` (``key``, ``value``, ``headers``).
     """
     from pyspark.sql import functions as F
 
+    def c(name: str) -> Column:
+        return _staged(columns, name)
+
     size = (
-        F.coalesce(F.octet_length("value"), F.lit(0))
-        + F.coalesce(F.octet_length("key"), F.lit(0))
+        F.coalesce(F.octet_length(c("value")), F.lit(0))
+        + F.coalesce(F.octet_length(c("key")), F.lit(0))
         + F.lit(RECORD_OVERHEAD_BYTES)
     ).cast("long")
     if not has_headers:
         return size
-    keys = F.octet_length(F.array_join(F.col("headers.key"), ""))
-    values = F.octet_length(F.array_join(F.col("headers.value").cast("array<string>"), ""))
+    keys = F.octet_length(F.array_join(c("headers").getField("key"), ""))
+    values = F.octet_length(F.array_join(c("headers").getField("value").cast("array<string>"), ""))
     return size + F.coalesce(keys, F.lit(0)).cast("long") + F.coalesce(values, F.lit(0)).cast("long")
+
+
+def passed_through(out: DataFrame, source: DataFrame, name: str) -> bool:
+    """Whether ``out``'s analyzed output holds ``source``'s column ``name`` itself (the same
+    expression id: passed through untouched, not recomputed or aliased).
+
+    A handful of py4j round trips whatever the number of columns: the attributes both outputs
+    share are intersected in the JVM (by expression id) and only their names, as ``source``
+    has them, come back: the prepare's own columns (the Kafka source's and the provenance
+    column), whose names read back unambiguously. False for a DataFrame without a py4j plan."""
+
+    def output(df: DataFrame) -> Any:
+        return df._jdf.queryExecution().analyzed().outputSet()
+
+    try:
+        shared = str(output(source).intersect(output(out)).toString())
+    except Exception:  # not a classic (py4j) DataFrame
+        return False
+    return re.search(rf"(?:^|[{{\s,]){re.escape(name)}#\d+", shared) is not None
 
 
 def staged_frame(
@@ -99,12 +124,10 @@ def staged_frame(
     from pyspark.sql.types import ArrayType, BinaryType, StringType, StructType
 
     cols = set(out.columns)
-    if "partition" in cols and source is not None:
-        # The source's own `partition` column passed through untouched is the *source*
-        # partition, not a request for a sink partition: keys are hashed like Java then.
-        source_id = expr_id(source, "partition")
-        if source_id is not None and source_id == expr_id(out, "partition"):
-            cols.discard("partition")
+    # The source's own `partition` column passed through untouched is the *source*
+    # partition, not a request for a sink partition: keys are hashed like Java then.
+    if "partition" in cols and source is not None and passed_through(out, source, "partition"):
+        cols.discard("partition")
     if "value" not in cols:
         raise PrepareError(
             f"{where}: the transform's output has no 'value' column (columns: "
@@ -141,8 +164,7 @@ def staged_frame(
         partition="partition" in cols,
         sink_partitions=sink_partitions,
     )
-    shaped, derived = _staged_columns(out.sparkSession, form)
-    return out.select(*shaped).select(*derived)
+    return out.select(*_staged_columns(out.sparkSession, form))
 
 
 @dataclass(frozen=True)
@@ -161,10 +183,12 @@ _COLUMNS: dict[Hashable, tuple[Any, Any]] = {}  # expressions.per_jvm caches
 _LIMITS: dict[Hashable, tuple[Any, Any]] = {}
 
 
-def _staged_columns(spark: Any, form: _Form) -> tuple[list[Column], list[Column]]:
-    """The projection onto the staged columns, and the projection of those adding the
-    derived ones (``sink_partition``, ``size``), for an output of ``form`` (built once per
-    JVM)."""
+def _staged_columns(spark: Any, form: _Form) -> list[Column]:
+    """The one projection of an output of ``form`` onto the staged columns, the derived ones
+    (``sink_partition``, ``size``) included, built once per JVM. One projection, not a
+    projection of a projection: each DataFrame Spark builds is analyzed there and then, over
+    py4j (the derived columns repeat the staged columns' expressions instead of naming them;
+    Spark's generated code computes a repeated expression once)."""
     from airflow_provider_eo.spark.udfs import register_java_partitioner
 
     jvm_partitioner = register_java_partitioner(spark)  # per session: its function registry
@@ -173,9 +197,7 @@ def _staged_columns(spark: Any, form: _Form) -> tuple[list[Column], list[Column]
     )
 
 
-def _build_staged_columns(
-    spark: Any, form: _Form, jvm_partitioner: bool
-) -> tuple[list[Column], list[Column]]:
+def _build_staged_columns(spark: Any, form: _Form, jvm_partitioner: bool) -> list[Column]:
     from pyspark.sql import functions as F
     from pyspark.sql.types import IntegerType, LongType, StringType
 
@@ -195,26 +217,26 @@ def _build_staged_columns(
         src_partition = F.lit(None).cast(IntegerType())
         src_offset = F.lit(None).cast(LongType())
     explicit = F.col("partition").cast("int") if form.partition else F.lit(None).cast("int")
-    shaped = [
-        key.alias("key"),
-        as_binary("value", form.value).alias("value"),
-        headers.alias("headers"),
-        src_topic.alias("src_topic"),
-        src_partition.alias("src_partition"),
-        src_offset.alias("src_offset"),
-        explicit.alias("explicit_partition"),
-        F.monotonically_increasing_id().alias("seq"),  # ordering only, never placement
-    ]
+    staged = {
+        "key": key,
+        "value": as_binary("value", form.value),
+        "headers": headers,
+        "src_topic": src_topic,
+        "src_partition": src_partition,
+        "src_offset": src_offset,
+    }
     murmur = kafka_partitioner(spark, form.sink_partitions, registered=jvm_partitioner)
     sink_partition = (
-        F.when(F.col("explicit_partition").isNotNull(), F.col("explicit_partition"))
-        .when(F.col("key").isNotNull(), murmur(F.col("key")))
-        .otherwise(fallback_partition(form.sink_partitions))
+        F.when(explicit.isNotNull(), explicit)
+        .when(key.isNotNull(), murmur(key))
+        .otherwise(fallback_partition(form.sink_partitions, staged))
     )
-    kept = [F.col(c) for c in ("key", "value", "headers", "src_topic", "src_partition", "src_offset", "seq")]
-    size = record_size(has_headers=form.headers)
-    derived = [*kept, sink_partition.alias("sink_partition"), size.alias("size")]
-    return shaped, derived
+    return [
+        *(column.alias(name) for name, column in staged.items()),
+        F.monotonically_increasing_id().alias("seq"),  # ordering only, never placement
+        sink_partition.alias("sink_partition"),
+        record_size(has_headers=form.headers, columns=staged).alias("size"),
+    ]
 
 
 def bad_partition(sink_partitions: int) -> Column:

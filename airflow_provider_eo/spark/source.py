@@ -182,11 +182,19 @@ def without_positions(source: DataFrame, positions: Collection[tuple[str, int, i
     return source.where(keep)
 
 
-def with_provenance(source: DataFrame) -> DataFrame:
-    """``source`` plus the :data:`PROVENANCE_COLUMN` struct the transform may pass through."""
-    from pyspark.sql import functions as F
+_PROVENANCE: dict[Hashable, tuple[Any, Any]] = {}  # expressions.per_jvm cache
 
-    return source.withColumn(PROVENANCE_COLUMN, F.struct("topic", "partition", "offset"))
+
+def with_provenance(source: DataFrame) -> DataFrame:
+    """``source`` plus the :data:`PROVENANCE_COLUMN` struct the transform may pass through
+    (its expression built once per JVM)."""
+
+    def build() -> Column:
+        from pyspark.sql import functions as F
+
+        return F.struct(F.col("topic"), F.col("partition"), F.col("offset"))
+
+    return source.withColumn(PROVENANCE_COLUMN, per_jvm(_PROVENANCE, "provenance", build))
 
 
 _METRICS: dict[Hashable, tuple[Any, Any]] = {}  # expressions.per_jvm cache

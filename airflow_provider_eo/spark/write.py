@@ -8,12 +8,14 @@ are repartitioned by sink partition and sorted back to source order.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from collections.abc import Hashable
+from typing import TYPE_CHECKING, Any
 
+from airflow_provider_eo.spark.expressions import per_jvm
 from airflow_provider_eo.spark.shape import STAGED_ORDER
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import Column, DataFrame
 
 # Small row groups: the commit streams a row group at a time, so this bounds its memory
 # whatever the checkpoint size (Spark's default is 128 MB).
@@ -95,6 +97,22 @@ def unordered_tasks(parallelism: int, sink_partitions: int) -> int:
     return max(1, min(parallelism, MAX_UNSHUFFLED_FILES // max(1, sink_partitions)))
 
 
+_ORDER: dict[Hashable, tuple[Any, Any]] = {}  # expressions.per_jvm cache
+
+
+def staged_order() -> list[Column]:
+    """The :data:`~airflow_provider_eo.spark.shape.STAGED_ORDER` columns, built once per JVM:
+    sorting by column names builds each column anew (about a dozen py4j round trips a name,
+    most of the sort's cost on the driver)."""
+
+    def build() -> list[Column]:
+        from pyspark.sql import functions as F
+
+        return [F.col(name) for name in STAGED_ORDER]
+
+    return per_jvm(_ORDER, "staged-order", build)
+
+
 def write_staged(
     staged: DataFrame,
     data_dir: str,
@@ -128,7 +146,7 @@ def write_staged(
         tasks = max(1, min(sink_partitions, parallelism * 2))
         staged = staged.repartition(tasks, "sink_partition")
     (
-        staged.sortWithinPartitions(*STAGED_ORDER)
+        staged.sortWithinPartitions(*staged_order())
         .write.mode("errorifexists")
         .option("parquet.block.size", str(PARQUET_ROW_GROUP_BYTES))
         # Staged keys, values and offsets are nearly all distinct: dictionary encoding builds

@@ -122,3 +122,24 @@ def test_an_explicit_partition_wins_over_the_key_and_is_not_staged(spark: Any) -
         b"x": 7,
     }
     assert limits.get["bad_partition"] == 1
+
+
+def test_the_sources_own_partition_column_is_not_a_sink_partition(spark: Any) -> None:
+    """The source's ``partition`` column passed through untouched is where the record was
+    read, not a sink partition: the key decides. A ``partition`` the transform computes (or
+    re-aliases) is an explicit sink partition."""
+    from pyspark.sql import functions as F
+
+    key = next(k for k in (b"k%d" % i for i in range(100)) if java_partition(k, 3) == 0)
+    read = spark.createDataFrame(
+        [(key, b"v", "t", 2, 0)], "key binary, value binary, topic string, partition int, offset long"
+    )
+    frame = source.with_provenance(read)
+
+    def sink_partition(out: Any) -> int:
+        return shape.staged_frame(out, 3, "test", frame).select("sink_partition").first()[0]
+
+    assert sink_partition(frame) == 0
+    assert sink_partition(frame.select("key", "value", "partition", source.PROVENANCE_COLUMN)) == 0
+    assert sink_partition(frame.withColumn("partition", F.lit(1))) == 1
+    assert sink_partition(frame.withColumn("partition", F.col("partition"))) == 2
