@@ -20,9 +20,11 @@ process's :class:`~airflow_provider_eo.kafka.publisher.ProducerPool` and used ag
 same transactional id's next transaction (no new producer, no ``init_transactions``: only
 the first use in a process fences). Anything else drops it. A kept producer that another
 process fenced meanwhile (an ``eo commit`` elsewhere, a restarted stream) fails as fenced at
-its first request, and a marker read that fails on a kept producer's round may be held by
-another process's open transaction: either round is redone with a new producer and
-``init_transactions``, which is how every round began before, and the marker decides.
+its first request, and a marker read on a kept producer's round may be held by another
+process's open transaction: a kept producer's round that fails for good is redone with a
+new producer and ``init_transactions``, which is how every round began before, and the
+marker decides (so keeping producers changes no outcome; a timed-out transaction and a
+refused record still fail at once).
 """
 
 from __future__ import annotations
@@ -633,16 +635,7 @@ def commit_shard(
         txn = ShardTransaction(c, clients, pool)
         try:
             txn.fence()
-            try:
-                done = txn.committed_through(hooks)
-            except Exception as exc:
-                if not txn.reused:
-                    raise
-                # No init_transactions ran this round: another process's transaction left
-                # open on the id (with its marker offsets) holds the stable marker read until
-                # it ends. Redo the round with a new producer, whose init aborts it.
-                last_failure = f"reading the marker: {exc}"
-                continue
+            done = txn.committed_through(hooks)
             if done > c.checkpoint_id:
                 raise LedgerBehindSink(
                     f"pipeline {c.pipeline!r}: the ledger is older than the sink. Committing "
@@ -666,10 +659,13 @@ def commit_shard(
             txn.keep()
             return ShardResult(c.shard, produced, False, round_)
         except Exception as exc:
-            if txn.reused and isinstance(exc, CommitFenced) and not txn.outlived_timeout(exc):
-                # A kept producer another process fenced while it was idle: this round's
-                # transaction cannot commit. Redo it as every round began before producers
-                # were kept: a new producer, init_transactions, and the marker decides.
+            if txn.reused and outcome_of(exc) is Outcome.PERMANENT and not txn.outlived_timeout(exc):
+                # A kept producer's round: no init_transactions ran. Another process may have
+                # fenced the producer while it was idle (then it fails as fenced), or left a
+                # transaction open on the id that holds the stable marker read. Whatever it
+                # was, redo the round as every round began before producers were kept: a new
+                # producer and init_transactions (aborting what is open), then the marker
+                # decides; a failure of that round is final as before.
                 last_failure = str(exc)
                 continue
             if txn.outlived_timeout(exc):

@@ -28,7 +28,7 @@ from eo_fake_kafka import (
 from airflow_provider_eo.core import shard as shard_module
 from airflow_provider_eo.core.commit import commit_checkpoint
 from airflow_provider_eo.core.shard import commit_shard, fence_id, pool_key
-from airflow_provider_eo.errors import CommitFenced, KafkaAdminError
+from airflow_provider_eo.errors import CommitError, CommitFenced, KafkaAdminError
 from airflow_provider_eo.kafka import publisher
 from airflow_provider_eo.kafka.publisher import PRODUCERS, ProducerPool
 from airflow_provider_eo.ledger import CheckpointState, Ledger
@@ -162,9 +162,10 @@ def test_a_failure_after_the_commit_drops_the_producer_too(
     with pytest.raises(OSError):
         commit_checkpoint(pipeline, ledger, cid, clients=clients)
     assert kept(clients) == []
+    created = broker.count("new_producer", TID)
     monkeypatch.setattr(ledger, "record_shard", real)
     commit_checkpoint(pipeline, ledger, cid, clients=clients)  # the retry: the marker shows it
-    assert broker.count("new_producer", TID) == 2
+    assert broker.count("new_producer", TID) == created + 1
     published_once(broker, 2)
 
 
@@ -379,3 +380,25 @@ def test_a_failed_marker_read_on_a_kept_producer_is_redone_after_init_transactio
     cid = prepare(ledger, pipeline, 3)
     with pytest.raises(KafkaAdminError):
         commit_checkpoint(pipeline, ledger, cid, clients=clients)
+
+
+@pytest.mark.parametrize("times", [1, 2])
+def test_a_kept_producers_final_failure_is_redone_once_with_a_new_producer(
+    times: int, pipeline: Pipeline, ledger: Ledger, broker: FakeBroker
+) -> None:
+    """An error that fails the shard for good (here an unclassified one) on a kept producer's
+    round gets one round with a new producer and init_transactions, as every round began
+    before; if that one fails too, the commit fails as before, with nothing published."""
+    clients = FakeClients(broker)
+    commit(pipeline, ledger, clients, 1)
+    unknown = kafka_error(KafkaError.UNKNOWN)
+    broker.fail("flush", *[unknown] * times)
+    cid = prepare(ledger, pipeline, 2)
+    if times == 1:
+        commit_checkpoint(pipeline, ledger, cid, clients=clients)
+        published_once(broker, 2)
+    else:
+        with pytest.raises(CommitError, match="unclassified Kafka error"):
+            commit_checkpoint(pipeline, ledger, cid, clients=clients)
+        published_once(broker, 1)
+    assert broker.count("init_transactions", TID) == 2  # one redo, not MAX_SHARD_ROUNDS
