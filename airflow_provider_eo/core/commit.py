@@ -14,9 +14,9 @@ a :class:`~airflow_provider_eo.core.shard.ShardTransaction` on the shard's froze
    fences any zombie and aborts whatever an earlier attempt left open. A producer whose
    last transaction of the id committed cleanly in this process is used again instead
    (:class:`~airflow_provider_eo.kafka.publisher.ProducerPool`; a stream commits every
-   checkpoint this way): another process that fenced it meanwhile makes its first request
-   fail as fenced, and that round is redone with a fresh producer and
-   ``init_transactions``.
+   checkpoint this way): if another process fenced it meanwhile, or its round fails for
+   any other reason that would end the shard, the round is redone with a fresh producer
+   and ``init_transactions`` (core/shard.py).
 2. Read the shard's commit marker. Already at this checkpoint: the shard is done (the
    crash came after the Kafka commit) and nothing is re-sent. A marker written by another
    ledger's pipeline identity is refused; a missing one (expired, topic re-created) is

@@ -402,3 +402,36 @@ def test_a_kept_producers_final_failure_is_redone_once_with_a_new_producer(
             commit_checkpoint(pipeline, ledger, cid, clients=clients)
         published_once(broker, 1)
     assert broker.count("init_transactions", TID) == 2  # one redo, not MAX_SHARD_ROUNDS
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_the_stream_closes_the_kept_producers_when_it_ends(
+    fails: bool, tmp_path: Path, make_ledger: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """run_stream closes the producers its committer kept, whether the stream ends or fails
+    (not left to the interpreter's exit, when a test session's broker is gone)."""
+    from eo_fake_kafka import fake_pipeline
+
+    from airflow_provider_eo.core import stream
+
+    pipeline = fake_pipeline(tmp_path, sink=OUT, shards=1)
+    ledger = make_ledger()
+    producer = FakeProducer(FakeBroker(), TID, None)
+
+    def drive_stream(*args: Any, **kwargs: Any) -> stream.StreamResult:
+        PRODUCERS.give("a kept producer", producer, publisher.DeliveryFailures())  # as a commit does
+        if fails:
+            raise RuntimeError("the commit failed")
+        return stream.StreamResult(pipeline=pipeline.name, commit="inline", reason="checkpoints")
+
+    class Stager:
+        def start(self, pipeline: Pipeline) -> None:
+            pass
+
+    monkeypatch.setattr(stream, "drive_stream", drive_stream)
+    if fails:
+        with pytest.raises(RuntimeError):
+            stream.run_stream(pipeline, ledger=ledger, stager=Stager(), max_checkpoints=1)  # type: ignore[arg-type]
+    else:
+        stream.run_stream(pipeline, ledger=ledger, stager=Stager(), max_checkpoints=1)  # type: ignore[arg-type]
+    assert producer.closed and len(PRODUCERS) == 0
