@@ -76,6 +76,7 @@ class SecureBroker:
 def secure_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureBroker]:
     """A SASL_SSL (SCRAM-SHA-512) broker with a CA of its own, for this module."""
     from airflow_provider_eo.kafka.admin import close_shared_clients
+    from airflow_provider_eo.kafka.publisher import close_producers
 
     folder = tmp_path_factory.mktemp("sasl-ssl")
     ca = make_ca(folder)
@@ -93,6 +94,7 @@ def secure_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureBr
         yield SecureBroker(bootstrap=info.bootstrap, ca=ca.cert, user="eo", password=password)
     finally:
         close_shared_clients()  # while the broker still answers (see tests/conftest.py)
+        close_producers()  # the transactional producers local commits kept, likewise
         kafka.wipe()
 
 

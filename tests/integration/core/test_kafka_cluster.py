@@ -25,6 +25,7 @@ from eo_kafka_cluster import LocalCluster, txn_state_partition
 from airflow_provider_eo import names
 from airflow_provider_eo.errors import KafkaAdminError
 from airflow_provider_eo.kafka import admin
+from airflow_provider_eo.kafka.publisher import close_producers
 from airflow_provider_eo.ledger import CheckpointRecord, CheckpointState
 from airflow_provider_eo.pipeline import Pipeline
 
@@ -48,6 +49,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         yield c
     finally:
         admin.close_shared_clients()  # while the brokers still answer (see the function)
+        close_producers()  # the transactional producers local commits kept, likewise
         c.down()
 
 
