@@ -270,11 +270,15 @@ def prepare_checkpoint(
     # The output is partitioned for the checkpoint's frozen commit plan, never the sink's
     # live partition count (a checkpoint from before ledger revision 0002 freezes it now).
     commit_plan = frozen_commit_plan(pipeline, ledger, cp, actor=actor)
-    # A deleted source (or a missing dead-letter topic) is a clear error: one metadata request.
-    topics = list(pipeline.source_topics)
+    # A deleted source (or a missing dead-letter topic) is a clear error naming it. The topics
+    # this checkpoint reads are looked up by lost_ranges below (with the same error); the
+    # others, and the dead-letter topic, in one metadata request here.
+    read = {r.topic for r in cp.ranges if r.end > r.start}
+    topics = [t for t in pipeline.source_topics if t not in read]
     if pipeline.dead_letter_topic is not None and pipeline.dead_letters_enabled:
         topics.append(pipeline.dead_letter_topic)
-    admin.partitions_of(config, topics)
+    if topics:
+        admin.partitions_of(config, topics)
     # Offsets retention (or a topic re-creation) took away fail every retry the same way:
     # name the lost ranges and what to do instead of the engine's offset-out-of-range error.
     lost = lost_ranges(pipeline, list(cp.ranges))

@@ -4,7 +4,7 @@ remembered from an earlier checkpoint of the same process.
 - the sink topic's ``max.message.bytes``: lowered between two checkpoints, the next prepare
   refuses a record over the new limit (staged, it would wedge the commit);
 - the source and dead-letter topics' existence: a topic deleted or missing after the plan
-  fails the prepare naming it, one metadata request for both.
+  fails the prepare naming it, whether the checkpoint reads from it or not.
 """
 
 from __future__ import annotations
@@ -76,5 +76,21 @@ def test_a_source_topic_deleted_after_the_plan_fails_the_prepare_naming_it(
     for future in admin_client(h.config).delete_topics([topic], operation_timeout=30).values():
         future.result(timeout=30)
     with pytest.raises(KafkaAdminError, match=rf"topic '{topic}' does not exist"):
+        h.prepare(cp.checkpoint_id)
+    assert h.ledger.get(h.pipeline.name, cp.checkpoint_id).state is CheckpointState.PLANNED
+
+
+def test_a_deleted_source_topic_the_checkpoint_does_not_read_fails_the_prepare_naming_it(
+    harness: Callable[..., Any], make_topic: Callable[..., str]
+) -> None:
+    h = harness(source_partitions=1, sink_partitions=1)
+    idle = make_topic("idle", partitions=1)
+    h = h.with_(source_topics=[*h.pipeline.source_topics, idle])
+    h.produce(5)  # into the first source topic only: the idle topic's range is empty
+    cp = h.plan()
+    assert {r.topic for r in cp.ranges if r.end > r.start} == {h.pipeline.source_topics[0]}
+    for future in admin_client(h.config).delete_topics([idle], operation_timeout=30).values():
+        future.result(timeout=30)
+    with pytest.raises(KafkaAdminError, match=rf"topic '{idle}' does not exist"):
         h.prepare(cp.checkpoint_id)
     assert h.ledger.get(h.pipeline.name, cp.checkpoint_id).state is CheckpointState.PLANNED
