@@ -47,11 +47,10 @@ import shutil
 import signal
 import statistics
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +61,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from stream import (  # noqa: E402  (bench/stream.py)
     TRANSFORM,
     EoStream,
+    InThread,
     Latency,
     log,
     measure_latency,
@@ -213,38 +213,16 @@ class DirectCheckpoint:
     refenced: int  # tasks whose kept producer had been fenced by another worker's
 
 
-@dataclass
-class DirectStream:
+class DirectStream(InThread):
     """The direct path in a thread: plan from the high watermarks, build, one publishing job."""
 
-    spark: Any
-    pipeline: Pipeline
-    interval_s: float
-    partitions: int
-    identity: str = field(default_factory=lambda: uuid.uuid4().hex)
-    checkpoints: list[DirectCheckpoint] = field(default_factory=list)
-    error: BaseException | None = None
+    def __init__(self, spark: Any, pipeline: Pipeline, interval_s: float, partitions: int) -> None:
+        super().__init__("eo-direct")
+        self.spark, self.pipeline, self.interval_s, self.partitions = spark, pipeline, interval_s, partitions
+        self.identity = uuid.uuid4().hex
+        self.checkpoints: list[DirectCheckpoint] = []
 
-    def __post_init__(self) -> None:
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="eo-direct", daemon=True)
-
-    def start(self) -> None:
-        self.thread.start()
-
-    def end(self) -> None:
-        self.stop.set()
-        self.thread.join(timeout=300)
-        if self.error is not None:
-            raise self.error
-
-    def _run(self) -> None:
-        try:
-            self._loop()
-        except BaseException as exc:
-            self.error = exc
-
-    def _loop(self) -> None:
+    def run(self) -> None:
         from confluent_kafka import Consumer, TopicPartition
 
         from airflow_provider_eo import names

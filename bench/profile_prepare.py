@@ -198,7 +198,10 @@ def main() -> int:
             admin.ensure_topic(conf, f"sink-{n}", partitions=args.partitions)
             return Pipeline(
                 name=f"profile-{n}",
-                kafka=conf,
+                # One reader group for every pipeline, as a stream's checkpoints have: Spark's
+                # executors then reuse their pooled Kafka consumers (spark/source.py), which
+                # a new group per pipeline would deny the prepares but not spark_kafka.
+                kafka={**conf, "java.group.id": "eo-read.profile"},
                 source_topics=["src"],
                 sink_topic=f"sink-{n}",
                 transform=TRANSFORM,

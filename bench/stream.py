@@ -299,45 +299,23 @@ def jit_compile_s(spark: Any) -> float:
     return float(bean.getTotalCompilationTime()) / 1000.0
 
 
-class EoStream:
-    """``run_stream`` in a thread (signals are the main thread's: the benchmark stops it)."""
+class InThread:
+    """A system under test running in a daemon thread (:meth:`run`): :meth:`end` sets
+    ``stop``, waits for the thread and re-raises what it raised."""
 
-    def __init__(self, pipeline: Pipeline, ledger: Any, spark: Any, interval: float) -> None:
-        from airflow_provider_eo.core.stream import StreamCheckpoint
-
+    def __init__(self, name: str) -> None:
         self.stop = threading.Event()
-        self.checkpoints: list[StreamCheckpoint] = []
-        self.records = 0
         self.error: BaseException | None = None
-        self.result: Any = None
+        self.thread = threading.Thread(target=self._guarded, name=name, daemon=True)
 
-        def on_checkpoint(cp: StreamCheckpoint) -> None:
-            self.checkpoints.append(cp)
-            self.records += cp.records
-            log(
-                f"    eo checkpoint {cp.checkpoint_id}: {cp.records:,} records, prepare "
-                f"{cp.prepare_s or 0:.2f}s, commit {cp.commit_s or 0:.2f}s, planned->committed "
-                f"{cp.done_at - cp.planned_at:.2f}s"
-            )
+    def run(self) -> None:
+        raise NotImplementedError
 
-        def run() -> None:
-            from airflow_provider_eo.core.stream import run_stream
-            from airflow_provider_eo.spark.stager import SparkStager
-
-            try:
-                self.result = run_stream(
-                    pipeline,
-                    interval_s=interval,
-                    commit="inline",
-                    ledger=ledger,
-                    stager=SparkStager(spark),
-                    stop=self.stop,
-                    on_checkpoint=on_checkpoint,
-                )
-            except BaseException as exc:
-                self.error = exc
-
-        self.thread = threading.Thread(target=run, name="eo-stream", daemon=True)
+    def _guarded(self) -> None:
+        try:
+            self.run()
+        except BaseException as exc:
+            self.error = exc
 
     def start(self) -> None:
         self.thread.start()
@@ -347,6 +325,42 @@ class EoStream:
         self.thread.join(timeout=300)
         if self.error is not None:
             raise self.error
+
+
+class EoStream(InThread):
+    """``run_stream`` in a thread (signals are the main thread's: the benchmark stops it)."""
+
+    def __init__(self, pipeline: Pipeline, ledger: Any, spark: Any, interval: float) -> None:
+        from airflow_provider_eo.core.stream import StreamCheckpoint
+
+        super().__init__("eo-stream")
+        self.pipeline, self.ledger, self.spark, self.interval = pipeline, ledger, spark, interval
+        self.checkpoints: list[StreamCheckpoint] = []
+        self.records = 0
+        self.result: Any = None
+
+    def on_checkpoint(self, cp: Any) -> None:
+        self.checkpoints.append(cp)
+        self.records += cp.records
+        log(
+            f"    eo checkpoint {cp.checkpoint_id}: {cp.records:,} records, prepare "
+            f"{cp.prepare_s or 0:.2f}s, commit {cp.commit_s or 0:.2f}s, planned->committed "
+            f"{cp.done_at - cp.planned_at:.2f}s"
+        )
+
+    def run(self) -> None:
+        from airflow_provider_eo.core.stream import run_stream
+        from airflow_provider_eo.spark.stager import SparkStager
+
+        self.result = run_stream(
+            self.pipeline,
+            interval_s=self.interval,
+            commit="inline",
+            ledger=self.ledger,
+            stager=SparkStager(self.spark),
+            stop=self.stop,
+            on_checkpoint=self.on_checkpoint,
+        )
 
     def phases(self) -> str:
         cps = [c for c in self.checkpoints if c.records]
