@@ -405,3 +405,17 @@ def make_committable(
         transaction_timeout_ms=10_000,
     )
     return replace(base, **changes)
+
+
+def fire_once(step: str) -> tuple[Callable[[str], bool], list[str]]:
+    """A stand-in for ``fault_triggered`` that fires ``step`` the first time it is asked
+    (never again, never another step), and the list of what it fired."""
+    fired: list[str] = []
+
+    def triggered(name: str) -> bool:
+        if name == step and not fired:
+            fired.append(name)
+            return True
+        return False
+
+    return triggered, fired

@@ -17,6 +17,7 @@ from eo_fake_kafka import (
     FakeBroker,
     FakeClients,
     FakeProducer,
+    fire_once,
     prepared_checkpoint,
 )
 
@@ -231,17 +232,12 @@ def test_injected_ambiguous_commit_is_decided_by_the_marker(
     """ambiguous_before: nothing committed, the shard is redone; ambiguous_after: it was
     committed, the marker shows it and nothing is re-sent. Never an abort, never twice."""
     cp = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=3)
-    fired: list[str] = []
-
-    def triggered(name: str) -> bool:
-        if name == step and not fired:
-            fired.append(name)
-            return True
-        return False
+    triggered, fired = fire_once(step)
 
     monkeypatch.setattr(shard_module, "fault_triggered", triggered)
     result = commit_checkpoint(pipeline, ledger, cp.checkpoint_id, clients=FakeClients(broker))
     everything_once(broker)
+    assert fired == [step]
     assert broker.count("abort_transaction") == 0
     assert broker.count("init_transactions", "eo.orders.0") == 2  # re-init with a new producer
     if step == "commit.ambiguous_before":

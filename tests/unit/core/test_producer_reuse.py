@@ -20,6 +20,7 @@ from eo_fake_kafka import (
     FakeBroker,
     FakeClients,
     FakeProducer,
+    fire_once,
     kafka_error,
     make_committable,
     prepared_checkpoint,
@@ -124,13 +125,7 @@ def test_an_ambiguous_commit_drops_the_producer(
 ) -> None:
     clients = FakeClients(broker)
     commit(pipeline, ledger, clients, 1)
-    fired: list[str] = []
-
-    def triggered(name: str) -> bool:
-        if name == step and not fired:
-            fired.append(name)
-            return True
-        return False
+    triggered, fired = fire_once(step)
 
     monkeypatch.setattr(shard_module, "fault_triggered", triggered)
     commit(pipeline, ledger, clients, 2)
