@@ -1,5 +1,5 @@
 """Pipeline metrics through Airflow's ``Stats``: StatsD, Datadog or OpenTelemetry, as the
-deployment's ``[metrics]`` section configures (README "Metrics").
+deployment's ``[metrics]`` section configures (docs/observability.md, "Metrics").
 
 The names are :mod:`airflow_provider_eo.core.metrics`'s (``eo.checkpoint.records`` ...),
 each sent with the tag ``pipeline=<name>``. Plain StatsD has no tags (Airflow drops them

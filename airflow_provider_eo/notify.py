@@ -1,5 +1,5 @@
-"""Calling a pipeline's Airflow notifiers (``Pipeline(notifiers=...)``, README
-"Notifications").
+"""Calling a pipeline's Airflow notifiers (``Pipeline(notifiers=...)``,
+docs/observability.md, "Notifications").
 
 The Airflow task that sees an event calls each notifier the pipeline names for it with the
 task's context plus ``context["eo"]``::

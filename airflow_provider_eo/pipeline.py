@@ -40,7 +40,7 @@ DEFAULT_MAX_RECORDS_PER_CHECKPOINT = 500_000
 #: Where a commit's shard transactions may run (``Pipeline.commit_mode``).
 COMMIT_MODES = ("local", "spark", "auto")
 
-#: The events a pipeline's ``notifiers`` may name (README "Notifications").
+#: The events a pipeline's ``notifiers`` may name (docs/observability.md, "Notifications").
 NOTIFY_EVENTS = ("checkpoint_aborted", "data_loss", "dead_letters", "stream_stalled")
 
 

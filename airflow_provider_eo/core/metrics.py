@@ -32,7 +32,7 @@ CHECKPOINT_ABORTED = "eo.checkpoint.aborted"
 #: Counter: source records a committed checkpoint sent to the dead-letter topic.
 DEAD_LETTERS = "eo.dead_letters"
 
-#: Every metric name, in the order the README's table lists them.
+#: Every metric name, in the order docs/observability.md's table lists them.
 METRIC_NAMES = (
     CHECKPOINT_RECORDS,
     PREPARE_SECONDS,

@@ -116,7 +116,7 @@ def java_client_options(config: Mapping[str, Any], *, owner: str = "the Kafka co
     """Options for Spark's Kafka source (``kafka.``-prefixed Java client settings) from a
     librdkafka ``config``.
 
-    The table (README, "Kafka security"): ``bootstrap.servers``, ``security.protocol``,
+    The table (docs/kafka-security.md): ``bootstrap.servers``, ``security.protocol``,
     ``sasl.mechanism(s)`` as they are; SASL PLAIN/SCRAM credentials, GSSAPI keytab and
     principal, and OAUTHBEARER ``oidc`` client credentials become the matching JAAS login;
     ``ssl.ca.location``/``ssl.ca.pem`` a PEM trust store and ``ssl.certificate.*`` +

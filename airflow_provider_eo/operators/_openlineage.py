@@ -1,6 +1,6 @@
 """OpenLineage for the eo operators: ``get_openlineage_facets_on_start`` /
 ``..._on_complete`` / ``..._on_failure``, which the OpenLineage provider's listener calls
-around each task (README "OpenLineage").
+around each task (docs/observability.md, "OpenLineage").
 
 Inputs are the pipeline's source topics, the output its sink topic (a backfill's target
 topic), named ``kafka://{host}:{port}`` / topic (:mod:`airflow_provider_eo.openlineage`);

@@ -1,5 +1,5 @@
 """The librdkafka -> Java client translation for Spark's Kafka source, row by row (the
-README's "Kafka security" table)."""
+table in docs/kafka-security.md)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""The README's Structured Streaming example, run as the README gives it: its sinks module
-and application copied out of README.md (only the broker, folders and names replaced),
-the application spark-submitted with the Kafka connector, and the README's ``eo`` commands
-run against it. The sink is compared with a recount of the source."""
+"""The Structured Streaming example of docs/structured-streaming.md, run as the page gives
+it: its sinks module and application copied out of the page (only the broker, folders and
+names replaced), the application spark-submitted with the Kafka connector, and the page's
+``eo`` commands run against it. The sink is compared with a recount of the source."""
 
 from __future__ import annotations
 
@@ -26,33 +26,31 @@ from airflow_provider_eo.ledger import CheckpointState, Ledger
 pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.timeout(600)]
 
 ROOT = Path(__file__).resolve().parents[3]
-SECTION = "## Exactly-once for an existing Structured Streaming query"
+PAGE = ROOT / "docs" / "structured-streaming.md"
 
 
-def readme_blocks() -> tuple[str, str, list[str]]:
-    """The section's sinks module, its application and the ``eo`` commands of its first
+def page_blocks() -> tuple[str, str, list[str]]:
+    """The page's sinks module, its application and the ``eo`` commands of its first
     shell block (comments dropped)."""
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index(SECTION) :]
-    section = section[: section.index("\n## ", len(SECTION))]
-    blocks = re.findall(r"```(\w+)\n(.*?)```", section, flags=re.S)
+    text = PAGE.read_text()
+    blocks = re.findall(r"```(\w+)\n(.*?)```", text, flags=re.S)
     python = [body for lang, body in blocks if lang == "python"]
     shell = next(body for lang, body in blocks if lang == "bash")
     commands = [line.split("#", 1)[0].strip() for line in shell.splitlines()]
     return python[0], python[1], [c for c in commands if c.startswith("eo ")]
 
 
-def test_the_readme_example_runs_exactly_once(
+def test_the_documented_example_runs_exactly_once(
     tmp_path: Path, kafka_config: dict[str, Any], make_topic: Callable[..., str]
 ) -> None:
     from airflow_provider_eo.stack.maven import cached_spark_kafka_jars, installed_spark_version
 
-    sinks, app, commands = readme_blocks()
-    assert "KafkaExactlyOnceSink(" in sinks and ".start(" in app and commands, "the README section changed"
+    sinks, app, commands = page_blocks()
+    assert "KafkaExactlyOnceSink(" in sinks and ".start(" in app and commands, "the page's example changed"
     bootstrap = kafka_config["bootstrap.servers"]
     name = f"orders_agg_{uuid.uuid4().hex[:6]}"
     source = make_topic("orders", partitions=2)
-    sink_topic = make_topic("orders-agg", partitions=2)  # it exists, as the README assumes
+    sink_topic = make_topic("orders-agg", partitions=2)  # it exists, as the page assumes
 
     def adapt(code: str) -> str:
         code = code.replace("localhost:9092", bootstrap)
@@ -91,7 +89,7 @@ def test_the_readme_example_runs_exactly_once(
         assert done.returncode == 0, f"{command}\n{done.stdout}\n{done.stderr}"
         return done
 
-    ledger_url = f"sqlite:///{home / 'ledger.db'}"  # the README's
+    ledger_url = f"sqlite:///{home / 'ledger.db'}"  # the page's
 
     def committed() -> list[Any]:
         if not (home / "ledger.db").exists():
