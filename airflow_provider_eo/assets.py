@@ -127,10 +127,13 @@ def sink_asset(
         return asset
     from airflow_provider_eo.triggers.stream import EoStreamCommitsTrigger
 
+    settings, withheld = resolved.public_settings()
     trigger = EoStreamCommitsTrigger(
         pipeline=_reference(pipeline, "stream_commits=True"),
         ledger_conn_id=ledger_conn_id,
         poll_interval=poll_interval,
+        settings=settings,
+        withheld=withheld,
     )
     return _watched(asset, f"eo_stream_commits_{resolved.name}", trigger)
 
@@ -151,8 +154,14 @@ def source_asset(
     planned position (see :mod:`airflow_provider_eo.triggers.source` for the guarantees).
 
     Nothing is read now; the triggerer imports the pipeline and reads its connections. The
-    URI's server follows :func:`sink_asset`'s rule. Name this asset the same way in every
-    DAG file that names it (Airflow keeps its watchers as the DAG file parsed last has them).
+    watcher also records the pipeline's settings without their secrets
+    (:meth:`~airflow_provider_eo.pipeline.Pipeline.public_settings`): Airflow's triggerer does
+    not load DAG bundles, so where the pipeline's module lives only with the DAGs the watcher
+    runs on them, its connections supplying the secrets; a pipeline whose secrets are in code
+    needs its module importable by the triggerer (else the watcher's error event fails the
+    run it starts, naming what to do). The URI's server follows :func:`sink_asset`'s rule.
+    Name this asset the same way in every DAG file that names it (Airflow keeps its watchers
+    as the DAG file parsed last has them).
 
     :param pipeline: the pipeline's ``"module:ATTR"`` reference (imported now for its
         topics, and by the triggerer).
@@ -168,12 +177,15 @@ def source_asset(
 
     resolved = load_pipeline(_reference(pipeline, "source_asset"))
     asset = kafka_asset(_servers(resolved, bootstrap, "source"), resolved.source_topics[0])
+    settings, withheld = resolved.public_settings()
     trigger = EoSourceRecordsTrigger(
         pipeline=pipeline,
         kafka_conn_id=kafka_conn_id,
         ledger_conn_id=ledger_conn_id,
         poll_interval=poll_interval,
         refire_after=refire_after,
+        settings=settings,
+        withheld=withheld,
     )
     return _watched(asset, f"eo_source_{resolved.name}", trigger)
 
@@ -229,7 +241,15 @@ def topic_outlets(outlets: Iterable[Any], topic: str) -> list[Asset]:
 def event_checkpoint(extra: Mapping[str, Any] | None) -> dict[str, Any]:
     """The checkpoint an asset event of a sink asset carries (:func:`checkpoint_extra`),
     whoever emitted it: a commit task's event has it as its ``extra``, the stream-commit
-    watcher's (a trigger's event) under ``extra["payload"]``. Empty for any other event."""
+    watcher's (a trigger's event) under ``extra["payload"]``. Empty for any other event; the
+    watcher's error event (it could not load the pipeline in the triggerer) raises
+    :class:`~airflow_provider_eo.errors.WatcherSetupError` with its error."""
+    from airflow_provider_eo.errors import WatcherSetupError
+    from airflow_provider_eo.triggers.checkpoint import watcher_error
+
+    error = watcher_error(extra)
+    if error is not None:
+        raise WatcherSetupError(error)
     extra = dict(extra or {})
     if extra.get("from_trigger") and isinstance(extra.get("payload"), Mapping):
         extra = dict(extra["payload"])

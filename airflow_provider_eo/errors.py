@@ -57,6 +57,15 @@ class ConfigError(EoError, ValueError):
     """A setting is impossible or unsafe. Nothing was read or written; change the setting."""
 
 
+class WatcherSetupError(ConfigError):
+    """An Airflow asset watcher of a pipeline cannot run where the triggerer runs it: the
+    pipeline's module cannot be imported there and the settings recorded when the DAG was
+    parsed do not suffice (a secret left out and no connection to supply it), or a connection
+    it names is not defined there. Nothing was read or written. Install the pipeline's module
+    where the triggerer runs (Airflow's triggerer does not load DAG bundles), or name the
+    cluster and the ledger by connection (``kafka_conn_id`` / ``ledger_conn_id``)."""
+
+
 class KafkaFailure(EoError):
     """Kafka refused or failed a request. The message says whether data may be affected."""
 

@@ -16,6 +16,17 @@ from airflow_provider_eo.ledger.urls import DEFAULT_LEDGER_URL
 StartupMode = Literal["earliest", "latest", "group", "timestamp", "offsets"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+#: Parts of a Kafka client setting's name that mark its value as a secret (librdkafka names,
+#: and the ``java.`` ones for Spark's client): ``sasl.password``, ``ssl.key.password``,
+#: ``sasl.oauthbearer.client.secret``, ``ssl.key.pem`` (an inline private key), JAAS configs.
+SECRET_KAFKA_MARKERS = ("password", "secret", "sasl.jaas.config", "sasl.oauthbearer.config", "key.pem")
+
+
+def is_secret_kafka_setting(key: str) -> bool:
+    """Whether the Kafka client setting ``key`` holds a secret (:data:`SECRET_KAFKA_MARKERS`)."""
+    lowered = str(key).lower()
+    return any(marker in lowered for marker in SECRET_KAFKA_MARKERS)
 # Client settings that would break the protocol if a user set them.
 _FORBIDDEN_CLIENT_KEYS = {
     "transactional.id": "it is derived per commit shard as {prefix}.{pipeline}.{shard}",
@@ -303,13 +314,17 @@ class Pipeline:
             doc["backfill_of"] = self.backfill_of
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:32]
 
-    def to_json(self) -> str:
+    def to_json(self, *, callables: Literal["keep", "skip"] = "keep") -> str:
         """Serialize for a spark-submit argument (secrets included: never log this). The
         ``notifiers`` and ``notify_dead_letters_above`` are left out: only Airflow tasks
-        notify, and a notifier is not JSON."""
+        notify, and a notifier is not JSON. ``callables="skip"`` leaves out Kafka settings
+        whose values are not JSON (a callback), which ``"keep"`` hands to ``json.dumps``."""
+        kafka = dict(self.kafka)
+        if callables == "skip":
+            kafka = {k: v for k, v in kafka.items() if v is None or isinstance(v, (str, int, float, bool))}
         doc = {
             "name": self.name,
-            "kafka": dict(self.kafka),
+            "kafka": kafka,
             "source_topics": list(self.source_topics),
             "sink_topic": self.sink_topic,
             "transform": self.transform,
@@ -343,6 +358,30 @@ class Pipeline:
             "ledger_conn_id": self.ledger_conn_id,
         }
         return json.dumps(doc)
+
+    def public_settings(self) -> tuple[str, list[str]]:
+        """:meth:`to_json` with every secret left out, for what is stored outside this process
+        (an Airflow trigger's kwargs), and the names of the settings left out: the Kafka
+        settings that are secrets (:func:`is_secret_kafka_setting`) or not JSON (a callback),
+        and ``ledger_url``'s password (``"ledger_url.password"``). :meth:`from_json` reads it
+        back; connections (``kafka_conn_id``/``ledger_conn_id``) can supply what was left out."""
+        from sqlalchemy.engine import make_url
+
+        doc = json.loads(self.to_json(callables="skip"))
+        withheld = sorted(
+            k
+            for k, v in self.kafka.items()
+            if is_secret_kafka_setting(k) or k not in doc["kafka"] or doc["kafka"][k] != v
+        )
+        doc["kafka"] = {k: v for k, v in doc["kafka"].items() if k not in withheld}
+        try:
+            url = make_url(self.ledger_url)
+        except Exception:  # not a URL SQLAlchemy parses: the ledger refuses it later, loudly
+            url = None
+        if url is not None and url.password:
+            doc["ledger_url"] = url._replace(password=None).render_as_string(hide_password=False)
+            withheld.append("ledger_url.password")
+        return json.dumps(doc), withheld
 
     @classmethod
     def from_json(cls, text: str) -> Pipeline:

@@ -15,11 +15,8 @@ from typing import Any
 
 from airflow_provider_eo.connections import ConnectionSettings
 from airflow_provider_eo.ledger import Actor, Ledger
-from airflow_provider_eo.pipeline import Pipeline, load_pipeline
+from airflow_provider_eo.pipeline import Pipeline, is_secret_kafka_setting, load_pipeline
 from airflow_provider_eo.version_compat import AirflowSkipException, Context, mask_secret, task_identity
-
-#: Kafka client settings whose values are secrets (librdkafka names).
-SECRET_KAFKA_KEYS = ("password", "secret", "sasl.jaas.config", "sasl.oauthbearer.config")
 
 
 def mask_pipeline_secrets(pipeline: Pipeline) -> None:
@@ -35,7 +32,7 @@ def mask_pipeline_secrets(pipeline: Pipeline) -> None:
     if password:
         mask_secret(str(password))
     for key, value in pipeline.kafka.items():
-        if value and any(marker in str(key).lower() for marker in SECRET_KAFKA_KEYS):
+        if value and is_secret_kafka_setting(key):
             mask_secret(str(value))
 
 

@@ -30,6 +30,33 @@ from airflow_provider_eo.version_compat import (
 MAX_XCOM_RANGES = 64
 
 
+def _refuse_watcher_errors(context: Context, pipeline: str) -> None:
+    """Fail the run when every event that started it is an eo asset watcher's error event (the
+    source watcher could not load the pipeline in the triggerer): the failure then shows on
+    the DAG instead of only in the triggerer's log. A run also started by an event that is
+    not an error plans as usual."""
+    from collections.abc import Mapping
+
+    from airflow_provider_eo.errors import WatcherSetupError
+    from airflow_provider_eo.triggers.checkpoint import watcher_error
+
+    try:
+        groups = list((context.get("triggering_asset_events") or {}).values())
+    except Exception:  # no asset events in this context (a manual or scheduled run)
+        return
+    errors, others = [], 0
+    for group in groups:
+        for event in group:
+            extra = event.get("extra") if isinstance(event, Mapping) else getattr(event, "extra", None)
+            error = watcher_error(extra)
+            if error is None:
+                others += 1
+            else:
+                errors.append(error)
+    if errors and not others:
+        raise WatcherSetupError(f"pipeline {pipeline}: this run was started by an error event: {errors[-1]}")
+
+
 class PreflightFailed(AirflowException):
     """The plan task's preflight (``eo doctor``'s Kafka and ledger checks) found a problem
     that would make the checkpoint fail or be refused; nothing was planned. Each finding
@@ -143,6 +170,7 @@ class EoPlanOperator(OpenLineageMixin, PipelineTaskMixin, BaseOperator):
         from airflow_provider_eo.core.plan import plan_checkpoint
         from airflow_provider_eo.core.restore import restore_from_savepoint
 
+        _refuse_watcher_errors(context, self.pipeline)
         pipeline = self.resolve_pipeline()
         if self.preflight:
             self._preflight(pipeline)

@@ -8,9 +8,10 @@ import asyncio
 import datetime as dt
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
+from airflow_provider_eo.errors import ConfigError
 from airflow_provider_eo.version_compat import BaseTrigger, TriggerEvent
 
 if TYPE_CHECKING:
@@ -22,6 +23,74 @@ WaitFor = Literal["prepared", "committed"]
 WAIT_FOR: tuple[WaitFor, ...] = ("prepared", "committed")
 
 
+#: Consecutive failures to load a watcher's pipeline before it yields an error event.
+RESOLVE_TRIES = 5
+#: Seconds between a watcher's error events while its pipeline still cannot be loaded.
+RESOLVE_RETRY_S = 600.0
+
+
+def resolve_watched(
+    ref: str,
+    settings: str | None,
+    withheld: Sequence[str],
+    *,
+    kafka_conn_id: str | None,
+    ledger_conn_id: str | None,
+    log: Any,
+) -> Pipeline:
+    """The pipeline an asset watcher watches, with its connections applied (blocking).
+
+    The module ``ref`` names is imported when it can be: it is the pipeline's definition,
+    secrets in code included. Airflow's triggerer does not load DAG bundles, so a pipeline
+    module kept with the DAGs is not importable there: then the watcher runs on ``settings``,
+    the pipeline's :meth:`~airflow_provider_eo.pipeline.Pipeline.public_settings` recorded
+    when the DAG was parsed, as long as connections can supply what they left out
+    (``withheld``). Otherwise :class:`~airflow_provider_eo.errors.WatcherSetupError` names
+    what is missing and what to do.
+    """
+    from airflow_provider_eo.errors import WatcherSetupError
+    from airflow_provider_eo.hooks.base import resolve_connections
+    from airflow_provider_eo.pipeline import Pipeline, PipelineConfigError, load_pipeline
+
+    try:
+        pipeline = load_pipeline(ref)
+    except PipelineConfigError as exc:
+        if not isinstance(exc.__cause__, ImportError):
+            raise WatcherSetupError(str(exc)) from exc
+        if settings is None:
+            raise WatcherSetupError(
+                f"{exc}. The watcher runs in Airflow's triggerer, which does not load DAG bundles: "
+                "install the pipeline's module where the triggerer runs (or put it on its "
+                "PYTHONPATH), or build the asset again with this version of the provider, whose "
+                "watchers carry the pipeline's settings"
+            ) from exc
+        pipeline = Pipeline.from_json(settings)
+        kafka_by_connection = bool(kafka_conn_id or pipeline.kafka_conn_id)
+        ledger_by_connection = bool(ledger_conn_id or pipeline.ledger_conn_id)
+        missing = [
+            key
+            for key in withheld
+            if not (ledger_by_connection if key == "ledger_url.password" else kafka_by_connection)
+        ]
+        if missing:
+            raise WatcherSetupError(
+                f"pipeline {pipeline.name!r}: {exc}, and the settings recorded when the DAG was "
+                f"parsed leave out secrets ({', '.join(missing)}) that no connection supplies "
+                "here. Name the Kafka cluster and the ledger by connection (kafka_conn_id / "
+                "ledger_conn_id on the pipeline or the asset), or install the pipeline's module "
+                "where the triggerer runs"
+            ) from exc
+        log.info(
+            "pipeline %r: %s; watching with the settings recorded when the DAG was parsed",
+            pipeline.name,
+            exc,
+        )
+    try:
+        return resolve_connections(pipeline, kafka_conn_id=kafka_conn_id, ledger_conn_id=ledger_conn_id)[0]
+    except ConfigError as exc:  # a connection not defined where the triggerer runs
+        raise WatcherSetupError(str(exc)) from exc
+
+
 async def watch_pipeline(
     trigger: Any,
     what: str,
@@ -31,25 +100,56 @@ async def watch_pipeline(
 ) -> AsyncIterator[TriggerEvent]:
     """The loop of a pipeline's asset watcher: resolve the pipeline once (``trigger._resolve``,
     in a thread), then ``poll`` it (blocking, in a thread) every ``trigger.poll_interval``
-    seconds and yield its events. An unreachable ledger or cluster, or a connection not
-    defined yet, is logged and polled again. ``pause_after_events=False``: after events,
-    poll again at once (one claimed event in flight at a time)."""
-    from airflow_provider_eo.errors import EoError
+    seconds and yield its events. An unreachable ledger or cluster is logged and polled
+    again. ``pause_after_events=False``: after events, poll again at once (one claimed event
+    in flight at a time).
+
+    A pipeline that cannot be loaded (:class:`~airflow_provider_eo.errors.WatcherSetupError`,
+    see :func:`resolve_watched`) is tried :data:`RESOLVE_TRIES` times, ``poll_interval``
+    apart; then the watcher yields an error event, ``{"status": "error", "watcher",
+    "pipeline", "error"}``: the DAG run it starts fails in its plan task with that error (and
+    :func:`~airflow_provider_eo.assets.event_checkpoint` raises it in a downstream DAG), so
+    the failure shows in Airflow instead of only in the triggerer's log. It tries again
+    :data:`RESOLVE_RETRY_S` later, at most one error event per that time."""
+    from airflow_provider_eo.errors import EoError, WatcherSetupError
 
     pipeline: Pipeline | None = None
+    failures = 0
     while True:
-        try:
-            if pipeline is None:
+        if pipeline is None:
+            try:
                 resolved: Pipeline = await asyncio.to_thread(trigger._resolve)
-                pipeline = resolved
+            except WatcherSetupError as exc:
+                failures += 1
+                trigger.log.warning("%s: %s (try %d of %d)", what, exc, failures, RESOLVE_TRIES)
+                if failures < RESOLVE_TRIES:
+                    await asyncio.sleep(trigger.poll_interval)
+                    continue
+                failures = 0
+                yield TriggerEvent(
+                    {"status": "error", "watcher": what, "pipeline": trigger.pipeline, "error": str(exc)}
+                )
+                await asyncio.sleep(RESOLVE_RETRY_S)
+                continue
+            pipeline = resolved
+        try:
             events = await asyncio.to_thread(poll, pipeline)
-        except (EoError, OSError, ImportError) as exc:
+        except (EoError, OSError) as exc:
             trigger.log.warning("%s: %s; polling again", what, exc)
             events = []
         for event in events:
             yield event
         if pause_after_events or not events:
             await asyncio.sleep(trigger.poll_interval)
+
+
+def watcher_error(extra: Mapping[str, Any] | None) -> str | None:
+    """The error an eo asset watcher's event reports (:func:`watch_pipeline`), from an asset
+    event's ``extra`` (a trigger's payload sits under ``"payload"``); None for any other event."""
+    payload = dict(extra or {}).get("payload")
+    if isinstance(payload, Mapping) and payload.get("status") == "error" and "watcher" in payload:
+        return f"{payload['watcher']} could not run: {payload.get('error')}"
+    return None
 
 
 def done_states(wait_for: str) -> frozenset[str]:

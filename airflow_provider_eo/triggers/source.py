@@ -50,7 +50,7 @@ no group, no offset commit). The only ledger write is the watch mark.
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -190,7 +190,9 @@ class EoSourceRecordsTrigger(BaseEventTrigger):
     offsets beyond the planned ends (``null`` when a partition's start is not pinned yet).
 
     Kwargs carry no secret: the pipeline is imported, and its connections looked up, in the
-    triggerer (its module must be importable there, as for the tasks).
+    triggerer; where its module cannot be imported (Airflow's triggerer does not load DAG
+    bundles), the settings recorded when the DAG was parsed serve, secrets left out
+    (:func:`~airflow_provider_eo.triggers.checkpoint.resolve_watched`).
 
     :param pipeline: ``"module:ATTR"`` of the pipeline.
     :param kafka_conn_id: a ``kafka`` connection applied over the pipeline's Kafka settings
@@ -201,6 +203,10 @@ class EoSourceRecordsTrigger(BaseEventTrigger):
         to Kafka, two small ledger reads).
     :param refire_after: seconds without a plan after a firing before firing again; longer
         than a run usually waits before its plan task (queued behind a running one).
+    :param settings: the pipeline's
+        :meth:`~airflow_provider_eo.pipeline.Pipeline.public_settings`, for a triggerer that
+        cannot import its module (:func:`~airflow_provider_eo.assets.source_asset` records them).
+    :param withheld: the settings ``settings`` left out (secrets), for connections to supply.
     """
 
     def __init__(
@@ -211,6 +217,8 @@ class EoSourceRecordsTrigger(BaseEventTrigger):
         ledger_conn_id: str | None = None,
         poll_interval: float = 5.0,
         refire_after: float = DEFAULT_REFIRE_AFTER_S,
+        settings: str | None = None,
+        withheld: Sequence[str] = (),
     ) -> None:
         super().__init__()
         if ":" not in pipeline:
@@ -228,6 +236,8 @@ class EoSourceRecordsTrigger(BaseEventTrigger):
         self.ledger_conn_id = ledger_conn_id
         self.poll_interval = float(poll_interval)
         self.refire_after = float(refire_after)
+        self.settings = settings
+        self.withheld = list(withheld)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -238,16 +248,22 @@ class EoSourceRecordsTrigger(BaseEventTrigger):
                 "ledger_conn_id": self.ledger_conn_id,
                 "poll_interval": self.poll_interval,
                 "refire_after": self.refire_after,
+                "settings": self.settings,
+                "withheld": self.withheld,
             },
         )
 
     def _resolve(self) -> Pipeline:
-        from airflow_provider_eo.hooks.base import resolve_connections
-        from airflow_provider_eo.pipeline import load_pipeline
+        from airflow_provider_eo.triggers.checkpoint import resolve_watched
 
-        return resolve_connections(
-            load_pipeline(self.pipeline), kafka_conn_id=self.kafka_conn_id, ledger_conn_id=self.ledger_conn_id
-        )[0]
+        return resolve_watched(
+            self.pipeline,
+            self.settings,
+            self.withheld,
+            kafka_conn_id=self.kafka_conn_id,
+            ledger_conn_id=self.ledger_conn_id,
+            log=self.log,
+        )
 
     def poll(self, pipeline: Pipeline) -> TriggerEvent | None:
         """One poll (blocking): read, decide, and when firing claim the firing in the ledger;

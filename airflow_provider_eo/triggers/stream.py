@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_eo.triggers.checkpoint import (
@@ -341,6 +341,11 @@ class EoStreamCommitsTrigger(BaseEventTrigger):
     :param ledger_conn_id: an ``eo_ledger`` connection replacing the pipeline's ledger URL
         (default: the pipeline's own; no password travels in the kwargs either way).
     :param poll_interval: seconds between reads of the ledger.
+    :param settings: the pipeline's
+        :meth:`~airflow_provider_eo.pipeline.Pipeline.public_settings`, for a triggerer that
+        cannot import its module (Airflow's triggerer does not load DAG bundles;
+        :func:`~airflow_provider_eo.assets.sink_asset` records them).
+    :param withheld: the settings ``settings`` left out (secrets), for connections to supply.
     """
 
     def __init__(
@@ -349,6 +354,8 @@ class EoStreamCommitsTrigger(BaseEventTrigger):
         pipeline: str,
         ledger_conn_id: str | None = None,
         poll_interval: float = 5.0,
+        settings: str | None = None,
+        withheld: Sequence[str] = (),
     ) -> None:
         super().__init__()
         if ":" not in pipeline:
@@ -359,6 +366,8 @@ class EoStreamCommitsTrigger(BaseEventTrigger):
         self.pipeline = pipeline
         self.ledger_conn_id = ledger_conn_id
         self.poll_interval = float(poll_interval)
+        self.settings = settings
+        self.withheld = list(withheld)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -367,14 +376,24 @@ class EoStreamCommitsTrigger(BaseEventTrigger):
                 "pipeline": self.pipeline,
                 "ledger_conn_id": self.ledger_conn_id,
                 "poll_interval": self.poll_interval,
+                "settings": self.settings,
+                "withheld": self.withheld,
             },
         )
 
     def _resolve(self) -> Pipeline:
-        from airflow_provider_eo.hooks.base import resolve_connections
-        from airflow_provider_eo.pipeline import load_pipeline
+        from airflow_provider_eo.triggers.checkpoint import resolve_watched
 
-        return resolve_connections(load_pipeline(self.pipeline), ledger_conn_id=self.ledger_conn_id)[0]
+        # The watcher reads only the ledger: the Kafka settings' secrets are not needed.
+        withheld = [key for key in self.withheld if key == "ledger_url.password"]
+        return resolve_watched(
+            self.pipeline,
+            self.settings,
+            withheld,
+            kafka_conn_id=None,
+            ledger_conn_id=self.ledger_conn_id,
+            log=self.log,
+        )
 
     def poll(self, pipeline: Pipeline) -> list[dict[str, Any]]:
         """Claim and return the next payload to announce (blocking): at most one, so at most

@@ -4,6 +4,7 @@ attaches to its outlet's event, and the task group's outlet wiring."""
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -187,9 +188,13 @@ def test_the_downstream_example_is_scheduled_on_the_pipeline_examples_outlet(
     }
     # Airflow keeps an asset's watchers as the DAG file parsed last declares them: every
     # example file names the sink asset with the same watcher (stream-committed checkpoints).
+    settings = set()
     for name, assets in named.items():
         assert [(a.name, a.uri) for a in assets] == [("kafka://kafka:9092/enriched",) * 2], name
         watchers = [(w.name, w.trigger.serialize()) for w in assets[0].watchers]
+        for _, (_, kwargs) in watchers:  # the same recorded settings in every file
+            settings.add(kwargs.pop("settings"))
+            assert kwargs.pop("withheld") == [], name
         assert watchers == [
             (
                 "eo_stream_commits_eo-demo",
@@ -203,6 +208,8 @@ def test_the_downstream_example_is_scheduled_on_the_pipeline_examples_outlet(
                 ),
             )
         ], name
+    (recorded,) = settings
+    assert json.loads(recorded)["name"] == "eo-demo" and json.loads(recorded)["sink_topic"] == "enriched"
 
 
 def test_the_backfill_announces_its_interval_once_with_every_checkpoint(

@@ -14,14 +14,14 @@ import pytest
 DAGS = Path(__file__).resolve().parents[2] / "dags"
 
 
-def _load(name: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+def _load(name: str, monkeypatch: pytest.MonkeyPatch, attr: str = "dag") -> Any:
     monkeypatch.syspath_prepend(str(DAGS))
     spec = importlib.util.spec_from_file_location(f"eo_example_{name}", DAGS / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     sys.modules.pop(f"eo_example_{name}", None)
-    return module.dag
+    return getattr(module, attr)
 
 
 def _validate(params: Any, conf: dict[str, Any]) -> None:
@@ -34,7 +34,8 @@ def _validate(params: Any, conf: dict[str, Any]) -> None:
 def test_savepoint_dag_params(monkeypatch: pytest.MonkeyPatch) -> None:
     from airflow.sdk.exceptions import ParamValidationError
 
-    dag = _load("eo_savepoint", monkeypatch)
+    dag = _load("eo_control_dags", monkeypatch, "savepoint_dag")
+    assert dag.dag_id == "eo_savepoint"
     assert dag.schedule is None or str(dag.schedule) == "None"
     params = dag.params
     assert set(params.keys()) == {"pipeline", "name", "note", "stop", "wait_seconds"}
@@ -74,10 +75,12 @@ def test_backfill_dag_is_daily_with_catchup(monkeypatch: pytest.MonkeyPatch) -> 
 def test_control_dag_params(monkeypatch: pytest.MonkeyPatch) -> None:
     from airflow.sdk.exceptions import ParamValidationError
 
-    dag = _load("eo_control", monkeypatch)
+    dag = _load("eo_control_dags", monkeypatch, "control_dag")
+    assert dag.dag_id == "eo_control"
     assert set(dag.params.keys()) == {"pipeline", "action", "reason"}
-    _validate(dag.params, {"pipeline": "m:P", "action": "resume"})
-    with pytest.raises(ParamValidationError):
-        _validate(dag.params, {"action": "restart"})
+    _validate(dag.params, {"pipeline": "eo_demo_pipelines:demo_pipeline", "action": "resume"})
+    for bad in ({"action": "restart"}, {"pipeline": "m:P"}):  # only the listed pipelines
+        with pytest.raises(ParamValidationError):
+            _validate(dag.params, bad)
     task = dag.get_task("control")
     assert task.action == "{{ params.action }}" and task.pipeline == "{{ params.pipeline }}"

@@ -27,7 +27,7 @@ PLAN_ONLY = r"eo\.(prepare|wait|commit)"  # dag.test marks these success without
 def test_savepoint_with_stop_then_resume_and_restore_from_run_conf(
     airflow_env: Any, kafka_bootstrap: str
 ) -> None:
-    airflow_env.add_dag(ROOT / "dags" / "eo_savepoint.py")
+    airflow_env.add_dag(ROOT / "dags" / "eo_control_dags.py")
     pipeline = airflow_env.pipeline()
     produce_sample(kafka_bootstrap, pipeline.source_topics[0])  # 40 committed records, 25 a checkpoint
 

@@ -121,13 +121,20 @@ def _deploy(airflow_env: Any) -> Iterator[Any]:
     airflow_env.api_url = f"http://127.0.0.1:{port}"
     procs: list[subprocess.Popen[bytes]] = []
 
-    def start(name: str) -> subprocess.Popen[bytes]:
-        """Start one component (again: its log is appended to); stopped with the others."""
+    def start(name: str, extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        """Start one component (again: its log is appended to), its environment updated with
+        ``extra_env``; stopped with the others."""
         args = [str(VENV_BIN / "airflow"), name]
         if name == "api-server":
             args += ["--host", "127.0.0.1", "--port", str(port)]
         log = (airflow_env.home / f"{name}.log").open("ab")
-        proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            args,
+            env={**env, **(extra_env or {})},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         procs.append(proc)
         airflow_env.components[name] = proc
         return proc

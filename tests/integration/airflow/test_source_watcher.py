@@ -129,14 +129,21 @@ def test_the_pipeline_dag_runs_once_per_arrival_of_source_records(
         assert ledger_state()[1] == 1
 
         # 3. The triggerer is down while records arrive: nothing runs; back up, it fires
-        #    once for them (its state was in the ledger, the offsets are read afresh).
+        #    once for them (its state was in the ledger, the offsets are read afresh). It comes
+        #    back as a production triggerer runs: the pipeline's module lives only in the DAGs
+        #    folder, which the triggerer does not load, so the watcher runs on the settings
+        #    recorded when the DAG was parsed.
         triggerer = deployed.components["triggerer"]
         os.killpg(triggerer.pid, signal.SIGTERM)
         triggerer.wait(timeout=60)
         restarted_at = (home / "triggerer.log").stat().st_size
         produced += produce_sample(kafka_bootstrap, topic)[0]
         assert not poll_until(lambda: len(_runs(home)) > 1, timeout=5 * POLL_S), _runs(home)
-        deployed.start_component("triggerer")
+        dags_folder = airflow_env.env["AIRFLOW__CORE__DAGS_FOLDER"]
+        without_dags = os.pathsep.join(
+            p for p in airflow_env.env["PYTHONPATH"].split(os.pathsep) if Path(p) != Path(dags_folder)
+        )
+        deployed.start_component("triggerer", {"PYTHONPATH": without_dags})
         wait_for(
             lambda: _watcher_started(home, restarted_at), "the restarted triggerer to run the watcher", 180
         )
@@ -145,6 +152,11 @@ def test_the_pipeline_dag_runs_once_per_arrival_of_source_records(
         assert planned_and_committed_everything(2), f"{_runs(home)}\n{_component_logs(home)}"
         assert not poll_until(lambda: len(_runs(home)) > 2, timeout=8 * POLL_S), _runs(home)
         assert ledger_state()[1] == 2
+        with (home / "triggerer.log").open("rb") as f:
+            f.seek(restarted_at)
+            restarted_log = f.read().decode(errors="replace")
+        assert "cannot import 'eo_demo_pipelines'" in restarted_log, restarted_log[-3000:]
+        assert "watching with the settings recorded when the DAG was parsed" in restarted_log
 
         runs = _runs(home)
         payloads = _triggering_payloads(home)

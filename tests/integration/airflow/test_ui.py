@@ -72,7 +72,7 @@ def ui_server(
     dags = home / "dags"
     dags.mkdir()
     shutil.copy(airflow_db_template, home / "airflow.db")
-    for name in ("eo_savepoint.py", "eo_control.py", "eo_demo_pipelines.py"):
+    for name in ("eo_control_dags.py", "eo_demo_pipelines.py"):
         shutil.copy(ROOT / "dags" / name, dags / name)
     (home / "passwords.json").write_text(json.dumps(PASSWORDS))
     ledger_url = f"sqlite:///{home}/ledger.db"
