@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,7 +14,7 @@ from airflow_provider_eo.operators.base import (
     actor_for,
     open_ledger,
 )
-from airflow_provider_eo.version_compat import AirflowFailException, BaseOperator, Context
+from airflow_provider_eo.version_compat import AirflowFailException, BaseOperator, Context, default_deferrable
 
 #: What a savepoint name may look like (the savepoint DAG's form refuses anything else):
 #: a letter or digit first, then letters, digits, ``.``, ``_`` and ``-``, at most 128.
@@ -67,13 +68,14 @@ class EoSavepointOperator(PipelineTaskMixin, BaseOperator):
     the pipeline is marked stopped first, so its DAG's next runs skip while the in-flight
     checkpoint is allowed to finish (``eo resume MODULE:ATTR`` clears the stop).
 
-    **Waiting holds a worker slot.** The task polls the ledger (every ``poll_seconds``,
-    at most ``wait_seconds``) until nothing that was in flight when it started is
-    unfinished. It does not defer: that wait is one checkpoint's prepare and commit
-    (normally minutes, and the pipeline's own DAG runs them), the stop must be recorded
-    before waiting and the savepoint right after, and a trigger must never write the
-    ledger. Past ``wait_seconds`` the task fails (a retry waits again; a stop stays in
-    place and the error says so).
+    **Waiting.** The savepoint waits (at most ``wait_seconds``) until nothing that was in
+    flight when the task started is unfinished. With ``deferrable`` (by default Airflow's
+    ``[operators] default_deferrable``) the task records the stop, then defers to
+    :class:`~airflow_provider_eo.triggers.checkpoint.EoCheckpointTrigger` for each such
+    checkpoint (the triggerer reads the ledger; the task holds no worker slot) and records the
+    savepoint when it resumes: the trigger only reads, the task writes. Without it the task
+    polls the ledger every ``poll_seconds`` from its slot. Past ``wait_seconds`` the task
+    fails (a retry waits again; a stop stays in place and the error says so).
 
     Idempotent on retry: if this DAG run already recorded the savepoint (a try that died
     after the ledger write), the retry returns it instead of failing on the duplicate name.
@@ -88,7 +90,10 @@ class EoSavepointOperator(PipelineTaskMixin, BaseOperator):
     :param stop: mark the pipeline stopped before taking the savepoint (a bool, or a
         template rendering ``true``/``false``). (templated)
     :param wait_seconds: longest wait for the in-flight checkpoint. (templated)
-    :param poll_seconds: seconds between ledger reads while waiting.
+    :param poll_seconds: seconds between ledger reads while waiting (in the triggerer when
+        deferred).
+    :param deferrable: wait in the triggerer instead of a worker slot (``None``: Airflow's
+        ``[operators] default_deferrable``).
     :param kafka_conn_id: optional ``kafka`` connection merged over the pipeline's Kafka
         config. (templated)
     :param ledger_conn_id: optional ``eo_ledger`` connection replacing the pipeline's
@@ -115,6 +120,7 @@ class EoSavepointOperator(PipelineTaskMixin, BaseOperator):
         poll_seconds: float = 2.0,
         kafka_conn_id: str | None = None,
         ledger_conn_id: str | None = None,
+        deferrable: bool | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -124,10 +130,10 @@ class EoSavepointOperator(PipelineTaskMixin, BaseOperator):
         self.stop = stop
         self.wait_seconds = wait_seconds
         self.poll_seconds = poll_seconds
+        self.deferrable = default_deferrable() if deferrable is None else bool(deferrable)
 
-    def execute(self, context: Context) -> dict[str, Any]:
-        from airflow_provider_eo.core.savepoint import take_savepoint
-
+    def _arguments(self) -> tuple[str, bool, float, str]:
+        """The rendered ``(name, stop, wait_s, note)``, checked."""
         name = str(self.savepoint_name).strip()
         if not re.fullmatch(SAVEPOINT_NAME_PATTERN, name):
             raise AirflowFailException(
@@ -137,6 +143,12 @@ class EoSavepointOperator(PipelineTaskMixin, BaseOperator):
         stop = parse_bool(self.stop, field="stop")
         wait_s = parse_seconds(self.wait_seconds, field="wait_seconds")
         note = "" if self.note is None else str(self.note)
+        return name, stop, wait_s, note
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from airflow_provider_eo.core.savepoint import begin_savepoint, take_savepoint
+
+        name, stop, wait_s, note = self._arguments()
         pipeline = self.resolve_pipeline()
         actor = actor_for(context)
         created_by = created_by_for(context)
@@ -149,6 +161,9 @@ class EoSavepointOperator(PipelineTaskMixin, BaseOperator):
                     name,
                 )
                 return done
+            if self.deferrable:
+                target = begin_savepoint(pipeline, ledger, name, stop=stop, actor=actor)
+                return self._wait_or_record(context, pipeline, ledger, target, deadline=time.time() + wait_s)
             record = take_savepoint(
                 pipeline,
                 ledger,
@@ -168,16 +183,87 @@ class EoSavepointOperator(PipelineTaskMixin, BaseOperator):
                     total,
                 ),
             )
-        summary = record.summary()
+        return self._summary(pipeline, record, stop)
+
+    def _summary(self, pipeline: Any, record: Any, stop: bool) -> dict[str, Any]:
+        summary: dict[str, Any] = record.summary()
         self.log.info(
             "pipeline %s: savepoint %r %s%s: %s",
             pipeline.name,
-            name,
+            record.name,
             record.position,
             " (pipeline stopped: `eo resume` to continue)" if stop else "",
             summary["offsets"],
         )
         return summary
+
+    # -- deferrable: the triggerer waits, the task writes -------------------------------------
+
+    def _wait_or_record(
+        self, context: Context, pipeline: Any, ledger: Any, target: int, *, deadline: float
+    ) -> dict[str, Any]:
+        """Defer on the lowest checkpoint at or below ``target`` still unfinished, else record
+        the savepoint. Raises :class:`~airflow_provider_eo.errors.SavepointTimeout` past
+        ``deadline`` (a UNIX time)."""
+        from airflow_provider_eo.core.savepoint import (
+            record_savepoint,
+            savepoint_timeout,
+            savepoint_waits_for,
+        )
+        from airflow_provider_eo.triggers.checkpoint import EoCheckpointTrigger
+
+        name, stop, wait_s, note = self._arguments()
+        low = savepoint_waits_for(pipeline, ledger, target)
+        if low is None:
+            record = record_savepoint(
+                pipeline,
+                ledger,
+                name,
+                target,
+                note=note,
+                actor=actor_for(context),
+                created_by=created_by_for(context),
+            )
+            return self._summary(pipeline, record, stop)
+        if time.time() >= deadline:
+            raise savepoint_timeout(pipeline, name, low, wait_s, stop=stop)
+        ledger_conn_id = self.ledger_connection_id()
+        ledger_ref: dict[str, Any] = (
+            {"ledger_conn_id": ledger_conn_id} if ledger_conn_id else {"ledger_url": pipeline.ledger_url}
+        )
+        self.log.info(
+            "pipeline %s: savepoint %r waits for checkpoint %s (%s) in the triggerer (no worker slot held)",
+            pipeline.name,
+            name,
+            low.checkpoint_id,
+            low.state.value,
+        )
+        try:
+            trigger = EoCheckpointTrigger(
+                pipeline=pipeline.name,
+                checkpoint_id=low.checkpoint_id,
+                poll_interval=self.poll_seconds,
+                deadline=deadline,
+                wait_for="committed",
+                **ledger_ref,
+            )
+        except ValueError as exc:  # a ledger URL with a password: it must come by connection
+            raise AirflowFailException(str(exc)) from exc
+        self.defer(
+            trigger=trigger, method_name="execute_complete", kwargs={"target": target, "deadline": deadline}
+        )
+        raise AssertionError("defer() raises")  # pragma: no cover
+
+    def execute_complete(
+        self, context: Context, event: dict[str, Any], target: int, deadline: float
+    ) -> dict[str, Any]:
+        """A checkpoint the savepoint waited for is COMMITTED or ABORTED (or the wait timed
+        out): wait for the next one, or record the savepoint."""
+        pipeline = self.resolve_pipeline()
+        with open_ledger(pipeline) as ledger:
+            if event.get("status") == "timeout":
+                deadline = 0.0  # the same refusal as the blocking wait's, from the ledger's view
+            return self._wait_or_record(context, pipeline, ledger, int(target), deadline=float(deadline))
 
     @staticmethod
     def _already_taken(

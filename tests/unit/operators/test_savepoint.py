@@ -56,6 +56,7 @@ def test_rendered_params_reach_take_savepoint(
         note="n",
         stop="True",
         wait_seconds="42",
+        deferrable=False,  # the blocking wait (the deferred one: below)
     )
     out = op.execute(context)
     assert seen["name"] == "before-v2" and seen["stop"] is True and seen["wait_s"] == 42.0
@@ -144,8 +145,86 @@ def test_the_log_says_where_a_savepoint_without_a_checkpoint_points(
     )
     monkeypatch.setattr(EoSavepointOperator, "log", log)
     monkeypatch.setattr(core_savepoint, "take_savepoint", _fake_take({}))
-    op = EoSavepointOperator(task_id="sp", pipeline=pipeline_ref, savepoint_name="replay-start")
+    op = EoSavepointOperator(
+        task_id="sp", pipeline=pipeline_ref, savepoint_name="replay-start", deferrable=False
+    )
     assert op.execute(context)["checkpoint_id"] is None
     (line,) = [m for m in logged if "savepoint 'replay-start'" in m]
     assert "checkpoint None" not in line
     assert "before the first checkpoint, at the offsets a restore or reset started from" in line
+
+
+def _checkpoint(ledger: Ledger, start: int, end: int, *, commit: bool) -> int:
+    from airflow_provider_eo.ledger import RangeSpec
+
+    cid = ledger.plan("orders", [RangeSpec("in", 0, start, end)]).checkpoint_id
+    ledger.mark_prepared(
+        "orders", cid, attempt="a", staging_location="/s", records=end - start, bytes_=1, shard_counts={0: 1}
+    )
+    if commit:
+        ledger.mark_committed("orders", cid)
+    return cid
+
+
+def test_deferrable_stops_first_waits_in_the_triggerer_then_records(
+    pipeline_ref: str, context: dict[str, Any]
+) -> None:
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from airflow_provider_eo.triggers.checkpoint import EoCheckpointTrigger
+
+    pipeline = load_pipeline(pipeline_ref)
+    with Ledger(pipeline.ledger_url) as ledger:
+        ledger.ensure_pipeline(pipeline.name, pipeline.fingerprint())
+        _checkpoint(ledger, 0, 10, commit=True)
+        in_flight = _checkpoint(ledger, 10, 20, commit=False)
+    op = EoSavepointOperator(
+        task_id="sp", pipeline=pipeline_ref, savepoint_name="sp1", stop=True, wait_seconds=60, deferrable=True
+    )
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(context)
+    trigger = deferred.value.trigger
+    assert isinstance(trigger, EoCheckpointTrigger) and deferred.value.method_name == "execute_complete"
+    assert (trigger.checkpoint_id, trigger.wait_for) == (in_flight, "committed")
+    kwargs = deferred.value.kwargs
+    with Ledger(pipeline.ledger_url) as ledger:
+        assert ledger.get_pipeline("orders").stopped  # the stop came before the wait
+        assert ledger.list_savepoints("orders") == []
+        # Meanwhile the in-flight checkpoint commits and, stopped, nothing new is planned.
+        ledger.mark_committed("orders", in_flight)
+    event = {"status": "success", "pipeline": "orders", "checkpoint_id": in_flight, "state": "COMMITTED"}
+    out = op.execute_complete(context, event, **kwargs)
+    assert out["name"] == "sp1" and out["checkpoint_id"] == in_flight and out["offsets"] == {"in": {"0": 20}}
+
+
+def test_deferrable_timeout_fails_and_leaves_the_stop(pipeline_ref: str, context: dict[str, Any]) -> None:
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from airflow_provider_eo.errors import SavepointTimeout
+
+    pipeline = load_pipeline(pipeline_ref)
+    with Ledger(pipeline.ledger_url) as ledger:
+        ledger.ensure_pipeline(pipeline.name, pipeline.fingerprint())
+        _checkpoint(ledger, 0, 10, commit=True)
+        stuck = _checkpoint(ledger, 10, 20, commit=False)
+    op = EoSavepointOperator(
+        task_id="sp", pipeline=pipeline_ref, savepoint_name="sp1", stop=True, wait_seconds=5, deferrable=True
+    )
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(context)
+    event = {"status": "timeout", "pipeline": "orders", "checkpoint_id": stuck, "state": "PREPARED"}
+    with pytest.raises(SavepointTimeout, match=f"checkpoint {stuck} is still PREPARED.*stays STOPPED"):
+        op.execute_complete(context, event, **deferred.value.kwargs)
+    with Ledger(pipeline.ledger_url) as ledger:
+        assert ledger.get_pipeline("orders").stopped and ledger.list_savepoints("orders") == []
+
+
+def test_deferrable_with_nothing_in_flight_records_at_once(
+    pipeline_ref: str, context: dict[str, Any]
+) -> None:
+    pipeline = load_pipeline(pipeline_ref)
+    with Ledger(pipeline.ledger_url) as ledger:
+        ledger.ensure_pipeline(pipeline.name, pipeline.fingerprint())
+        done = _checkpoint(ledger, 0, 10, commit=True)
+    op = EoSavepointOperator(task_id="sp", pipeline=pipeline_ref, savepoint_name="sp1", deferrable=True)
+    assert op.execute(context)["checkpoint_id"] == done
