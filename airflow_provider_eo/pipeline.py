@@ -27,6 +27,8 @@ def is_secret_kafka_setting(key: str) -> bool:
     """Whether the Kafka client setting ``key`` holds a secret (:data:`SECRET_KAFKA_MARKERS`)."""
     lowered = str(key).lower()
     return any(marker in lowered for marker in SECRET_KAFKA_MARKERS)
+
+
 # Client settings that would break the protocol if a user set them.
 _FORBIDDEN_CLIENT_KEYS = {
     "transactional.id": "it is derived per commit shard as {prefix}.{pipeline}.{shard}",

@@ -245,20 +245,20 @@ class EoSavepointOperator(PipelineTaskMixin, BaseOperator):
                 poll_interval=self.poll_seconds,
                 deadline=deadline,
                 wait_for="committed",
+                echo={"target": target, "deadline": deadline},
                 **ledger_ref,
             )
         except ValueError as exc:  # a ledger URL with a password: it must come by connection
             raise AirflowFailException(str(exc)) from exc
-        self.defer(
-            trigger=trigger, method_name="execute_complete", kwargs={"target": target, "deadline": deadline}
-        )
+        self.defer(trigger=trigger, method_name="execute_complete")
         raise AssertionError("defer() raises")  # pragma: no cover
 
-    def execute_complete(
-        self, context: Context, event: dict[str, Any], target: int, deadline: float
-    ) -> dict[str, Any]:
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
         """A checkpoint the savepoint waited for is COMMITTED or ABORTED (or the wait timed
-        out): wait for the next one, or record the savepoint."""
+        out): wait for the next one, or record the savepoint. What the wait started with comes
+        back in the event (``echo``)."""
+        echo = event.get("echo") or {}
+        target, deadline = echo["target"], echo["deadline"]
         pipeline = self.resolve_pipeline()
         with open_ledger(pipeline) as ledger:
             if event.get("status") == "timeout":

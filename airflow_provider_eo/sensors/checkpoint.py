@@ -132,7 +132,7 @@ class EoCheckpointSensor(PipelineTaskMixin, BaseSensorOperator):
             "committed_after": after.isoformat(),
         }
 
-    def _trigger_ledger(self, url: str) -> dict[str, str | None]:
+    def _trigger_ledger(self, url: str) -> dict[str, Any]:
         """How the trigger names the ledger: the ledger connection read (the task's
         ``ledger_conn_id``, else the pipeline's; looked up in the triggerer, so the password
         never enters the trigger's stored kwargs), else the pipeline's URL, refused when it

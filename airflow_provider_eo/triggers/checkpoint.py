@@ -285,6 +285,9 @@ class EoCheckpointTrigger(BaseTrigger):
     :param poll_interval: seconds between reads.
     :param deadline: UNIX time after which a ``timeout`` event is sent; ``None`` waits forever.
     :param wait_for: ``"prepared"`` (default) or ``"committed"``.
+    :param echo: a small JSON object every event carries back as ``"echo"``: what the deferring
+        task needs when it resumes (``dag.test()`` hands a resumed task the event alone, not
+        the ``kwargs`` it deferred with).
     """
 
     def __init__(
@@ -297,6 +300,7 @@ class EoCheckpointTrigger(BaseTrigger):
         poll_interval: float = 5.0,
         deadline: float | None = None,
         wait_for: str = "prepared",
+        echo: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         check_ledger_ref(ledger_url, ledger_conn_id, where=f"pipeline {pipeline!r}")
@@ -308,6 +312,7 @@ class EoCheckpointTrigger(BaseTrigger):
         self.deadline = float(deadline) if deadline is not None else None
         self.done = done_states(wait_for)
         self.wait_for = wait_for
+        self.echo = echo
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -320,6 +325,7 @@ class EoCheckpointTrigger(BaseTrigger):
                 "poll_interval": self.poll_interval,
                 "deadline": self.deadline,
                 "wait_for": self.wait_for,
+                "echo": self.echo,
             },
         )
 
@@ -332,6 +338,8 @@ class EoCheckpointTrigger(BaseTrigger):
         }
         if reason is not None:
             payload["reason"] = reason
+        if self.echo is not None:
+            payload["echo"] = self.echo
         return TriggerEvent(payload)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:

@@ -49,7 +49,9 @@ def test_savepoint_with_stop_then_resume_and_restore_from_run_conf(
 
     def trigger() -> None:
         try:
-            outcome["runs"] = airflow_env.run_dag_test("eo_savepoint", conf=json.dumps(conf))
+            outcome["runs"] = airflow_env.run_dag_test(
+                "eo_control_dags", dag_attr="savepoint_dag", conf=json.dumps(conf)
+            )
         except BaseException as exc:  # reported by the main thread
             outcome["error"] = exc
 

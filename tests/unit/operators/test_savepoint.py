@@ -186,14 +186,14 @@ def test_deferrable_stops_first_waits_in_the_triggerer_then_records(
     trigger = deferred.value.trigger
     assert isinstance(trigger, EoCheckpointTrigger) and deferred.value.method_name == "execute_complete"
     assert (trigger.checkpoint_id, trigger.wait_for) == (in_flight, "committed")
-    kwargs = deferred.value.kwargs
+    echo = trigger.serialize()[1]["echo"]  # what the event carries back (dag.test drops defer kwargs)
     with Ledger(pipeline.ledger_url) as ledger:
         assert ledger.get_pipeline("orders").stopped  # the stop came before the wait
         assert ledger.list_savepoints("orders") == []
         # Meanwhile the in-flight checkpoint commits and, stopped, nothing new is planned.
         ledger.mark_committed("orders", in_flight)
     event = {"status": "success", "pipeline": "orders", "checkpoint_id": in_flight, "state": "COMMITTED"}
-    out = op.execute_complete(context, event, **kwargs)
+    out = op.execute_complete(context, {**event, "echo": echo})
     assert out["name"] == "sp1" and out["checkpoint_id"] == in_flight and out["offsets"] == {"in": {"0": 20}}
 
 
@@ -212,9 +212,16 @@ def test_deferrable_timeout_fails_and_leaves_the_stop(pipeline_ref: str, context
     )
     with pytest.raises(TaskDeferred) as deferred:
         op.execute(context)
-    event = {"status": "timeout", "pipeline": "orders", "checkpoint_id": stuck, "state": "PREPARED"}
+    echo = deferred.value.trigger.serialize()[1]["echo"]
+    event = {
+        "status": "timeout",
+        "pipeline": "orders",
+        "checkpoint_id": stuck,
+        "state": "PREPARED",
+        "echo": echo,
+    }
     with pytest.raises(SavepointTimeout, match=f"checkpoint {stuck} is still PREPARED.*stays STOPPED"):
-        op.execute_complete(context, event, **deferred.value.kwargs)
+        op.execute_complete(context, event)
     with Ledger(pipeline.ledger_url) as ledger:
         assert ledger.get_pipeline("orders").stopped and ledger.list_savepoints("orders") == []
 

@@ -76,6 +76,7 @@ def test_serialize_round_trip(ledger_url: str) -> None:
         "poll_interval": 2.5,
         "deadline": 123.0,
         "wait_for": "prepared",
+        "echo": None,
     }
 
 
