@@ -409,14 +409,18 @@ def commit_checkpoint(
     # First (before the staged output is read: an older ledger's staging may be gone): a
     # shard whose marker is already past this checkpoint: only a ledger older than the
     # sink gets here (checkpoints commit in order); skipping it as published would lose it.
-    # Checked for every shard before anything is published; a marker partition with an
-    # open transaction (a killed committer's, aborted by the shard's fence below) is not
-    # read here (a stable read would wait for it): commit_shard checks it after the fence.
+    # Checked for every shard before anything is published, reading only the markers
+    # committed now: a marker sent in a transaction still open (a killed or paused
+    # committer's, which the shard's fence below aborts) is a pending offset commit on the
+    # marker group's partition, and a stable read of it would wait until that transaction
+    # ends (the broker's transaction timeout) or the read gives up. The sink's open
+    # transactions do not tell where such a marker is (a shard's transaction need not
+    # write to the partition named after it). A pending marker is read by commit_shard,
+    # stable, after the shard's fence has decided it.
     config = librdkafka_config(pipeline.kafka)
+    readable = [(plan.sink_topic, s) for s in range(shards)]
     try:
-        busy = clients.open_transactions(config, plan.sink_topic)
-        readable = [(plan.sink_topic, s) for s in range(shards) if s not in busy]
-        found = clients.committed_marks(config, plan.marker_group, readable) if readable else {}
+        found = clients.committed_marks(config, plan.marker_group, readable, stable=False)
     except (EoError, KafkaException, TimeoutError):
         # Best effort (a broker down, a leader being elected): each shard checks its own
         # marker after its fence anyway.

@@ -96,9 +96,12 @@ class KafkaClients(Protocol):
         """A fresh transactional producer (confluent_kafka.Producer's interface)."""
 
     def committed_marks(
-        self, config: Mapping[str, Any], group: str, partitions: list[tuple[str, int]]
+        self, config: Mapping[str, Any], group: str, partitions: list[tuple[str, int]], *, stable: bool = True
     ) -> dict[tuple[str, int], tuple[int, str]]:
-        """Stable committed offsets of ``group`` with their metadata."""
+        """Committed offsets of ``group`` with their metadata. ``stable``: a pending
+        transactional offset commit of one of ``partitions`` is waited out (until its
+        transaction ends, or the read times out); else only what is committed now is read,
+        without waiting."""
 
     def marks_elsewhere(
         self, config: Mapping[str, Any], group: str, sink_topic: str
@@ -143,12 +146,12 @@ class RealKafka:
         return new_producer(config, transactional_id, timeout_ms, on_failure, topic_max_bytes=topic_max_bytes)
 
     def committed_marks(
-        self, config: Mapping[str, Any], group: str, partitions: list[tuple[str, int]]
+        self, config: Mapping[str, Any], group: str, partitions: list[tuple[str, int]], *, stable: bool = True
     ) -> dict[tuple[str, int], tuple[int, str]]:
         """:func:`kafka.admin.committed_group_marks`."""
         from airflow_provider_eo.kafka import admin
 
-        return admin.committed_group_marks(config, group, partitions)
+        return admin.committed_group_marks(config, group, partitions, stable=stable)
 
     def marks_elsewhere(
         self, config: Mapping[str, Any], group: str, sink_topic: str
