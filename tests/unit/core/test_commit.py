@@ -485,3 +485,47 @@ def test_the_early_marker_check_never_waits_on_a_killed_committers_open_transact
     assert done.checkpoint.state is CheckpointState.COMMITTED
     assert broker.values(OUT, 1) == [b"b0"] and broker.values(OUT, 2) == [b"c0", b"c1"]
     assert broker.count("broker_abort_timeout") == 0  # the fence aborted it, not its timeout
+
+
+def _committed_meanwhile(pipeline: Pipeline, ledger: Ledger, broker: FakeBroker, cids: list[int]) -> None:
+    """Another committer (a faster Airflow try, a stream) commits ``cids`` in order."""
+    for cid in cids:
+        commit_checkpoint(pipeline, ledger, cid, clients=FakeClients(broker))
+
+
+@pytest.mark.parametrize("seen_at", ["early check", "shard fence"])
+def test_a_slow_second_committer_of_a_checkpoint_committed_meanwhile_is_told_so(
+    seen_at: str, pipeline: Pipeline, ledger: Ledger, broker: FakeBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two committers of checkpoint 1; the other one commits 1 and then 2 while this one is
+    slow (paused, a long GC, a slow ledger): this one then finds markers at checkpoint 2,
+    past the one it commits. The ledger is not older than the sink (it shows 1 COMMITTED):
+    the outcome is "already committed by another committer", a success that publishes
+    nothing, never ``LedgerBehindSink`` (which sends an operator to look for a restored
+    backup)."""
+    first = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=SINK_PARTITIONS)
+    second = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=SINK_PARTITIONS, start=10)
+    clients = FakeClients(broker)
+    if seen_at == "early check":
+        read = clients.committed_marks
+
+        def slow(*args: Any, **kwargs: Any) -> Any:
+            clients.committed_marks = read  # type: ignore[method-assign]
+            _committed_meanwhile(pipeline, ledger, broker, [first.checkpoint_id, second.checkpoint_id])
+            return read(*args, **kwargs)
+
+        clients.committed_marks = slow  # type: ignore[method-assign]
+    else:
+
+        def slow_fence(producer: FakeProducer) -> None:
+            del broker.on_call["init_transactions"]
+            _committed_meanwhile(pipeline, ledger, broker, [first.checkpoint_id, second.checkpoint_id])
+
+        broker.on_call["init_transactions"] = slow_fence
+    result = commit_checkpoint(pipeline, ledger, first.checkpoint_id, clients=clients)
+    assert result.checkpoint.state is CheckpointState.COMMITTED
+    assert result.by_another and result.published == 0
+    assert result.note.startswith("already committed by another committer")
+    assert result.summary()["note"] == result.note
+    for p, values in OUTPUT.items():  # both checkpoints once each, nothing of this committer
+        assert broker.values(OUT, p) == values * 2
