@@ -160,7 +160,9 @@ class FakeBroker:
         """``producer`` holds the current epoch of its transactional id (not fenced)."""
         return producer.epoch is not None and producer.epoch == self.epochs.get(producer.transactional_id)
 
-    def open_transactions_with_offsets(self, group: str, partitions: list[tuple[str, int]]) -> list[FakeProducer]:
+    def open_transactions_with_offsets(
+        self, group: str, partitions: list[tuple[str, int]]
+    ) -> list[FakeProducer]:
         """Producers whose open transaction holds a pending offset commit of ``group`` on one
         of ``partitions`` (what makes a stable read of them answer UNSTABLE_OFFSET_COMMIT)."""
         wanted = {(group, t, p) for t, p in partitions}
