@@ -44,7 +44,6 @@ from airflow_provider_eo.core.fault_seam import fault_point, fault_triggered
 from airflow_provider_eo.core.markers import NO_MARKER, decide_marker
 from airflow_provider_eo.errors import CommitError, CommitFenced, LedgerBehindSink, TransactionTimedOut
 from airflow_provider_eo.kafka.publisher import (
-    DEFINITE_COMMIT_ERRORS,
     PRODUCERS,
     Abortable,
     DeliveryFailures,
@@ -54,6 +53,7 @@ from airflow_provider_eo.kafka.publisher import (
     connect,
     fatal_cause,
     kafka_call,
+    known_commit_outcome,
     largest_record,
     offsets,
     produce_dead_letters,
@@ -587,7 +587,7 @@ class ShardTransaction:
                 raise cause from None
         except KafkaException as exc:
             err = exc.args[0]
-            if err.fatal() or err.txn_requires_abort() or err.code() in DEFINITE_COMMIT_ERRORS:
+            if known_commit_outcome(err):
                 raise sorted_error("commit_transaction", exc, c.where) from exc
             raise ProducerLost(
                 f"commit_transaction: outcome unknown ({err.name()}: {err.str()}); a new producer "

@@ -147,9 +147,12 @@ def largest_record(batches: Iterable[pa.RecordBatch]) -> tuple[int, str, int] | 
     return best
 
 
-#: Errors of ``commit_transaction`` that are answers, not an unknown outcome: the
-#: transactional id is not authorized (nothing was committed).
-DEFINITE_COMMIT_ERRORS = frozenset({KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED})
+def known_commit_outcome(err: KafkaError) -> bool:
+    """A failed ``commit_transaction`` whose error is an answer: fenced or fatal (another
+    producer of the id took over, or the broker aborted the transaction), abortable (not
+    committed: abort it), or unauthorized. A timeout (retriable) or an unclassified error
+    leaves the outcome unknown."""
+    return _classify(err) in ("fatal", "abort", "unauthorized")
 
 
 def sorted_error(what: str, exc: KafkaException, where: str) -> Exception:

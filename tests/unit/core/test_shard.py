@@ -215,6 +215,19 @@ def test_a_timed_out_commit_drops_the_producer_and_a_new_one_inits_before_the_ma
         assert all(entry.producer is not timed_out for entry in pool._idle.values())
 
 
+@pytest.mark.parametrize("flagged", [True, False], ids=["fatal-flag", "code-only"])
+def test_a_fenced_commit_is_an_answer_not_an_unknown_outcome(
+    flagged: bool, tmp_path: Path, broker: FakeBroker
+) -> None:
+    """A fence answered to commit_transaction (another committer took the id over) fails
+    the shard as before: no new producer, whose init_transactions would fence the other
+    committer in turn; the fatal flag is not needed (confluent-kafka does not always set it)."""
+    broker.fail("commit_transaction", kafka_error(KafkaError._FENCED, fatal=flagged))
+    with pytest.raises(CommitFenced):
+        commit_shard(committable(tmp_path), Hooks(), FakeClients(broker))
+    assert broker.count("init_transactions") == 1 and broker.count("abort_transaction") == 0
+
+
 def test_retriable_error_repeats_the_call(tmp_path: Path, broker: FakeBroker) -> None:
     broker.fail(
         "send_offsets_to_transaction", kafka_error(KafkaError.COORDINATOR_LOAD_IN_PROGRESS, retriable=True)
