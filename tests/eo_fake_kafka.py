@@ -6,6 +6,22 @@ transactions only), fences by epoch per transactional id like a broker (a new
 calls with real ``KafkaError`` objects so the code under test sorts them as it would on a
 real cluster. Also: real staged Parquet with its manifest, and a PREPARED checkpoint in a
 real ledger (:func:`prepared_checkpoint`).
+
+It is no kinder than librdkafka and the broker where the protocol depends on it:
+
+- ``begin_transaction`` is local (librdkafka sends nothing): a fenced producer learns of the
+  fence at its first request, the first ``produce`` of the transaction (its
+  AddPartitionsToTxn: the record is purged, the fatal error is raised from the next
+  ``poll``/``flush`` as confluent-kafka raises it, and every later ``produce`` fails with
+  ``_FATAL``), ``send_offsets_to_transaction`` or ``commit_transaction``.
+- A *stable* read of committed offsets (``read_committed``: ``require_stable``) of a group
+  partition with a pending transactional offset commit (a marker sent in a transaction still
+  open) waits: until that transaction ends, or until the broker aborts it for its
+  ``transaction.timeout.ms`` (the fake's clock, :attr:`FakeBroker.now`, moves by the wait),
+  else the read times out after :attr:`FakeBroker.read_timeout_s` as
+  ``kafka.admin.committed_group_marks`` does. Every wait is recorded in
+  :attr:`FakeBroker.stable_waits`; the unit tests' ``broker`` fixture fails a test that waited
+  without saying it expected to.
 """
 
 from __future__ import annotations
@@ -21,6 +37,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from airflow_provider_eo import names, staging
 from airflow_provider_eo.core.shard import ShardCommittable
+from airflow_provider_eo.errors import KafkaAdminError
 from airflow_provider_eo.ledger import CheckpointRecord, Ledger, RangeSpec
 from airflow_provider_eo.pipeline import Pipeline
 
@@ -64,6 +81,22 @@ class Record:
         return None
 
 
+#: Every fake broker made in this test (``check_no_unexpected_waits`` reads them).
+BROKERS: list[FakeBroker] = []
+
+
+def check_no_unexpected_waits() -> None:
+    """Fail when a fake broker of this test made a stable offset read wait on an open
+    transaction without the test expecting it (on a real broker that read would have stalled
+    for the transaction's timeout, or failed after 30 s); forget the brokers."""
+    waited = [(b, w) for b in BROKERS if not b.expect_waits for w in b.stable_waits]
+    BROKERS.clear()
+    assert not waited, (
+        "a stable read of committed offsets waited on a pending transactional offset commit "
+        f"(group, partitions, seconds, answered): {[w for _b, w in waited]}"
+    )
+
+
 @dataclass
 class FakeBroker:
     """Transactions, markers and fencing of one fake cluster."""
@@ -80,6 +113,17 @@ class FakeBroker:
     on_call: dict[str, Callable[[FakeProducer], None]] = field(default_factory=dict)
     calls: list[tuple[str, str]] = field(default_factory=list)  # (transactional id, call)
     producers: list[FakeProducer] = field(default_factory=list)
+    # The broker's clock in seconds: moves only by the waits of stable offset reads.
+    now: float = 0.0
+    # How long a stable offset read waits before it gives up (kafka.admin's default).
+    read_timeout_s: float = 30.0
+    # Every stable read that waited: (group, partitions asked, seconds waited, answered).
+    stable_waits: list[tuple[str, list[tuple[str, int]], float, bool]] = field(default_factory=list)
+    # A test that makes a stable read wait on purpose says so (else the test fails).
+    expect_waits: bool = False
+
+    def __post_init__(self) -> None:
+        BROKERS.append(self)
 
     def fail(self, call: str, *exceptions: BaseException | None) -> None:
         """Make the next calls of ``call`` raise these, in order."""
@@ -112,28 +156,97 @@ class FakeBroker:
         """The committed marker offset (-1: none)."""
         return self.marks.get((group, topic, partition), (-1, ""))[0]
 
+    def live(self, producer: FakeProducer) -> bool:
+        """``producer`` holds the current epoch of its transactional id (not fenced)."""
+        return producer.epoch is not None and producer.epoch == self.epochs.get(producer.transactional_id)
+
+    def open_transactions_with_offsets(
+        self, group: str, partitions: list[tuple[str, int]]
+    ) -> list[FakeProducer]:
+        """Producers whose open transaction holds a pending offset commit of ``group`` on one
+        of ``partitions`` (what makes a stable read of them answer UNSTABLE_OFFSET_COMMIT)."""
+        wanted = {(group, t, p) for t, p in partitions}
+        return [
+            producer
+            for producer in self.producers
+            if producer.open and self.live(producer) and wanted & set(producer.pending_marks)
+        ]
+
+    def expire(self, producer: FakeProducer) -> None:
+        """The broker aborts ``producer``'s transaction for its timeout and bumps the epoch
+        (the producer is fenced: it learns so at its next request)."""
+        self.epochs[producer.transactional_id] = self.epochs.get(producer.transactional_id, 0) + 1
+        self.calls.append((producer.transactional_id, "broker_abort_timeout"))
+        producer.aborted_by_broker()
+
+    def stable_read(self, group: str, partitions: list[tuple[str, int]]) -> None:
+        """Wait, as a stable (``require_stable``) OffsetFetch does, while an open transaction
+        holds a pending offset commit of ``group`` on one of ``partitions``: until the broker
+        aborts it for its timeout, if that comes within :attr:`read_timeout_s`, else raise
+        what ``kafka.admin.committed_group_marks`` raises when its read times out."""
+        blockers = self.open_transactions_with_offsets(group, partitions)
+        if not blockers:
+            return
+        ends = max(b.opened_at + b.timeout_s for b in blockers)
+        if ends <= self.now + self.read_timeout_s:
+            self.stable_waits.append((group, list(partitions), max(0.0, ends - self.now), True))
+            self.now = max(self.now, ends)
+            for blocker in blockers:
+                self.expire(blocker)
+            return
+        self.stable_waits.append((group, list(partitions), self.read_timeout_s, False))
+        self.now += self.read_timeout_s
+        raise KafkaAdminError(
+            f"reading offsets of group {group!r} failed: KafkaError{{code=_TIMED_OUT,val=-185,"
+            'str="Failed to get committed offsets: Local: Timed out"} (fake: UNSTABLE_OFFSET_COMMIT '
+            "for the whole wait)"
+        )
+
 
 class FakeProducer:
     """The subset of ``confluent_kafka.Producer`` the shard transaction uses."""
 
     def __init__(
-        self, broker: FakeBroker, transactional_id: str, on_failure: Any, topic_max: int | None = None
+        self,
+        broker: FakeBroker,
+        transactional_id: str,
+        on_failure: Any,
+        topic_max: int | None = None,
+        timeout_ms: int = 60_000,
     ) -> None:
         self.broker = broker
         self.transactional_id = transactional_id
         self.on_failure = on_failure
         self.topic_max = topic_max
+        self.timeout_s = timeout_ms / 1000
         self.epoch: int | None = None
         self.pending: list[Record] = []
         self.pending_marks: dict[tuple[str, str, int], tuple[int, str]] = {}
         self.open = False
+        self.started = False  # the broker knows the transaction (a partition or offsets added)
+        self.opened_at = 0.0  # the broker's clock when it did: its timeout runs from there
         self.closed = False
+        self.fatal: KafkaError | None = None  # the fatal error this producer has learnt of
+        self.fatal_unraised = False  # confluent-kafka raises it once, from poll()/flush()
         self.reports: list[tuple[Any, Any]] = []
         broker.producers.append(self)
 
+    def _raise_fatal(self) -> None:
+        if self.fatal is not None:
+            raise KafkaException(self.fatal)
+
     def _check_epoch(self) -> None:
-        if self.epoch != self.broker.epochs.get(self.transactional_id):
-            raise kafka_error(KafkaError._FENCED, fatal=True)
+        """A request to the broker: a stale epoch is a fence, fatal from now on."""
+        self._raise_fatal()
+        if not self.broker.live(self):
+            self.fatal = KafkaError(KafkaError._FENCED, "fenced (fake)", fatal=True)
+            self._reset()
+            raise KafkaException(self.fatal)
+
+    def _start(self) -> None:
+        """The broker's side of the transaction begins (its timeout starts)."""
+        if not self.started:
+            self.started, self.opened_at = True, self.broker.now
 
     def list_topics(self, topic: str, timeout: float) -> None:
         self.broker._maybe_fail(self, "metadata")
@@ -144,11 +257,15 @@ class FakeProducer:
         self.epoch = self.broker.epochs[self.transactional_id]
         for other in self.broker.producers:  # the broker aborts what an earlier epoch left open
             if other is not self and other.transactional_id == self.transactional_id:
-                other._reset()
+                other.aborted_by_broker()
 
     def begin_transaction(self) -> None:
+        """Local in librdkafka: no request, so no fence is seen here (only one already
+        learnt of is raised)."""
         self.broker._maybe_fail(self, "begin_transaction")
-        self._check_epoch()
+        self._raise_fatal()
+        if self.epoch is None:
+            raise kafka_error(KafkaError._STATE)  # init_transactions first
         self.open = True
 
     def produce(
@@ -165,8 +282,19 @@ class FakeProducer:
         """confluent-kafka's ``produce()`` (its positional order: the commit passes headers
         positionally)."""
         self.broker._maybe_fail(self, "produce")
+        if self.fatal is not None:  # librdkafka refuses to produce after a fatal error
+            raise KafkaException(KafkaError(KafkaError._FATAL, "fatal error raised earlier", fatal=True))
         if not self.open:
             raise kafka_error(KafkaError._STATE)
+        if not self.broker.live(self):
+            # Queued locally; its AddPartitionsToTxn is answered PRODUCER_FENCED: the producer
+            # raises a fatal error (from the next poll) and purges what it had queued.
+            self.fatal = KafkaError(KafkaError._FENCED, "fenced (fake)", fatal=True)
+            self.fatal_unraised = True
+            self.reports.append((KafkaError(KafkaError._PURGE_QUEUE, "purged"), _Msg(partition)))
+            self._reset()
+            return
+        self._start()
         code = self.broker.refuse.get((topic, partition))
         if code is not None:
             self.reports.append((KafkaError(code, "refused"), _Msg(partition)))
@@ -178,6 +306,9 @@ class FakeProducer:
         for err, msg in served:
             if self.on_failure is not None:
                 self.on_failure(err, msg)
+        if self.fatal_unraised:  # confluent-kafka raises a fatal error event from poll()
+            self.fatal_unraised = False
+            self._raise_fatal()
         return len(served)
 
     def flush(self, timeout: float = 0) -> int:
@@ -187,28 +318,50 @@ class FakeProducer:
 
     def send_offsets_to_transaction(self, offsets: list[Any], group: Any, timeout: float) -> None:
         self.broker._maybe_fail(self, "send_offsets_to_transaction")
+        self._raise_fatal()  # a fatal error is returned by every transactional call
+        if not self.open:
+            raise kafka_error(KafkaError._STATE)
         self._check_epoch()
+        self._start()
         for tp in offsets:
             self.pending_marks[(str(group), tp.topic, tp.partition)] = (tp.offset, tp.metadata or "")
 
     def commit_transaction(self, timeout: float) -> None:
         self.broker._maybe_fail(self, "commit_transaction")
-        self._check_epoch()
+        self._raise_fatal()  # a fatal error is returned by every transactional call
+        if not self.open:
+            raise kafka_error(KafkaError._STATE)
+        if self.started:  # an empty transaction is committed locally, no EndTxn
+            self._check_epoch()
+        else:
+            self._raise_fatal()
         self.broker.committed.extend(self.pending)
         self.broker.marks.update(self.pending_marks)
         self._reset()
 
     def abort_transaction(self, timeout: float) -> None:
         self.broker._maybe_fail(self, "abort_transaction")
-        self._reset()
+        try:
+            if self.started:  # EndTxn(abort) goes to the broker only for a started one
+                self._check_epoch()
+            else:
+                self._raise_fatal()
+        finally:
+            self._reset()
+
+    def aborted_by_broker(self) -> None:
+        """The broker aborted this producer's transaction (a fence, its timeout): what it
+        sent is gone, but the producer itself does not know until its next request."""
+        self.pending, self.pending_marks = [], {}
 
     def _reset(self) -> None:
-        self.pending, self.pending_marks, self.open = [], {}, False
+        self.pending, self.pending_marks, self.open, self.started = [], {}, False, False
 
     def close(self) -> bool:
-        """``Producer.close()``: aborts an open transaction; the producer is unusable after."""
+        """``Producer.close()``: flush, then destroy. librdkafka sends no EndTxn: an open
+        transaction stays open on the broker (until a fence or its timeout aborts it); the
+        producer is unusable after."""
         self.broker.calls.append((self.transactional_id, "close"))
-        self._reset()
         self.closed = True
         return True
 
@@ -238,12 +391,16 @@ class FakeClients:
         topic_max: Any,
     ) -> FakeProducer:
         self.broker.calls.append((transactional_id, "new_producer"))
-        return FakeProducer(self.broker, transactional_id, on_failure, topic_max)
+        return FakeProducer(self.broker, transactional_id, on_failure, topic_max, timeout_ms)
 
     def committed_marks(
-        self, config: Mapping[str, Any], group: str, partitions: list[tuple[str, int]]
+        self, config: Mapping[str, Any], group: str, partitions: list[tuple[str, int]], *, stable: bool = True
     ) -> dict[tuple[str, int], tuple[int, str]]:
-        self.broker.calls.append(("", "committed_marks"))
+        """Committed offsets; ``stable`` (a ``read_committed`` reader) waits out pending
+        transactional offset commits of these partitions (:meth:`FakeBroker.stable_read`)."""
+        self.broker.calls.append(("", "committed_marks" if stable else "committed_marks_unstable"))
+        if stable:
+            self.broker.stable_read(group, partitions)
         return {
             (t, p): self.broker.marks[(group, t, p)]
             for t, p in partitions

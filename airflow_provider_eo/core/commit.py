@@ -85,6 +85,7 @@ from airflow_provider_eo.errors import (
     CommitError,
     ConfigError,
     EoError,
+    LedgerBehindSink,
     NotPrepared,
     StagingError,
     StagingNotVisible,
@@ -100,7 +101,7 @@ from airflow_provider_eo.ledger import (
     Ledger,
     PipelineRecord,
 )
-from airflow_provider_eo.ledger.errors import CheckpointNotFound
+from airflow_provider_eo.ledger.errors import CheckpointConflict, CheckpointNotFound
 from airflow_provider_eo.pipeline import COMMIT_MODES, Pipeline
 
 
@@ -115,6 +116,8 @@ class CommitResult:
     note: str = ""
     mode: Literal["local", "spark"] = "local"  # where the shards ran
     publishers: tuple[Publisher, ...] = ()  # the process that published each shard
+    # Another committer finished the checkpoint while this call ran (:data:`BY_ANOTHER`).
+    by_another: bool = False
 
     def summary(self) -> dict[str, object]:
         """The checkpoint's summary plus what this call did (``eo commit --json``)."""
@@ -123,6 +126,7 @@ class CommitResult:
             "published": self.published,
             "seconds": round(self.seconds, 3),
             "note": self.note,
+            "committed_by_another": self.by_another,
             "commit_mode": self.mode,
             "committer": {"host": socket.gethostname(), "pid": os.getpid()},
             "publishers": [p.as_dict() for p in sorted(self.publishers, key=lambda p: p.shard)],
@@ -353,6 +357,13 @@ def cleanup_staging(
     staging.remove_checkpoint_attempts(names.checkpoint_dir(root, old), registered.identity, location)
 
 
+#: The note of a commit that found its checkpoint committed by another committer meanwhile.
+BY_ANOTHER = (
+    "already committed by another committer while this one ran (each record once: the "
+    "markers and the ledger agree); nothing more to do"
+)
+
+
 def commit_checkpoint(
     pipeline: Pipeline,
     ledger: Ledger,
@@ -369,11 +380,52 @@ def commit_checkpoint(
     Idempotent: committing a COMMITTED checkpoint does nothing; a retry after any crash
     publishes only the shards whose marker does not show the checkpoint yet.
 
+    A committer that finds the checkpoint committed by another committer while it ran (two
+    Airflow tries, a stream and an ``eo commit``: the other one committed it, and perhaps
+    later checkpoints, whose markers are past this one) returns with ``by_another`` set and
+    :data:`BY_ANOTHER` as its note: a success, nothing published by this call. What such a
+    committer meets on its way (markers past its checkpoint, a lease or shard row of a
+    checkpoint no longer PREPARED, staging already cleaned up) is judged by the ledger read
+    again: only a checkpoint still PREPARED in the ledger makes them the errors they are
+    (a marker past a PREPARED checkpoint is :class:`LedgerBehindSink`: a ledger restored
+    from an older copy).
+
     :param clients: the Kafka side (producers, markers); unit tests pass a fake.
     :param commit_mode: ``local``, ``spark`` or ``auto`` (default: the pipeline's).
     :param runner: where a spark-mode commit runs its shards (spark/commit.py's
         ``SparkShardRunner``); without one, ``auto`` commits locally and ``spark`` is refused.
     """
+    started = time.monotonic()
+    try:
+        return _commit_prepared(
+            pipeline,
+            ledger,
+            checkpoint_id,
+            actor=actor,
+            owner=owner,
+            clients=clients,
+            commit_mode=commit_mode,
+            runner=runner,
+        )
+    except (LedgerBehindSink, CheckpointConflict, StagingNotVisible):
+        now = ledger.get(pipeline.name, checkpoint_id)
+        if now.state is not CheckpointState.COMMITTED:
+            raise
+        return CommitResult(now, 0, 0, time.monotonic() - started, note=BY_ANOTHER, by_another=True)
+
+
+def _commit_prepared(
+    pipeline: Pipeline,
+    ledger: Ledger,
+    checkpoint_id: int,
+    *,
+    actor: Actor | None,
+    owner: str | None,
+    clients: KafkaClients,
+    commit_mode: str | None,
+    runner: ShardRunner | None,
+) -> CommitResult:
+    """:func:`commit_checkpoint`'s steps."""
     require_applied(pipeline, where="the commit")
     requested = commit_mode or pipeline.commit_mode
     started = time.monotonic()
@@ -409,14 +461,18 @@ def commit_checkpoint(
     # First (before the staged output is read: an older ledger's staging may be gone): a
     # shard whose marker is already past this checkpoint: only a ledger older than the
     # sink gets here (checkpoints commit in order); skipping it as published would lose it.
-    # Checked for every shard before anything is published; a marker partition with an
-    # open transaction (a killed committer's, aborted by the shard's fence below) is not
-    # read here (a stable read would wait for it): commit_shard checks it after the fence.
+    # Checked for every shard before anything is published, reading only the markers
+    # committed now: a marker sent in a transaction still open (a killed or paused
+    # committer's, which the shard's fence below aborts) is a pending offset commit on the
+    # marker group's partition, and a stable read of it would wait until that transaction
+    # ends (the broker's transaction timeout) or the read gives up. The sink's open
+    # transactions do not tell where such a marker is (a shard's transaction need not
+    # write to the partition named after it). A pending marker is read by commit_shard,
+    # stable, after the shard's fence has decided it.
     config = librdkafka_config(pipeline.kafka)
+    readable = [(plan.sink_topic, s) for s in range(shards)]
     try:
-        busy = clients.open_transactions(config, plan.sink_topic)
-        readable = [(plan.sink_topic, s) for s in range(shards) if s not in busy]
-        found = clients.committed_marks(config, plan.marker_group, readable) if readable else {}
+        found = clients.committed_marks(config, plan.marker_group, readable, stable=False)
     except (EoError, KafkaException, TimeoutError):
         # Best effort (a broker down, a leader being elected): each shard checks its own
         # marker after its fence anyway.

@@ -51,12 +51,15 @@ from airflow_provider_eo.kafka.publisher import (
     ProducerPool,
     Sent,
     connect,
+    fatal_cause,
     kafka_call,
+    known_commit_outcome,
     largest_record,
     offsets,
     produce_dead_letters,
     produce_staged,
     serve,
+    sorted_error,
 )
 
 #: Rounds of abort-and-redo / re-init before a shard gives up (retry the commit later).
@@ -96,9 +99,12 @@ class KafkaClients(Protocol):
         """A fresh transactional producer (confluent_kafka.Producer's interface)."""
 
     def committed_marks(
-        self, config: Mapping[str, Any], group: str, partitions: list[tuple[str, int]]
+        self, config: Mapping[str, Any], group: str, partitions: list[tuple[str, int]], *, stable: bool = True
     ) -> dict[tuple[str, int], tuple[int, str]]:
-        """Stable committed offsets of ``group`` with their metadata."""
+        """Committed offsets of ``group`` with their metadata. ``stable``: a pending
+        transactional offset commit of one of ``partitions`` is waited out (until its
+        transaction ends, or the read times out); else only what is committed now is read,
+        without waiting."""
 
     def marks_elsewhere(
         self, config: Mapping[str, Any], group: str, sink_topic: str
@@ -143,12 +149,12 @@ class RealKafka:
         return new_producer(config, transactional_id, timeout_ms, on_failure, topic_max_bytes=topic_max_bytes)
 
     def committed_marks(
-        self, config: Mapping[str, Any], group: str, partitions: list[tuple[str, int]]
+        self, config: Mapping[str, Any], group: str, partitions: list[tuple[str, int]], *, stable: bool = True
     ) -> dict[tuple[str, int], tuple[int, str]]:
         """:func:`kafka.admin.committed_group_marks`."""
         from airflow_provider_eo.kafka import admin
 
-        return admin.committed_group_marks(config, group, partitions)
+        return admin.committed_group_marks(config, group, partitions, stable=stable)
 
     def marks_elsewhere(
         self, config: Mapping[str, Any], group: str, sink_topic: str
@@ -381,6 +387,7 @@ class ShardTransaction:
         self.reused = False  # the producer came from the pool: no init_transactions this round
         self.begun_at: float | None = None  # monotonic time of begin_transaction
         self.sent = Sent()  # records handed to the producer in this transaction
+        self.committing = False  # commit_transaction was called: never abort after it
 
     def fence(self) -> None:
         """The shard's producer, ready for a transaction: an idle one of this process that
@@ -398,6 +405,17 @@ class ShardTransaction:
         )
         kafka_call("metadata", connect, self.producer, c.sink_topic, c.timeout_s, where=c.where)
         kafka_call("init_transactions", self.producer.init_transactions, c.timeout_s, where=c.where)
+
+    def drop(self) -> None:
+        """After an unknown outcome of ``commit_transaction``: this producer is never used
+        again (not asked to commit again, not aborted, not kept). Its EndTxn may still be
+        in flight, and librdkafka keeps the old transaction protocol (no KIP-890 epoch bump
+        per transaction), so only a new producer's ``init_transactions``, which bumps the
+        epoch, stops a late request of it from landing; the marker then decides."""
+        if self.pool is not None:
+            key = pool_key(self.committable, self.clients)
+            self.pool.discard(lambda kept: kept == key)
+        self.producer = None  # destroyed with its last reference (close() would flush first)
 
     def keep(self) -> None:
         """After a clean ``commit_transaction`` (and nothing else): give the producer to the
@@ -547,19 +565,34 @@ class ShardTransaction:
             )
 
     def commit(self) -> None:
-        """``commit_transaction``. Raises :class:`ProducerLost` when the outcome is unknown
-        (never follow that with an abort: the caller re-inits and the marker decides)."""
+        """``commit_transaction``, called once. Raises :class:`ProducerLost` when the outcome
+        is unknown: a timeout (librdkafka's retriable ``_TIMED_OUT``) or any error Kafka does
+        not classify. That producer is not asked again (a retry on it would keep a producer
+        whose EndTxn may still land, see :meth:`drop`) and never followed by an abort: the
+        caller drops it, a new producer re-inits and the marker decides. A fenced producer
+        (:class:`CommitFenced`) and an abortable transaction (:class:`Abortable`: librdkafka
+        says it did not commit) are answers, sorted as for every other call."""
         c = self.committable
         fault_point("commit.before_end_txn")
         if fault_triggered("commit.ambiguous_before"):
             raise ProducerLost("injected: commit_transaction timed out before it was sent")
-        kafka_call(
-            "commit_transaction",
-            self.producer.commit_transaction,
-            c.timeout_s,
-            deadline_s=2 * c.timeout_s,
-            where=c.where,
-        )
+        self.committing = True
+        try:
+            try:
+                self.producer.commit_transaction(c.timeout_s)
+            except SystemError as exc:  # a fatal error met while serving delivery reports
+                cause = fatal_cause(exc)
+                if cause is None:
+                    raise
+                raise cause from None
+        except KafkaException as exc:
+            err = exc.args[0]
+            if known_commit_outcome(err):
+                raise sorted_error("commit_transaction", exc, c.where) from exc
+            raise ProducerLost(
+                f"commit_transaction: outcome unknown ({err.name()}: {err.str()}); a new producer "
+                "re-inits and the marker decides"
+            ) from exc
         if fault_triggered("commit.ambiguous_after"):
             raise ProducerLost("injected: the answer to commit_transaction was lost")
 
@@ -652,8 +685,12 @@ def commit_shard(
             txn.seal()
             try:
                 txn.commit()
-            except ProducerLost:
-                continue  # ambiguous: a new producer re-inits and the marker decides
+            except ProducerLost as exc:
+                # Ambiguous: this producer is done for; a new one re-inits (fencing any late
+                # request of this one) and the marker decides. Never an abort.
+                txn.drop()
+                last_failure = str(exc)
+                continue
             fault_point("commit.after_commit_txn")
             hooks.committed(produced)
             txn.keep()
@@ -670,8 +707,11 @@ def commit_shard(
                 continue
             if txn.outlived_timeout(exc):
                 # The same size would time out again: fail with the numbers, not a redo loop
-                # (or a fence blamed on another committer).
-                txn.abort()
+                # (or a fence blamed on another committer). After commit_transaction only an
+                # abortable answer (librdkafka: not committed, abort it) is aborted; a fenced
+                # producer cannot abort anyway.
+                if not txn.committing or outcome_of(exc) is Outcome.ABORTABLE:
+                    txn.abort()
                 raise txn.timed_out_error(exc) from exc
             outcome = outcome_of(exc)
             if outcome is Outcome.PERMANENT:

@@ -199,7 +199,8 @@ def default_steps(
 
     def commit(cid: int) -> float:
         result = commit_checkpoint(pipeline, ledger, cid, actor=actor, runner=runner)
-        if result.checkpoint.state is CheckpointState.COMMITTED and result.note != "already COMMITTED":
+        mine = result.note != "already COMMITTED" and not result.by_another
+        if result.checkpoint.state is CheckpointState.COMMITTED and mine:
             report.committed(result.checkpoint, result.seconds)
             report.lag_after(pipeline.kafka, result.checkpoint)  # one bounded Kafka call
         return result.seconds

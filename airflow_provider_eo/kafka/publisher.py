@@ -147,7 +147,15 @@ def largest_record(batches: Iterable[pa.RecordBatch]) -> tuple[int, str, int] | 
     return best
 
 
-def _sorted_error(what: str, exc: KafkaException, where: str) -> Exception:
+def known_commit_outcome(err: KafkaError) -> bool:
+    """A failed ``commit_transaction`` whose error is an answer: fenced or fatal (another
+    producer of the id took over, or the broker aborted the transaction), abortable (not
+    committed: abort it), or unauthorized. A timeout (retriable) or an unclassified error
+    leaves the outcome unknown."""
+    return _classify(err) in ("fatal", "abort", "unauthorized")
+
+
+def sorted_error(what: str, exc: KafkaException, where: str) -> Exception:
     """The exception for a non-retriable Kafka error (Abortable, fenced, ...)."""
     err: KafkaError = exc.args[0]
     kind = _classify(err)
@@ -192,12 +200,12 @@ def serve(what: str, fn: Callable[..., T], *args: Any, where: str = "") -> T:
     try:
         return fn(*args)
     except KafkaException as exc:
-        raise _sorted_error(what, exc, where) from exc
+        raise sorted_error(what, exc, where) from exc
     except SystemError as exc:
         cause = fatal_cause(exc)
         if cause is None:
             raise
-        raise _sorted_error(what, cause, where) from cause
+        raise sorted_error(what, cause, where) from cause
 
 
 def kafka_call(what: str, fn: Callable[..., T], *args: Any, deadline_s: float = 120.0, where: str = "") -> T:
@@ -223,7 +231,7 @@ def kafka_call(what: str, fn: Callable[..., T], *args: Any, deadline_s: float = 
                     time.sleep(0.2)
                     continue
                 raise ProducerLost(f"{what} kept failing with a retriable error: {err}") from exc
-            raise _sorted_error(what, exc, where) from exc
+            raise sorted_error(what, exc, where) from exc
 
 
 def new_producer(
@@ -546,7 +554,7 @@ def _produce_error(exc: KafkaException, where: str) -> Exception:
     err: KafkaError = exc.args[0]
     if err.code() == KafkaError._STATE:  # the transaction failed earlier (a delivery report)
         return Abortable(f"produce: the transaction is in an abortable state: {err}")
-    return _sorted_error("produce", exc, where)
+    return sorted_error("produce", exc, where)
 
 
 class Sent:

@@ -11,6 +11,15 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from eo_fake_kafka import check_no_unexpected_waits
+
+
+@pytest.fixture(autouse=True)
+def _fake_kafka_never_waits_unexpectedly() -> Iterator[None]:
+    """A fake broker's stable offset read that waited on an open transaction fails the test
+    unless the test expected it (tests/eo_fake_kafka.py)."""
+    yield
+    check_no_unexpected_waits()
 
 
 @pytest.fixture()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -184,4 +185,38 @@ def test_ambiguous_commit_from_a_real_timeout(broker: LocalKafka, tmp_path: Path
     h.assert_exactly_once(expected_records=RECORDS)
     assert_group_offsets_match_ledger(h.pipeline, h.ledger)
     print(f"ambiguous commit: committer exit {code}, retry {retry}, stderr tail: {err[-500:]}")
+    h.ledger.close()
+
+
+def test_a_timed_out_commit_drops_its_producer_after_one_timeout(
+    broker: LocalKafka, tmp_path: Path, spark: Any
+) -> None:
+    """EndTxn reaches a stopped broker and ``commit_transaction`` times out (one
+    transaction timeout, ``SHORT_TXN_MS``). The producer whose EndTxn may still land is
+    dropped right then (its librdkafka threads end while the broker is still stopped), not
+    asked to commit again; a new producer's init_transactions, once the broker is back,
+    fences the old one's late request and the marker decides: the committer finishes by
+    itself, each source record once. Measured from the moment the EndTxn sat unread in the
+    broker's socket; the old code repeated commit_transaction on the same producer for up
+    to twice the timeout first."""
+    h = _harness(broker, tmp_path, spark, short=True)
+    committer = paused_commit(h, "commit.before_end_txn")
+    pid = broker_pid(broker)
+    try:
+        _pid, threads = _resume_into_stopped_broker(broker, committer)
+        sent = time.monotonic()
+        wait_for(lambda: _gave_up(committer, threads), "the timed-out producer to be dropped", timeout=60)
+        dropped_after = time.monotonic() - sent
+    finally:
+        sigcont(pid)
+        sigcont(committer.pid)
+    code, err, retry = _finish_and_retry(h, committer)
+    assert dropped_after < 1.6 * SHORT_TXN_MS / 1000, (
+        f"the producer was dropped {dropped_after:.1f} s after its EndTxn was sent (one "
+        f"transaction timeout is {SHORT_TXN_MS / 1000:.0f} s): commit_transaction was repeated on it"
+    )
+    assert code == 0 and retry is None, err[-3000:]  # the committer decided by the marker itself
+    h.assert_exactly_once(expected_records=RECORDS)
+    assert_group_offsets_match_ledger(h.pipeline, h.ledger)
+    print(f"timed-out commit: producer dropped {dropped_after:.2f} s after its EndTxn was sent")
     h.ledger.close()

@@ -61,9 +61,9 @@ class MarkerHook(FakeClients):
         self.reads = 0
 
     def committed_marks(
-        self, config: Mapping[str, Any], group: str, partitions: list[tuple[str, int]]
+        self, config: Mapping[str, Any], group: str, partitions: list[tuple[str, int]], *, stable: bool = True
     ) -> dict[tuple[str, int], tuple[int, str]]:
-        found = super().committed_marks(config, group, partitions)
+        found = super().committed_marks(config, group, partitions, stable=stable)
         self.reads += 1
         if self.reads == self.at:
             self.hook()

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import TopicPartition
 from eo_fake_kafka import (
     FakeBroker,
     FakeClients,
@@ -201,7 +202,9 @@ def test_fault_points_sit_where_the_fault_tests_expect_them(
     monkeypatch.setattr(commit_module, "fault_point", point)
     commit_checkpoint(pipeline, ledger, cp.checkpoint_id, clients=FakeClients(broker))
     assert [call for _tid, call in broker.calls] == [
-        "committed_marks",  # every shard's marker, once, before any producer (ledger behind sink?)
+        # every shard's committed marker, once, before any producer (ledger behind sink?),
+        # never waiting on an open transaction
+        "committed_marks_unstable",
         "new_producer",
         "metadata",
         "metadata",
@@ -326,21 +329,30 @@ def test_a_manifest_not_visible_here_is_retried_never_aborted(
     assert sorted(broker.values(OUT)) == sorted(v for vs in OUTPUT.values() for v in vs)
 
 
-def test_a_marker_behind_an_open_transaction_is_checked_after_the_fence(
+def test_a_marker_behind_an_open_transaction_is_read_up_front_without_waiting(
     pipeline: Pipeline, ledger: Ledger, broker: FakeBroker
 ) -> None:
-    """A marker partition with an open transaction (a killed committer's) is not read up
-    front (a stable read would wait for the broker to abort it); the shard checks its
-    marker after its fence and refuses there."""
+    """A committed marker past the checkpoint on a shard whose transaction is open (a
+    killed committer's: the sink and the marker group both hold its pending writes) is
+    still read up front, committed offsets only (a stable read would wait for the broker
+    to abort that transaction): refused before anything is produced."""
     from airflow_provider_eo.errors import LedgerBehindSink
 
     cp = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=SINK_PARTITIONS)
     identity = ledger.get_pipeline(pipeline.name).identity
-    broker.marks[(names.marker_group(pipeline), OUT, 1)] = (3, names.marker_metadata(identity))
+    group = names.marker_group(pipeline)
+    broker.marks[(group, OUT, 1)] = (3, names.marker_metadata(identity))
     clients = FakeClients(broker)
-    clients.open = {OUT: {1: (0, 1)}}
-    with pytest.raises(LedgerBehindSink, match="shard 1's commit marker"):
+    killed = clients.producer({}, "eo.orders.1", 10_000, None, None)
+    killed.init_transactions(10)
+    killed.begin_transaction()
+    killed.produce(OUT, b"zombie", None, 1)
+    killed.send_offsets_to_transaction(
+        [TopicPartition(OUT, 1, 4, metadata=names.marker_metadata(identity))], group, 10
+    )
+    with pytest.raises(LedgerBehindSink, match="shard 1 at checkpoint 3"):
         commit_checkpoint(pipeline, ledger, cp.checkpoint_id, clients=clients)
+    assert broker.stable_waits == [] and broker.count("new_producer") == 1  # the killed one only
     assert broker.visible(OUT, 1) == 0
     assert ledger.get(pipeline.name, cp.checkpoint_id).state is CheckpointState.PREPARED
 
@@ -447,3 +459,73 @@ def test_a_marker_past_the_checkpoint_is_refused_before_the_staging_is_read(
     with pytest.raises(LedgerBehindSink, match="the ledger is older than the sink"):
         commit_checkpoint(pipeline, ledger, cp.checkpoint_id, clients=FakeClients(broker))
     assert broker.count("new_producer") == 0
+
+
+def test_the_early_marker_check_never_waits_on_a_killed_committers_open_transaction(
+    pipeline: Pipeline, ledger: Ledger, broker: FakeBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A committer killed inside shard 0's transaction after it sent the marker: the marker
+    is a pending offset commit on the marker group's partition (out, 0), while the shard's
+    records sit on sink partition 2 only (partition 0 has none in this checkpoint), so the
+    sink shows no open transaction on partition 0. The retry's early check of every shard's
+    marker must not wait for that transaction (a stable read waits until the broker aborts
+    it, or gives up after 30 s); the shard's own fence aborts it, and each record is
+    published once."""
+    output = {1: [b"b0"], 2: [b"c0", b"c1"]}  # shard 0: partition 2 only; shard 1: partition 1
+    cp = prepared_checkpoint(ledger, pipeline, output, sink_partitions=SINK_PARTITIONS)
+    crash_at(monkeypatch, "commit.before_end_txn")
+    with pytest.raises(Crash):
+        commit_checkpoint(pipeline, ledger, cp.checkpoint_id, clients=FakeClients(broker))
+    group = names.marker_group(pipeline)
+    assert broker.open_transactions_with_offsets(group, [(OUT, 0)])  # the marker is pending
+    assert FakeClients(broker).open_transactions({}, OUT) == {2: (0, 2)}  # not on partition 0
+    monkeypatch.setattr(shard_module, "fault_point", lambda step: None)
+    done = commit_checkpoint(pipeline, ledger, cp.checkpoint_id, clients=FakeClients(broker))
+    assert broker.stable_waits == []  # no read waited on the killed committer's transaction
+    assert done.checkpoint.state is CheckpointState.COMMITTED
+    assert broker.values(OUT, 1) == [b"b0"] and broker.values(OUT, 2) == [b"c0", b"c1"]
+    assert broker.count("broker_abort_timeout") == 0  # the fence aborted it, not its timeout
+
+
+def _committed_meanwhile(pipeline: Pipeline, ledger: Ledger, broker: FakeBroker, cids: list[int]) -> None:
+    """Another committer (a faster Airflow try, a stream) commits ``cids`` in order."""
+    for cid in cids:
+        commit_checkpoint(pipeline, ledger, cid, clients=FakeClients(broker))
+
+
+@pytest.mark.parametrize("seen_at", ["early check", "shard fence"])
+def test_a_slow_second_committer_of_a_checkpoint_committed_meanwhile_is_told_so(
+    seen_at: str, pipeline: Pipeline, ledger: Ledger, broker: FakeBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two committers of checkpoint 1; the other one commits 1 and then 2 while this one is
+    slow (paused, a long GC, a slow ledger): this one then finds markers at checkpoint 2,
+    past the one it commits. The ledger is not older than the sink (it shows 1 COMMITTED):
+    the outcome is "already committed by another committer", a success that publishes
+    nothing, never ``LedgerBehindSink`` (which sends an operator to look for a restored
+    backup)."""
+    first = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=SINK_PARTITIONS)
+    second = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=SINK_PARTITIONS, start=10)
+    clients = FakeClients(broker)
+    if seen_at == "early check":
+        read = clients.committed_marks
+
+        def slow(*args: Any, **kwargs: Any) -> Any:
+            clients.committed_marks = read  # type: ignore[method-assign]
+            _committed_meanwhile(pipeline, ledger, broker, [first.checkpoint_id, second.checkpoint_id])
+            return read(*args, **kwargs)
+
+        clients.committed_marks = slow  # type: ignore[method-assign]
+    else:
+
+        def slow_fence(producer: FakeProducer) -> None:
+            del broker.on_call["init_transactions"]
+            _committed_meanwhile(pipeline, ledger, broker, [first.checkpoint_id, second.checkpoint_id])
+
+        broker.on_call["init_transactions"] = slow_fence
+    result = commit_checkpoint(pipeline, ledger, first.checkpoint_id, clients=clients)
+    assert result.checkpoint.state is CheckpointState.COMMITTED
+    assert result.by_another and result.published == 0
+    assert result.note.startswith("already committed by another committer")
+    assert result.summary()["note"] == result.note
+    for p, values in OUTPUT.items():  # both checkpoints once each, nothing of this committer
+        assert broker.values(OUT, p) == values * 2

@@ -156,32 +156,84 @@ def test_a_task_error_comes_back_as_the_same_eo_error(
     assert broker.mark(pipeline.group_id, "in", 0) == -1
 
 
+class ExecutorLostAfterCommit(InProcessRunner):
+    """Shard 0's task commits, then its executor is lost before the outcome reaches the
+    driver, and the marker group's offsets are deleted (``kafka-consumer-groups
+    --delete-offsets``, or expired). ``spark_retries``: Spark runs the task again (attempt
+    1) in the same job; else the job fails and the commit fails with it."""
+
+    def __init__(self, *args: Any, spark_retries: bool, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.spark_retries = spark_retries
+        self.retried: list[Publisher | ShardFailure] = []
+        self.lost = False
+
+    def run(
+        self, tasks: list[ShardTask], on_outcome: Callable[[Publisher | ShardFailure], None]
+    ) -> list[tuple[int, Publisher | ShardFailure | BaseException]]:
+        zero = [t for t in tasks if t.committable.shard == 0]
+        if self.lost or not zero:
+            return super().run(tasks, on_outcome)
+        self.lost = True
+        (committed,) = list(spark_commit.run_shard_task(zero, self.clients))
+        assert isinstance(committed, Publisher) and not committed.skipped  # it published
+        self.clients.broker.marks.clear()  # every marker gone
+        out = super().run([t for t in tasks if t.committable.shard != 0], on_outcome)
+        if not self.spark_retries:
+            return [(0, RuntimeError("executor lost 4 times")), *out]
+        # Spark's retry, on another executor (the task_attempt fixture restores this)
+        spark_commit._task_identity = lambda: ("8", 1)  # type: ignore[assignment]
+        (retried,) = list(spark_commit.run_shard_task(zero, self.clients))
+        self.retried.append(retried)
+        on_outcome(retried)
+        return [(0, retried), *out]
+
+
+@pytest.mark.parametrize(
+    "spark_retries", [True, False], ids=["spark-retries-the-task", "the-commit-is-retried"]
+)
 def test_a_retried_task_reads_back_when_the_marker_is_gone(
-    pipeline: Pipeline, ledger: Ledger, broker: FakeBroker, task_attempt: Any
+    spark_retries: bool,
+    pipeline: Pipeline,
+    ledger: Ledger,
+    broker: FakeBroker,
+    task_attempt: Any,
 ) -> None:
-    """A Spark retry of a task (attempt 1) may follow an attempt that committed before its
-    marker was lost: it reads the output back instead of trusting "no row before"."""
+    """A shard's task committed, its outcome was lost with its executor, and its marker is
+    gone. The driver recorded every shard PENDING before any task began, so the shard "may
+    have begun": that is decided by reading the committed output back, never by the marker's
+    absence. Spark's retry of the task (attempt 1: a retry may follow an attempt that began)
+    and the commit's retry (attempt 0 of a new job, told the ledger had a row for the shard)
+    both find the output there and skip it: each record once, never twice."""
     cp = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=SINK_PARTITIONS)
     clients = FakeClients(broker)
-    from airflow_provider_eo import staging
-    from airflow_provider_eo.core.commit import shard_committable
-    from airflow_provider_eo.core.plan import frozen_commit_plan
-
-    plan = frozen_commit_plan(pipeline, ledger, cp)
-    manifest = staging.read_manifest(cp.staging_location or "")
-    identity = ledger.get_pipeline(pipeline.name).identity
-    c = shard_committable(pipeline, identity, cp, manifest, plan, 0, topic_max_bytes=None)
-    c = dataclasses.replace(c, parts=tuple((p, files) for p, files in c.parts))
-    keep = dataclasses.replace(pipeline, keep_committed_staging=5)
-    commit_checkpoint(keep, ledger, cp.checkpoint_id, clients=clients, commit_mode="local")
-    broker.marks.clear()  # every marker expired
-    task_attempt(1)
-    (retried,) = list(spark_commit.run_shard_task([ShardTask(c, row_before=False)], clients))
-    assert isinstance(retried, Publisher) and retried.skipped and retried.attempt == 1
-    task_attempt(0)  # a first attempt with no row before: nothing could have begun, it publishes
-    (first,) = list(spark_commit.run_shard_task([ShardTask(c, row_before=False)], clients))
-    assert isinstance(first, Publisher) and not first.skipped
-    assert broker.values(OUT, 0) == OUTPUT[0] * 2  # (which is why the driver records rows first)
+    runner = ExecutorLostAfterCommit(clients, ledger, pipeline, spark_retries=spark_retries)
+    if spark_retries:
+        done = commit_checkpoint(
+            pipeline, ledger, cp.checkpoint_id, clients=clients, commit_mode="spark", runner=runner
+        )
+        (retried,) = runner.retried
+        assert isinstance(retried, Publisher) and retried.skipped and retried.attempt == 1
+    else:
+        with pytest.raises(CommitError, match=r"shard 0: the Spark job that commits this shard failed"):
+            commit_checkpoint(
+                pipeline, ledger, cp.checkpoint_id, clients=clients, commit_mode="spark", runner=runner
+            )
+        rows = {s.shard: s.state for s in ledger.get(pipeline.name, cp.checkpoint_id).shards}
+        assert rows[0] is ShardState.PENDING  # the driver never heard of shard 0's commit
+        done = commit_checkpoint(
+            pipeline,
+            ledger,
+            cp.checkpoint_id,
+            clients=clients,
+            commit_mode="spark",
+            runner=InProcessRunner(clients, ledger, pipeline),
+        )
+        assert {p.shard: (p.skipped, p.attempt) for p in done.publishers}[0] == (True, 0)
+    assert done.checkpoint.state is CheckpointState.COMMITTED
+    assert broker.count("read_back") >= 1
+    for p, values in OUTPUT.items():  # each record once
+        assert broker.values(OUT, p) == values
 
 
 @pytest.mark.parametrize(

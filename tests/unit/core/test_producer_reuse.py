@@ -358,12 +358,14 @@ def test_a_failed_marker_read_on_a_kept_producer_is_redone_after_init_transactio
     inits_at_failure: list[int] = []
     reads = {"n": 0}
 
-    def committed_marks(config: Any, group: str, partitions: list[tuple[str, int]]) -> Any:
+    def committed_marks(
+        config: Any, group: str, partitions: list[tuple[str, int]], *, stable: bool = True
+    ) -> Any:
         reads["n"] += 1
         if reads["n"] == 2:  # the shard's own read (the first: the commit's check of every shard)
             inits_at_failure.append(broker.count("init_transactions", TID))
             raise KafkaAdminError("reading offsets of group 'g' failed: timed out")
-        return real(config, group, partitions)
+        return real(config, group, partitions, stable=stable)
 
     monkeypatch.setattr(clients, "committed_marks", committed_marks)
     commit(pipeline, ledger, clients, 2)

@@ -153,6 +153,81 @@ def test_ambiguous_commit_that_did_not_commit_is_redone(tmp_path: Path, broker: 
     assert broker.count("abort_transaction") == 0
 
 
+def _after_the_timed_out_commit(broker: FakeBroker) -> list[str]:
+    """The calls that followed the first ``commit_transaction``, up to the next marker read."""
+    calls = [call for _tid, call in broker.calls]
+    start = calls.index("commit_transaction") + 1
+    end = calls.index("committed_marks", start) + 1
+    return calls[start:end]
+
+
+TIMED_OUT = KafkaError._TIMED_OUT
+
+
+@pytest.mark.parametrize("committed", [True, False], ids=["it-committed", "it-did-not"])
+@pytest.mark.parametrize("kept", [False, True], ids=["fresh-producer", "kept-producer"])
+def test_a_timed_out_commit_drops_the_producer_and_a_new_one_inits_before_the_marker_decides(
+    committed: bool, kept: bool, tmp_path: Path, broker: FakeBroker
+) -> None:
+    """``commit_transaction`` times out (librdkafka: retriable ``_TIMED_OUT``; its EndTxn may
+    still land: librdkafka has no KIP-890 epoch bump per transaction). The producer is done
+    for: never asked to commit again, never aborted, never kept; the next steps are a new
+    producer, ``init_transactions`` (its epoch bump fences any late request of the old one),
+    then the marker read, in that order, and the marker decides: skipped when the broker
+    had committed, published once when it had not. With a kept producer (a stream's: the
+    id's previous checkpoint committed cleanly in this process) the same."""
+    from airflow_provider_eo.kafka.publisher import ProducerPool
+
+    pool = ProducerPool() if kept else None
+    clients = FakeClients(broker)
+    if kept:  # the id's previous checkpoint, committed cleanly: its producer is kept
+        commit_shard(committable(tmp_path, checkpoint=2, values=2), Hooks(), clients, pool=pool)
+        assert pool is not None and len(pool) == 1
+        broker.calls.clear()
+    first_producers = len(broker.producers)
+
+    def commit_then_time_out(producer: FakeProducer) -> None:
+        del broker.on_call["commit_transaction"]
+        if committed:  # the broker got the EndTxn and committed; the answer came too late
+            producer.commit_transaction(10)
+            broker.calls.pop()  # the broker's side of the call being answered, not a second call
+        raise kafka_error(TIMED_OUT, retriable=True)
+
+    broker.on_call["commit_transaction"] = commit_then_time_out
+    hooks = Hooks()
+    result = commit_shard(committable(tmp_path), hooks, clients, pool=pool)
+    assert _after_the_timed_out_commit(broker) == [
+        "new_producer",
+        "metadata",
+        "metadata",
+        "init_transactions",
+        "committed_marks",
+    ]
+    timed_out = broker.producers[first_producers - 1] if kept else broker.producers[0]
+    # the timed-out one, then (not committed) the new producer's: never twice on one producer
+    assert broker.count("commit_transaction") == (1 if committed else 2)
+    assert broker.count("abort_transaction") == 0  # never an abort after an ambiguous commit
+    assert result.skipped is committed and result.rounds == 2
+    assert values(broker)[-5:] == [f"v{i}".encode() for i in range(5)]
+    assert len(values(broker)) == (7 if kept else 5)  # each record once
+    assert hooks.events[-1] == ("COMMITTED", 5)
+    if pool is not None:  # the kept producer that timed out was not given back
+        assert all(entry.producer is not timed_out for entry in pool._idle.values())
+
+
+@pytest.mark.parametrize("flagged", [True, False], ids=["fatal-flag", "code-only"])
+def test_a_fenced_commit_is_an_answer_not_an_unknown_outcome(
+    flagged: bool, tmp_path: Path, broker: FakeBroker
+) -> None:
+    """A fence answered to commit_transaction (another committer took the id over) fails
+    the shard as before: no new producer, whose init_transactions would fence the other
+    committer in turn; the fatal flag is not needed (confluent-kafka does not always set it)."""
+    broker.fail("commit_transaction", kafka_error(KafkaError._FENCED, fatal=flagged))
+    with pytest.raises(CommitFenced):
+        commit_shard(committable(tmp_path), Hooks(), FakeClients(broker))
+    assert broker.count("init_transactions") == 1 and broker.count("abort_transaction") == 0
+
+
 def test_retriable_error_repeats_the_call(tmp_path: Path, broker: FakeBroker) -> None:
     broker.fail(
         "send_offsets_to_transaction", kafka_error(KafkaError.COORDINATOR_LOAD_IN_PROGRESS, retriable=True)
