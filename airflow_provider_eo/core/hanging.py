@@ -7,7 +7,8 @@ lives there). Each is attributed:
 
 - **ours** by transactional id: ``{prefix}.{pipeline}.<shard>`` or any id the ledger's
   commit shards recorded; or, when no coordinator holds it (a hanging transaction, its
-  transactional id unknown), by producer id: one the ledger's shard rows recorded;
+  transactional id unknown), by its records: the first record it holds open on a sink
+  partition carries this pipeline's ``eo.prov`` header (which also names the checkpoint);
 - **foreign** otherwise: never touched, reported with its transactional id.
 
 ``eo recover --abort-hanging`` ends ours under the recovery's fence lease (no committer is
@@ -17,10 +18,10 @@ live), after the ledger said what each was:
    (``init_transactions``: the coordinator aborts it, or completes one it already decided to
    commit), never by marker;
 2. a hanging one (no coordinator holds it, so no fence reaches it) is aborted with KIP-664's
-   abortTransaction on each partition it holds open, unless the ledger records the shard
-   that producer id and epoch wrote as COMMITTED: then it is the committed transaction whose
-   commit marker never reached that partition, and an abort marker would drop committed
-   records (refused, nothing aborted);
+   abortTransaction on each partition it holds open, unless the ledger records the shard its
+   records belong to as COMMITTED: then it may be the committed transaction whose commit
+   marker never reached that partition, and an abort marker would drop committed records
+   (refused, nothing aborted for it);
 3. the checkpoint it belonged to is then finished by recover's normal path (a PREPARED one
    is committed by its markers: only what they lack is published).
 """
@@ -34,13 +35,19 @@ from typing import Any
 
 from airflow_provider_eo import names
 from airflow_provider_eo.errors import EoError, RecoverError, TransactionAdminUnavailable
-from airflow_provider_eo.kafka.transactions import JavaAdmin, OpenTransaction, Partition, TransactionView
+from airflow_provider_eo.kafka.transactions import (
+    JavaAdmin,
+    OpenTransaction,
+    Partition,
+    TransactionView,
+    first_record_source,
+)
 from airflow_provider_eo.ledger import CheckpointRecord, CommitPlan
+from airflow_provider_eo.ledger.records import ShardRecord
 from airflow_provider_eo.pipeline import Pipeline
 
 OFFSETS_TOPIC = "__consumer_offsets"
-#: The checkpoints whose shard rows name our producer ids (a transactional id keeps its
-#: producer id across epochs, so recent rows cover every id still in use).
+#: The checkpoints whose shard rows say what an open transaction of ours was.
 RECENT_CHECKPOINTS = 50
 
 
@@ -86,7 +93,6 @@ class ShardOrigin:
     checkpoint_state: str
     shard: int
     shard_state: str
-    producer_epoch: int | None
 
     def describe(self) -> str:
         """``checkpoint N (STATE) shard s (STATE)``."""
@@ -112,35 +118,64 @@ class Attributed:
         return f"{who}: {self.txn.describe(now_ms)}{hanging}{of}"
 
 
-def _origin(txn: OpenTransaction, checkpoints: Sequence[CheckpointRecord]) -> ShardOrigin | None:
-    """The newest shard row written by ``txn``'s producer id (and transactional id, when known)."""
+def _row(cp: CheckpointRecord, shard: ShardRecord) -> ShardOrigin:
+    return ShardOrigin(cp.checkpoint_id, cp.state.value, shard.shard, shard.state.value)
+
+
+def _origin_by_id(transactional_id: str, checkpoints: Sequence[CheckpointRecord]) -> ShardOrigin | None:
+    """The newest shard row of ``transactional_id``."""
     for cp in sorted(checkpoints, key=lambda c: c.checkpoint_id, reverse=True):
         for sh in cp.shards:
-            if sh.producer_id != txn.producer_id:
-                continue
-            if txn.transactional_id is not None and sh.transactional_id != txn.transactional_id:
-                continue
-            return ShardOrigin(cp.checkpoint_id, cp.state.value, sh.shard, sh.state.value, sh.producer_epoch)
+            if sh.transactional_id == transactional_id:
+                return _row(cp, sh)
+    return None
+
+
+def _origin_by_records(
+    txn: OpenTransaction,
+    pipeline: str,
+    first_records: Mapping[tuple[str, int, int], tuple[str, int] | None],
+    checkpoints: Sequence[CheckpointRecord],
+) -> ShardOrigin | None:
+    """The shard row of the checkpoint whose records (``eo.prov``: this pipeline's name)
+    open ``txn`` on one of its partitions; None when none of them is this pipeline's."""
+    by_id = {cp.checkpoint_id: cp for cp in checkpoints}
+    for p in txn.producers:
+        source = first_records.get((p.topic, p.partition, p.start_offset))
+        if source is None or source[0] != pipeline:
+            continue
+        cp = by_id.get(source[1])
+        plan = cp.commit_plan if cp is not None else None
+        if cp is None or plan is None or p.partition >= len(plan.shard_of_partition):
+            return ShardOrigin(source[1], "?", -1, "?")
+        shard = plan.shard_of_partition[p.partition]
+        row = next((sh for sh in cp.shards if sh.shard == shard), None)
+        return ShardOrigin(cp.checkpoint_id, cp.state.value, shard, row.state.value if row else "no row")
     return None
 
 
 def attribute(
     transactions: Iterable[OpenTransaction],
     *,
+    pipeline: str,
     namespaces: Iterable[str],
     known_ids: Iterable[str],
     checkpoints: Sequence[CheckpointRecord],
+    first_records: Mapping[tuple[str, int, int], tuple[str, int] | None] | None = None,
 ) -> tuple[Attributed, ...]:
-    """Each transaction as ours or foreign (see the module docstring)."""
+    """Each transaction as ours or foreign (see the module docstring). ``first_records``:
+    the (pipeline, checkpoint) that the ``eo.prov`` header of the first record of a hanging
+    transaction names, per (topic, partition, offset)."""
     namespaces, known_ids = tuple(namespaces), tuple(known_ids)
     out = []
     for txn in transactions:
-        origin = _origin(txn, checkpoints)
         if txn.transactional_id is not None:
             ours = is_ours_by_id(txn.transactional_id, namespaces=namespaces, known_ids=known_ids)
+            origin = _origin_by_id(txn.transactional_id, checkpoints) if ours else None
         else:
+            origin = _origin_by_records(txn, pipeline, first_records or {}, checkpoints)
             ours = origin is not None
-        out.append(Attributed(txn, ours, origin if ours else None))
+        out.append(Attributed(txn, ours, origin))
     return tuple(out)
 
 
@@ -225,8 +260,22 @@ def read_pipeline_transactions(
     namespaces = [transactional_namespace(pipeline.transactional_id_prefix, pipeline.name)]
     if plan is not None:
         namespaces.append(transactional_namespace(plan, pipeline.name))
+    first_records = {
+        (p.topic, p.partition, p.start_offset): first_record_source(
+            config, p.topic, p.partition, p.start_offset
+        )
+        for t in view.transactions
+        if not t.known
+        for p in t.producers
+        if p.topic != OFFSETS_TOPIC
+    }
     attributed = attribute(
-        view.transactions, namespaces=namespaces, known_ids=known_ids, checkpoints=checkpoints
+        view.transactions,
+        pipeline=pipeline.name,
+        namespaces=namespaces,
+        known_ids=known_ids,
+        checkpoints=checkpoints,
+        first_records=first_records,
     )
     return PipelineTransactions(tuple(partitions), attributed, view.errors, now)
 
@@ -277,11 +326,7 @@ def end_hanging(
             result.fenced.append(txn.transactional_id)
             say(f"fenced {txn.transactional_id} (its open transaction is aborted by the coordinator)")
             continue
-        if (
-            a.origin is not None
-            and a.origin.shard_state == "COMMITTED"
-            and a.origin.producer_epoch == txn.producer_epoch
-        ):
+        if a.origin is not None and a.origin.shard_state == "COMMITTED":
             refused.append(line)
             continue
         for producer in txn.producers:

@@ -36,6 +36,9 @@ TRANSACTIONS_CLASS = "eo.kafka.Transactions"
 COMMITTING_STATES = frozenset({"PREPARE_COMMIT", "COMPLETE_COMMIT"})
 
 Partition = tuple[str, int]
+#: How long the JVM may run past the client's own API timeout (its start, the admin client's
+#: close) before it is killed.
+_GRACE_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -243,6 +246,49 @@ def join_open_transactions(
     return TransactionView(tuple(out), output.errors, now_ms)
 
 
+def first_record_source(
+    config: Mapping[str, Any], topic: str, partition: int, offset: int, *, timeout_s: float = 10.0
+) -> tuple[str, int] | None:
+    """(pipeline, checkpoint) named by the ``eo.prov`` header of the record at ``offset`` of
+    ``topic[partition]`` (read uncommitted: the first record of an open transaction), None
+    when it carries none or cannot be read within ``timeout_s``."""
+    import time
+    import uuid
+
+    from confluent_kafka import Consumer, TopicPartition
+
+    from airflow_provider_eo import names
+    from airflow_provider_eo.kafka.client_config import librdkafka_config
+
+    consumer = Consumer(
+        {
+            **librdkafka_config(config),
+            "group.id": f"eo-txn-{uuid.uuid4().hex[:8]}",  # never joined: assign() only
+            "enable.auto.commit": False,
+            "isolation.level": "read_uncommitted",  # an open transaction's records
+        }
+    )
+    try:
+        consumer.assign([TopicPartition(topic, partition, offset)])
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None or msg.error() is not None:
+                continue
+            for header in msg.headers() or []:
+                key, value = header[0], header[1]
+                if key == names.HEADER_PROVENANCE and isinstance(value, bytes):
+                    parsed = names.parse_provenance(value)
+                    if parsed is None:
+                        return None
+                    name, _, checkpoint = parsed[0].decode(errors="replace").rpartition(":")
+                    return (name, int(checkpoint)) if checkpoint.isdigit() else None
+            return None
+        return None
+    finally:
+        consumer.close()
+
+
 def java_admin_properties(config: Mapping[str, Any], *, owner: str) -> dict[str, str]:
     """The Java admin client's properties from a pipeline's librdkafka-style ``config`` (the
     same translation Spark's reader gets; ``java.<setting>`` keys win)."""
@@ -351,12 +397,12 @@ class JavaAdmin:
             ]
             try:
                 proc = subprocess.run(
-                    cmd, capture_output=True, text=True, timeout=self.timeout_s + 15, check=False
+                    cmd, capture_output=True, text=True, timeout=self.timeout_s + _GRACE_S, check=False
                 )
             except subprocess.TimeoutExpired as exc:
                 raise TransactionAdminUnavailable(
                     f"{owner}: Kafka's transaction admin call ({args[0]}) did not finish within "
-                    f"{self.timeout_s + 15:.0f}s (the JVM was stopped); check that the brokers "
+                    f"{self.timeout_s + _GRACE_S:.0f}s (the JVM was stopped); check that the brokers "
                     "are reachable and retry"
                 ) from exc
             except OSError as exc:
@@ -381,6 +427,7 @@ __all__ = [
     "PartitionProducer",
     "ToolOutput",
     "TransactionView",
+    "first_record_source",
     "java_admin_properties",
     "join_open_transactions",
     "parse_tool_output",

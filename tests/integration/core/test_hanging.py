@@ -8,18 +8,27 @@ Exactly-once is counted against the source (a read_committed consumer of the sin
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from eo_faultlib import kill_child
+from eo_faultlib import kill_child, paused_commit
 from eo_harness import Harness, parse_json_line, poll_until
 from eo_source_sink import assert_sink_is_source_exactly_once
 
 from airflow_provider_eo import names
+from airflow_provider_eo.core.hanging import default_admin
+from airflow_provider_eo.core.recover import recover_pipeline
 from airflow_provider_eo.kafka.admin import sink_offsets
+from airflow_provider_eo.kafka.transactions import (
+    JavaAdmin,
+    ToolOutput,
+    TransactionView,
+    join_open_transactions,
+)
 from airflow_provider_eo.ledger import CheckpointState
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
@@ -79,7 +88,10 @@ def test_a_committer_stopped_in_its_transaction_then_killed_is_named_and_ended(
 ) -> None:
     h = harness(sink_partitions=3)
     h.produce(60)
-    planned, committer = h.paused_commit()  # transaction open, every record and the marker sent
+    planned = h.plan()
+    h.prepare(planned.checkpoint_id)
+    # Stopped inside its transaction with every record and the marker sent, then killed.
+    committer = paused_commit(h, "commit.before_end_txn")
     kill_child(committer)
     assert _open_partitions(h, 3), "the killed committer's transaction is open"
     cp = h.ledger.get(h.pipeline.name, planned.checkpoint_id)
@@ -87,20 +99,27 @@ def test_a_committer_stopped_in_its_transaction_then_killed_is_named_and_ended(
     txn_id = names.plan_transactional_id(cp.commit_plan, h.pipeline.name, 0)
     group = cp.commit_plan.marker_group
 
-    # 1. The doctor names it: ours, its transactional id, its age, the ledger's shard, and the
-    #    marker group's __consumer_offsets partition among the partitions it holds.
+    # 1. The doctor names it: ours, its transactional id, its age, and the marker group's
+    #    __consumer_offsets partition among the partitions it holds. While the dead
+    #    committer's lease runs it looks like a commit in progress, and says so.
     found = _doctor(h)
     ours = [f for f in found if f["found"].startswith("ours: ")]
     assert len(ours) == 1, found
     line = ours[0]["found"]
     assert repr(txn_id) in line and "open for " in line and h.pipeline.sink_topic in line, line
     assert "__consumer_offsets[" in line, f"the pending marker of {group} is not named: {line}"
-    assert f"checkpoint {planned.checkpoint_id} (PREPARED) shard 0 (PENDING)" in line, line
-    assert ours[0]["severity"] == "warn" and "--abort-hanging" in ours[0]["change"], ours[0]
+    assert f"checkpoint {planned.checkpoint_id} is being committed by " in line, line
+    # What its lease running out does: now it is a commit nobody holds.
+    owner = h.ledger.get(h.pipeline.name, planned.checkpoint_id).commit_owner
+    assert owner is not None
+    h.ledger.release_commit_lease(h.pipeline.name, planned.checkpoint_id, owner=owner)
+    (ours,) = [f for f in _doctor(h) if f["found"].startswith("ours: ")]
+    assert ours["severity"] == "warn" and "--abort-hanging" in ours["change"], ours
+    assert "no committer holds a live commit lease" in ours["found"], ours
+    assert f"(checkpoint {planned.checkpoint_id} (PREPARED) shard 0 (PENDING))" in ours["found"], ours
 
-    # 2. recover --abort-hanging ends it (the dead committer's lease still runs: --force-live)
-    #    and commits the PREPARED checkpoint by its markers.
-    rc, summary, err = _recover(h, "--abort-hanging", "--force-live")
+    # 2. recover --abort-hanging ends it and commits the PREPARED checkpoint by its markers.
+    rc, summary, err = _recover(h, "--abort-hanging")
     assert rc == 0, err
     assert summary["hanging"]["fenced"] == [txn_id] and not summary["hanging"]["foreign"], summary
     assert summary["committed"] == planned.checkpoint_id and not summary["open_after"], summary
@@ -135,3 +154,50 @@ def test_a_foreign_open_transaction_is_named_foreign_and_left_alone(harness: Cal
     assert "'someone-else.0'" in " ".join(err.split()) and "left alone" in err
     assert _open_partitions(h, 3) == [1]  # untouched
     assert summary["committed"] is None and h.ledger.unfinished(h.pipeline.name) is None
+
+
+class _CoordinatorForgot(JavaAdmin):
+    """The real Java admin tool, except that no coordinator seems to hold any transaction:
+    what a hanging transaction looks like (its coordinator finished or lost it while a
+    partition never got its marker). Only the partition leaders' view is kept."""
+
+    def list_open(self, config: Any, partitions: Any, *, owner: str, now_ms: int) -> TransactionView:
+        view = super().list_open(config, partitions, owner=owner, now_ms=now_ms)
+        leaders = ToolOutput(producers=tuple(p for t in view.transactions for p in t.producers))
+        return join_open_transactions(leaders, partitions, now_ms=now_ms)
+
+
+def test_a_hanging_transaction_of_ours_is_aborted_by_producer_id(harness: Callable[..., Harness]) -> None:
+    h = harness(sink_partitions=3)
+    h.produce(45)
+    planned = h.plan()
+    h.prepare(planned.checkpoint_id)
+    kill_child(paused_commit(h, "commit.before_end_txn"))
+    owner = h.ledger.get(h.pipeline.name, planned.checkpoint_id).commit_owner
+    assert owner is not None
+    h.ledger.release_commit_lease(h.pipeline.name, planned.checkpoint_id, owner=owner)
+    assert _open_partitions(h, 3)
+    real = default_admin()
+    lines: list[str] = []
+
+    result = recover_pipeline(
+        h.pipeline,
+        h.ledger,
+        abort_hanging=True,
+        admin=_CoordinatorForgot(real.java, real.classpath, real.timeout_s),
+        progress=lines.append,
+    )
+    assert result.hanging is not None and not result.hanging.fenced and not result.hanging.foreign, lines
+    # Every partition it held open, the sink's and the marker group's, got an abort marker.
+    aborted = " ".join(result.hanging.aborted)
+    assert all(f"{h.pipeline.sink_topic}[{p}]" in aborted for p in _held(result.hanging.found)), lines
+    assert "__consumer_offsets[" in aborted, lines
+    assert result.committed == planned.checkpoint_id and result.clean, result.summary()
+    assert poll_until(lambda: not _open_partitions(h, 3), timeout=30)
+    assert_sink_is_source_exactly_once(h.config, h.pipeline, source_records=45)
+
+
+def _held(found: list[str]) -> list[int]:
+    """The sink partitions the one hanging transaction listed held open."""
+    (line,) = found
+    return [int(p) for p in re.findall(r"sink-\w+\[(\d+)\]", line)]
