@@ -165,7 +165,11 @@ def attribute(
 ) -> tuple[Attributed, ...]:
     """Each transaction as ours or foreign (see the module docstring). ``first_records``:
     the (pipeline, checkpoint) that the ``eo.prov`` header of the first record of a hanging
-    transaction names, per (topic, partition, offset)."""
+    transaction names, per (topic, partition, offset).
+
+    A foreign transaction that touches only ``__consumer_offsets`` is left out: that
+    partition holds many groups' offsets, and another group's pending offsets hold back
+    neither the sink nor our markers."""
     namespaces, known_ids = tuple(namespaces), tuple(known_ids)
     out = []
     for txn in transactions:
@@ -175,6 +179,8 @@ def attribute(
         else:
             origin = _origin_by_records(txn, pipeline, first_records or {}, checkpoints)
             ours = origin is not None
+        if not ours and all(t == OFFSETS_TOPIC for t, _p in txn.partitions):
+            continue
         out.append(Attributed(txn, ours, origin))
     return tuple(out)
 

@@ -93,16 +93,11 @@ class OpenTransaction:
         return self.transactional_id is not None
 
     def age_s(self, now_ms: int) -> float | None:
-        """Seconds since it began: the coordinator's start time, else the oldest
-        partition write the leaders saw; None when neither is known."""
-        if self.start_ms is not None:
-            start = self.start_ms
-        else:  # the leaders know only each producer's last write: a lower bound of the age
-            writes = [p.last_timestamp_ms for p in self.producers if p.last_timestamp_ms >= 0]
-            if not writes:
-                return None
-            start = min(writes)
-        return max(0.0, (now_ms - start) / 1000)
+        """Seconds since it began (its coordinator's start time); None when no coordinator
+        holds it."""
+        if self.start_ms is None:  # the leaders know record timestamps only, not the start
+            return None
+        return max(0.0, (now_ms - self.start_ms) / 1000)
 
     def hanging(self, now_ms: int) -> bool:
         """Unknown to its coordinator, or open longer than its timeout (the coordinator
@@ -125,7 +120,7 @@ class OpenTransaction:
             f"{who}, producer {self.producer_id}/{self.producer_epoch}"
             + (f", {self.state}" if self.state else "")
             + f" on {parts}"
-            + (f", open for {age:.0f}s" if age is not None else "")
+            + (f", open for {age:.0f}s" if age is not None else ", age unknown")
         )
 
 
@@ -281,8 +276,9 @@ def first_record_source(
                     parsed = names.parse_provenance(value)
                     if parsed is None:
                         return None
-                    name, _, checkpoint = parsed[0].decode(errors="replace").rpartition(":")
-                    return (name, int(checkpoint)) if checkpoint.isdigit() else None
+                    # pipeline:checkpoint, or pipeline:checkpoint:identity
+                    fields = parsed[0].decode(errors="replace").split(":")
+                    return (fields[0], int(fields[1])) if len(fields) >= 2 and fields[1].isdigit() else None
             return None
         return None
     finally:

@@ -137,6 +137,12 @@ def test_attribution_by_id_then_by_the_records_a_hanging_one_holds() -> None:
         9, 0, None, None, None, None, (("out", 0),), (PartitionProducer("out", 0, 9, 0, None, 7, 0),)
     )
     assert not _attribute(other)[0].ours
+    # Another group's transactional offsets on the marker group's __consumer_offsets
+    # partition: not our concern, left out; ours there are kept.
+    offsets_only = OpenTransaction(5, 0, "app.0", "ONGOING", NOW_MS, 60_000, (("__consumer_offsets", 3),))
+    assert _attribute(offsets_only) == ()
+    ours_there = OpenTransaction(5, 0, "eo.p.1", "ONGOING", NOW_MS, 60_000, (("__consumer_offsets", 3),))
+    assert [a.ours for a in _attribute(ours_there)] == [True]
 
 
 class _Calls:
