@@ -167,7 +167,7 @@ class _CoordinatorForgot(JavaAdmin):
         return join_open_transactions(leaders, partitions, now_ms=now_ms)
 
 
-def test_a_hanging_transaction_of_ours_is_aborted_by_producer_id(harness: Callable[..., Harness]) -> None:
+def test_a_hanging_transaction_of_ours_is_aborted_by_kip664(harness: Callable[..., Harness]) -> None:
     h = harness(sink_partitions=3)
     h.produce(45)
     planned = h.plan()
