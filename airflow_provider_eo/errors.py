@@ -11,6 +11,7 @@ failure kind). Messages name the pipeline/checkpoint/partition and what to do ne
     ├── LedgerError            the ledger refused or could not record a transition (ledger/errors.py)
     ├── KafkaFailure           Kafka refused or failed a request
     │   ├── KafkaAdminError    an admin call (topics, offsets, groups)
+    │   │   └── TransactionAdminUnavailable  Kafka's Java transaction admin calls could not run
     │   ├── SourceError        a source topic/partition is missing or inconsistent
     │   │   └── DataLossError  planned offsets were deleted before they were read
     │   └── CommitError        a commit could not finish
@@ -72,6 +73,13 @@ class KafkaFailure(EoError):
 
 class KafkaAdminError(KafkaFailure):
     """A Kafka admin call (topics, offsets, groups) failed. Nothing was published or committed."""
+
+
+class TransactionAdminUnavailable(KafkaAdminError):
+    """Kafka's transaction admin calls (list, describe, abort: the Java client's, which
+    librdkafka lacks) could not run or did not answer: no Java runtime, no kafka-clients jar,
+    refused by the broker (ACLs) or timed out. Nothing was aborted; the message names what is
+    missing and how to provide it."""
 
 
 class SourceError(KafkaFailure):

@@ -59,16 +59,20 @@ def dev_jars() -> None:
 @setup_app.command("jars")
 def setup_jars() -> None:
     """Fetch the Spark Kafka connector matching the installed pyspark (Maven) and build eo's
-    JVM partitioner jar (javac) into the eo home (EO_HOME); print them comma-separated.
+    JVM partitioner jar and its Kafka transaction admin tool (javac; `eo doctor` and
+    `eo recover --abort-hanging` run it) into the eo home (EO_HOME); print the Spark jars
+    comma-separated.
 
     Run it once where Maven and a JDK exist (the Airflow image build, a deploy step): the
     Airflow tasks then add these jars themselves and never run a build tool. Without them a
     task needs the connector in its packages/jars, and sink partitions use the Arrow UDF."""
     from airflow_provider_eo.spark.session import connector_jars_csv
+    from airflow_provider_eo.stack.kafka_admin import admin_classpath
     from airflow_provider_eo.stack.paths import state_dir
 
     with reported(StackError):
         jars = connector_jars_csv()
+        admin_classpath()  # after the connector: its kafka-clients jar is what it compiles against
     err.print(f"installed under {state_dir() / 'jars'}", highlight=False)
     print(jars)
 

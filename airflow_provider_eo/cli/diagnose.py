@@ -91,13 +91,27 @@ def recover_cmd(
         float, typer.Option("--wait", help="Seconds to wait for the sink's stable offsets after fencing.")
     ] = 15.0,
     force_live: ForceLive = False,
+    abort_hanging: Annotated[
+        bool,
+        typer.Option(
+            "--abort-hanging",
+            help=(
+                "First list the open transactions on the sink and the marker group's partition "
+                "with Kafka's Java admin client (needs a Java runtime and the kafka-clients jar: "
+                "`eo setup jars`) and end ours: by fencing their transactional id, or, for a "
+                "hanging one no transaction coordinator holds, by KIP-664's abort. Foreign ones "
+                "are named and left alone."
+            ),
+        ),
+    ] = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Resolve open transactions of this pipeline safely: commit its PREPARED checkpoint by
     the markers, fence every transactional id it used (aborting a zombie's open
     transaction), then check the sink. Exits 0 when no transaction is left open on the
     sink, 1 when one is (not ours: the message says how to find its owner). Refused while a
-    committer holds a live commit lease, unless --force-live."""
+    committer holds a live commit lease, unless --force-live. With --abort-hanging, ours are
+    listed and ended first, hanging ones included."""
     from airflow_provider_eo.core.recover import recover_pipeline
     from airflow_provider_eo.ledger import Actor
 
@@ -109,10 +123,19 @@ def recover_cmd(
             wait_s=wait,
             progress=lambda line: err.print(line),
             force_live=force_live,
+            abort_hanging=abort_hanging,
         )
     emit(result.summary(), as_json)
     if not result.clean:
         parts = ", ".join(f"[{p}] {s} < {h}" for p, (s, h) in sorted(result.open_after.items()))
+        if result.hanging is not None and result.hanging.foreign:
+            fail(
+                f"pipeline {result.pipeline!r}: transactions still open on {result.sink_topic} "
+                f"(stable < high: {parts}); they are not this pipeline's and were left alone: "
+                f"{'; '.join(result.hanging.foreign)}. Ask their owner to finish them, or abort "
+                "them with `kafka-transactions.sh --bootstrap-server ... abort` if they are known "
+                "to be abandoned."
+            )
         fail(
             f"pipeline {result.pipeline!r}: transactions still open on {result.sink_topic} after "
             f"fencing every transactional id of ours (stable < high: {parts}); they are not this "

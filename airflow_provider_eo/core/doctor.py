@@ -24,7 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from airflow_provider_eo import names
+from airflow_provider_eo.core.hanging import PipelineTransactions
 from airflow_provider_eo.errors import PipelineIdentityMismatch, PipelineNameInUse
+from airflow_provider_eo.kafka.transactions import JavaAdmin
 from airflow_provider_eo.ledger import CheckpointRecord, CommitPlan, PipelineRecord
 from airflow_provider_eo.pipeline import Pipeline
 
@@ -370,8 +372,8 @@ def judge_open_transactions(
 
     ``stable`` (last stable offset) below ``high`` (high watermark) means a transaction is
     open on that partition: read_committed consumers wait until it ends. confluent-kafka has
-    no ListTransactions/DescribeTransactions, so the owner and age of a broker transaction
-    cannot be read; the ledger says whether a commit of ours started and when. A shard of
+    no ListTransactions/DescribeTransactions (:func:`judge_transactions` has their owner and
+    age from Kafka's Java admin client); the ledger says whether a commit of ours started and when. A shard of
     the unfinished checkpoint PENDING for longer than the transaction timeout is a commit
     that died (warn: ``eo commit`` fences it and finishes by the marker).
     """
@@ -387,8 +389,8 @@ def judge_open_transactions(
                     f"shard {sh.shard} ({sh.transactional_id}) since {updated.isoformat(timespec='seconds')}"
                 )
     unlisted = (
-        f"confluent-kafka {client_version} cannot list or describe broker transactions, so their "
-        "owner and age were not read"
+        f"confluent-kafka {client_version} cannot describe broker transactions: the "
+        "'transactions' check lists them with Kafka's Java admin client"
     )
     if stale:
         cid = unfinished.checkpoint_id if unfinished is not None else "?"
@@ -417,6 +419,92 @@ def judge_open_transactions(
     return Finding(
         check, "ok", f"no open transaction on {sink_topic} (last stable offset = high watermark); {unlisted}"
     )
+
+
+def judge_transactions(
+    listed: PipelineTransactions | None,
+    error: str | None,
+    *,
+    pipeline: str,
+    unfinished: CheckpointRecord | None,
+    now: dt.datetime,
+) -> list[Finding]:
+    """The open transactions Kafka's Java admin client listed on the sink and the marker
+    group's ``__consumer_offsets`` partition (``listed``), one finding each: ours (a commit
+    shard's transactional id of this pipeline, or a hanging one whose producer id the ledger
+    recorded) with their age and the ledger's shard, foreign ones named as foreign.
+
+    Ours is ``ok`` while a committer holds the unfinished checkpoint's lease and the
+    transaction is younger than its timeout (a commit in progress), else ``warn``
+    (``eo recover --abort-hanging`` ends it). Foreign: ``warn``, never touched by eo.
+    ``error``: the listing could not run (``warn``, naming what is missing).
+    """
+    check = "transactions"
+    if listed is None:
+        return [
+            Finding(
+                check,
+                "warn",
+                f"open transactions were not listed: {error}",
+                "install a Java 17+ runtime and run `eo setup jars` where the doctor runs (Kafka's "
+                "Java admin client lists transactions; librdkafka cannot)",
+            )
+        ]
+    where = ", ".join(sorted({t for t, _p in listed.partitions}))
+    out: list[Finding] = []
+    lease = unfinished.commit_lease_until if unfinished is not None else None
+    if lease is not None and lease.tzinfo is None:
+        lease = lease.replace(tzinfo=dt.UTC)
+    live = unfinished is not None and lease is not None and lease > now
+    for a in listed.transactions:
+        line = a.describe(listed.now_ms)
+        if not a.ours:
+            out.append(
+                Finding(
+                    check,
+                    "warn",
+                    f"{line}: not pipeline {pipeline!r}'s; read_committed consumers of its partitions "
+                    "wait until it ends",
+                    "eo never ends it: ask its owner, or, if it is known to be abandoned, abort it with "
+                    "`kafka-transactions.sh --bootstrap-server ... abort`",
+                )
+            )
+        elif live and not a.txn.hanging(listed.now_ms) and unfinished is not None:
+            out.append(
+                Finding(
+                    check,
+                    "ok",
+                    f"{line}; checkpoint {unfinished.checkpoint_id} is being committed by "
+                    f"{unfinished.commit_owner!r} (lease until {lease.isoformat() if lease else '?'})",
+                )
+            )
+        else:
+            out.append(
+                Finding(
+                    check,
+                    "warn",
+                    f"{line}; no committer holds a live commit lease"
+                    if not live
+                    else f"{line}; open longer than its transaction timeout or unknown to its coordinator",
+                    "run `eo recover MODULE:ATTR --abort-hanging` (once no committer of this pipeline is "
+                    "running): it ends our open transactions and commits a PREPARED checkpoint by its "
+                    "markers",
+                )
+            )
+    if listed.errors:
+        out.append(
+            Finding(
+                check,
+                "warn",
+                f"some partitions could not be described: {'; '.join(listed.errors)}",
+                "grant Read on those topics (DescribeProducers) to see hanging transactions there",
+            )
+        )
+    if not listed.transactions:
+        out.append(
+            Finding(check, "ok", f"no open transaction on {where} (listed with Kafka's Java admin client)")
+        )
+    return out
 
 
 _KAFKA_CONNECTOR = re.compile(
@@ -858,6 +946,8 @@ def run_doctor(
     spark: bool = True,
     staging_probe: Callable[[Pipeline, str], tuple[int, int]] | None = None,
     query_location: Callable[[], QueryLocationFacts] | None = None,
+    transaction_admin: JavaAdmin | None = None,
+    list_transactions: bool | None = None,
 ) -> DoctorReport:
     """Every preflight check of ``pipeline``; changes nothing (see the module docstring).
 
@@ -869,9 +959,14 @@ def run_doctor(
         ``None``: not checked.
     :param query_location: reads the checkpoint location of the Structured Streaming query
         whose batches the checkpoints are (the CLI passes the sink's); ``None``: unknown.
+    :param transaction_admin: the Java admin tool that lists open transactions (default:
+        this installation's; when it cannot run, the ``transactions`` finding says why).
+    :param list_transactions: list the open transactions (a short JVM run); ``None``: with
+        the full doctor (``spark``), not in the plan task's preflight.
     """
     import confluent_kafka
 
+    from airflow_provider_eo.core.hanging import RECENT_CHECKPOINTS, read_pipeline_transactions
     from airflow_provider_eo.kafka import admin
     from airflow_provider_eo.kafka.client_config import librdkafka_config
     from airflow_provider_eo.ledger import Ledger
@@ -887,6 +982,8 @@ def run_doctor(
     unfinished: CheckpointRecord | None = None
     committed: CheckpointRecord | None = None
     expected: dict[tuple[str, int], int] = {}
+    known_ids: list[str] = []
+    recent: list[CheckpointRecord] = []
     ledger = Ledger(pipeline.ledger_url, create=False)
     try:
         current, bad = _guard("ledger", ledger.current_revision)
@@ -913,6 +1010,8 @@ def run_doctor(
                     unfinished = ledger.unfinished(pipeline.name)
                     committed = ledger.last_committed(pipeline.name)
                     expected = dict(ledger.next_starts(pipeline.name))
+                    known_ids = ledger.transactional_ids(pipeline.name)
+                    recent = ledger.list_checkpoints(pipeline.name, limit=RECENT_CHECKPOINTS)
                     newest = unfinished or committed
                     if newest is not None and newest.query_id is not None:
                         findings.extend(_query_findings(ledger, pipeline.name, newest, query_location))
@@ -992,6 +1091,22 @@ def run_doctor(
                         client_version=str(getattr(confluent_kafka, "__version__", "?")),
                     )
                 )
+        if spark if list_transactions is None else list_transactions:
+            listed, bad = _guard(
+                "transactions",
+                lambda: read_pipeline_transactions(
+                    pipeline, plan=plan, known_ids=known_ids, checkpoints=recent, admin=transaction_admin
+                ),
+            )
+            findings.extend(
+                judge_transactions(
+                    listed,
+                    bad.found if bad is not None else None,
+                    pipeline=pipeline.name,
+                    unfinished=unfinished,
+                    now=now,
+                )
+            )
 
     # 3. Staging and Spark.
     if not spark:

@@ -22,6 +22,12 @@ timeout aborts it. One of ours is left by a committer that died with its transac
    was ever committed, so nothing is lost.
 3. The sink partitions are read again; a transaction still open is not ours (another
    producer): reported with how to find its owner.
+
+With ``abort_hanging`` (``eo recover --abort-hanging``), right after the lease is taken and
+before step 1, the open transactions on the sink and the marker group's partition are listed
+with Kafka's Java admin client and ours are ended (core/hanging.py): by fencing their
+transactional id, or, for a hanging one no coordinator holds, by KIP-664's abort; foreign
+ones are named and left alone.
 """
 
 from __future__ import annotations
@@ -34,9 +40,11 @@ from typing import Any
 from airflow_provider_eo import names
 from airflow_provider_eo.core.commit import commit_checkpoint
 from airflow_provider_eo.core.fencing import FENCE_LEASE_S, FenceLease, fence, fence_owner
+from airflow_provider_eo.core.hanging import HangingResult
 from airflow_provider_eo.core.shard import REAL_KAFKA, KafkaClients
 from airflow_provider_eo.errors import RecoverError
 from airflow_provider_eo.kafka.client_config import librdkafka_config
+from airflow_provider_eo.kafka.transactions import JavaAdmin
 from airflow_provider_eo.ledger import Actor, CheckpointState, Ledger
 from airflow_provider_eo.ledger.leases import FORCE_LIVE_HINT, CommitInProgress
 from airflow_provider_eo.pipeline import Pipeline
@@ -53,6 +61,7 @@ class RecoverResult:
     committed: int | None = None  # the PREPARED checkpoint this call committed
     published: int = 0
     open_after: dict[int, tuple[int, int]] = field(default_factory=dict)
+    hanging: HangingResult | None = None  # with abort_hanging: what was listed and ended
 
     @property
     def clean(self) -> bool:
@@ -70,6 +79,7 @@ class RecoverResult:
             "published": self.published,
             "open_after": {str(p): list(v) for p, v in sorted(self.open_after.items())},
             "clean": self.clean,
+            **({"hanging": self.hanging.summary()} if self.hanging is not None else {}),
         }
 
 
@@ -83,6 +93,8 @@ def recover_pipeline(
     clients: KafkaClients = REAL_KAFKA,
     force_live: bool = False,
     lease_ttl_s: float = FENCE_LEASE_S,
+    abort_hanging: bool = False,
+    admin: JavaAdmin | None = None,
 ) -> RecoverResult:
     """Fence the pipeline's transactional ids, commit its PREPARED checkpoint by the
     markers, and report what stays open on the sink (see the module docstring).
@@ -95,6 +107,9 @@ def recover_pipeline(
         fencing (the broker writes the abort markers asynchronously).
     :param force_live: take the lease from a committer known to be dead while it runs.
     :param lease_ttl_s: how long each renewal of the fence lease lasts.
+    :param abort_hanging: first list the open transactions with Kafka's Java admin client
+        and end ours (see the module docstring); ``admin`` is the tool (default: this
+        installation's).
     """
     say = progress or (lambda _line: None)
     where = f"pipeline {pipeline.name!r}: "
@@ -109,6 +124,10 @@ def recover_pipeline(
     try:
         # 0. No committer of any checkpoint is live, and none begins until the end.
         with FenceLease(ledger, pipeline.name, owner=owner, ttl_s=lease_ttl_s, take_over=force_live) as lease:
+            if abort_hanging:
+                result.hanging = end_hanging_transactions(
+                    pipeline, ledger, lease=lease, where=where, say=say, clients=clients, admin=admin
+                )
             # 1. The PREPARED checkpoint: the commit fences its shards and publishes by the markers.
             done: set[str] = set()
             unfinished = ledger.unfinished(pipeline.name)
@@ -161,3 +180,58 @@ def recover_pipeline(
             break
         time.sleep(0.5)
     return result
+
+
+def end_hanging_transactions(
+    pipeline: Pipeline,
+    ledger: Ledger,
+    *,
+    lease: FenceLease,
+    where: str,
+    say: Callable[[str], None],
+    clients: KafkaClients = REAL_KAFKA,
+    admin: JavaAdmin | None = None,
+) -> HangingResult:
+    """``--abort-hanging``: list the open transactions on the pipeline's partitions and end
+    ours under ``lease`` (core/hanging.py); the ledger's shard rows say what each was.
+
+    :raises RecoverError: the Java admin client cannot run here (nothing ended), or a hanging
+        transaction is of a shard the ledger records COMMITTED (not aborted).
+    """
+    from airflow_provider_eo.core.hanging import default_admin, end_hanging, read_pipeline_transactions
+    from airflow_provider_eo.errors import TransactionAdminUnavailable
+
+    unfinished = ledger.unfinished(pipeline.name)
+    try:
+        tool = admin or default_admin()
+        listed = read_pipeline_transactions(
+            pipeline,
+            plan=unfinished.commit_plan if unfinished is not None else None,
+            known_ids=ledger.transactional_ids(pipeline.name),
+            checkpoints=ledger.list_checkpoints(pipeline.name, limit=50),
+            admin=tool,
+        )
+    except TransactionAdminUnavailable as exc:
+        raise RecoverError(
+            f"{where}--abort-hanging needs Kafka's Java admin client: {exc} Nothing was fenced "
+            "or aborted; `eo recover` without --abort-hanging still fences every transactional "
+            "id of this pipeline."
+        ) from exc
+    return end_hanging(
+        pipeline,
+        listed,
+        fence_ids=lambda ids: fence(
+            pipeline,
+            ids,
+            lease=lease,
+            where=where,
+            refused=RecoverError,
+            then="Retry `eo recover`.",
+            clients=clients,
+        ),
+        abort_marker=lambda producer: tool.abort(
+            pipeline.kafka, producer, owner=f"pipeline {pipeline.name!r}"
+        ),
+        renew=lease.renew,
+        say=say,
+    )

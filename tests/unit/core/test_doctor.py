@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 
@@ -157,7 +157,7 @@ def _shard(state: ShardState, age_s: float) -> ShardRecord:
 def test_open_transactions() -> None:
     kw = {"transaction_timeout_ms": 60_000, "now": NOW, "client_version": "2.16.1"}
     clean = judge_open_transactions("out", {0: 5, 1: 3}, {0: 5, 1: 3}, unfinished=None, **kw)  # type: ignore[arg-type]
-    assert clean.severity == "ok" and "cannot list or describe" in clean.found
+    assert clean.severity == "ok" and "'transactions' check lists them" in clean.found
     held = judge_open_transactions("out", {0: 5, 1: 2}, {0: 5, 1: 3}, unfinished=None, **kw)  # type: ignore[arg-type]
     assert held.severity == "warn" and "[1] 2 < 3" in held.found
     recent = _cp(7, CheckpointState.PREPARED, 1, (_shard(ShardState.PENDING, 10),))
@@ -319,3 +319,48 @@ def test_a_prepared_batch_without_a_running_query_is_flagged() -> None:
         judge_query("agg", _batch(2, CheckpointState.PREPARED), RUNNING, _Location("/ck", "q1", 2, 1))
     )
     assert live["query-batch"].severity == "ok"
+
+
+def test_transactions_ours_foreign_and_not_listed() -> None:
+    from airflow_provider_eo.core.doctor import judge_transactions
+    from airflow_provider_eo.core.hanging import PipelineTransactions, attribute
+    from airflow_provider_eo.kafka.transactions import OpenTransaction
+
+    now_ms = int(NOW.timestamp() * 1000)
+
+    def txn(tid: str, start_ago_s: int = 30) -> OpenTransaction:
+        return OpenTransaction(7, 2, tid, "ONGOING", now_ms - start_ago_s * 1000, 60_000, (("out", 0),))
+
+    def listed(*txns: OpenTransaction) -> PipelineTransactions:
+        got = attribute(txns, pipeline="p", namespaces=["eo.p."], known_ids=[], checkpoints=[])
+        return PipelineTransactions((("out", 0), ("__consumer_offsets", 3)), got, (), now_ms)
+
+    kw = {"pipeline": "p", "now": NOW}
+    (clean,) = judge_transactions(listed(), None, unfinished=None, **kw)  # type: ignore[arg-type]
+    assert clean.severity == "ok" and "no open transaction on __consumer_offsets, out" in clean.found
+    ours, foreign = judge_transactions(listed(txn("eo.p.0"), txn("other.0")), None, unfinished=None, **kw)  # type: ignore[arg-type]
+    assert (
+        ours.severity == "warn" and ours.found.startswith("ours: 'eo.p.0'") and "open for 30s" in ours.found
+    )
+    assert "--abort-hanging" in ours.change and "no committer holds a live commit lease" in ours.found
+    assert foreign.severity == "warn" and foreign.found.startswith("foreign: 'other.0'")
+    assert "eo never ends it" in foreign.change
+    # A committer holds the lease and the transaction is younger than its timeout: a commit
+    # in progress; older than its timeout: warned although the lease runs.
+    live = replace(
+        _cp(7, CheckpointState.PREPARED, 1),
+        commit_owner="eo.p@h:1",
+        commit_lease_until=NOW + dt.timedelta(seconds=60),
+    )
+    (busy,) = judge_transactions(listed(txn("eo.p.0")), None, unfinished=live, **kw)  # type: ignore[arg-type]
+    assert busy.severity == "ok" and "checkpoint 7 is being committed by 'eo.p@h:1'" in busy.found
+    (stuck,) = judge_transactions(listed(txn("eo.p.0", 90)), None, unfinished=live, **kw)  # type: ignore[arg-type]
+    assert stuck.severity == "warn" and "open longer than its transaction timeout" in stuck.found
+    (missing,) = judge_transactions(
+        None, "TransactionAdminUnavailable: no Java runtime", unfinished=None, **kw
+    )  # type: ignore[arg-type]
+    assert (
+        missing.severity == "warn"
+        and "no Java runtime" in missing.found
+        and "eo setup jars" in missing.change
+    )
