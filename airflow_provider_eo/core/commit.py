@@ -99,6 +99,7 @@ from airflow_provider_eo.ledger import (
     CommitPlan,
     Ledger,
     PipelineRecord,
+    ShardState,
 )
 from airflow_provider_eo.ledger.errors import CheckpointNotFound
 from airflow_provider_eo.pipeline import COMMIT_MODES, Pipeline
@@ -314,7 +315,9 @@ def _abort_if_unpublished(
 ) -> None:
     """Abort ``cp`` after a verified staging mismatch, safely (core/abort.py: refused while a
     live committer holds the lease, every shard id fenced before the markers are read), and
-    raise :class:`StagingError` saying so."""
+    raise :class:`StagingError` saying so. Refused (:class:`AbortRefused`, the checkpoint stays
+    PREPARED) once a shard published it: recorded COMMITTED in the ledger, shown by its
+    marker, or, its marker gone, by the sink's committed output."""
     abort_checkpoint(pipeline, ledger, cp.checkpoint_id, reason=reason, actor=actor, clients=clients)
     raise StagingError(
         f"pipeline {pipeline.name!r}, checkpoint {cp.checkpoint_id}: {reason}. Nothing was "
@@ -367,7 +370,8 @@ def commit_checkpoint(
     """Publish a PREPARED checkpoint exactly once and mark it COMMITTED.
 
     Idempotent: committing a COMMITTED checkpoint does nothing; a retry after any crash
-    publishes only the shards whose marker does not show the checkpoint yet.
+    publishes only the shards the ledger does not record COMMITTED and whose marker does not
+    show the checkpoint yet.
 
     :param clients: the Kafka side (producers, markers); unit tests pass a fake.
     :param commit_mode: ``local``, ``spark`` or ``auto`` (default: the pipeline's).
@@ -495,6 +499,16 @@ def commit_checkpoint(
         session_running=runner.session_running if runner is not None else False,
         executors_elsewhere=runner.executors_elsewhere if runner is not None else False,
     )
+    # A shard the ledger records COMMITTED is published for good (its row is written only
+    # after its transaction committed, or its marker showed it): never run again, whatever
+    # its marker (expired) or a read-back (the sink's retention) would show today.
+    done_rows = {row.shard for row in cp.shards if row.state is ShardState.COMMITTED}
+    publishers: list[Publisher] = [
+        Publisher(shard=c.shard, host=socket.gethostname(), pid=os.getpid(), records=0, skipped=True)
+        for c in committables
+        if c.shard in done_rows
+    ]
+    to_publish = [c for c in committables if c.shard not in done_rows]
     if mode == "spark":
         if runner is None:
             raise ConfigError(
@@ -502,11 +516,11 @@ def commit_checkpoint(
                 "needs Spark, and this caller gave no shard runner. Use `eo commit --commit-mode "
                 "spark`, EoCommitOperator(commit_mode='spark'), or commit_mode='local'."
             )
-        publishers = _publish_on_spark(ledger, cp, committables, owner=owner, runner=runner)
+        if to_publish:
+            publishers += _publish_on_spark(ledger, cp, to_publish, owner=owner, runner=runner)
     else:
-        publishers = []
         rows = {row.shard for row in cp.shards}
-        for committable in committables:
+        for committable in to_publish:
             hooks = LedgerShardHooks(ledger, committable, owner=owner, row_before=committable.shard in rows)
             # The shard's producer is kept for the next checkpoint after a clean commit.
             result = commit_shard(committable, hooks, clients, pool=PRODUCERS)
