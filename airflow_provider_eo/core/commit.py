@@ -48,6 +48,7 @@ ledger rows, so a checkpoint half committed in one mode is finished by the other
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import socket
 import threading
@@ -101,8 +102,11 @@ from airflow_provider_eo.ledger import (
     PipelineRecord,
     ShardState,
 )
-from airflow_provider_eo.ledger.errors import CheckpointNotFound
+from airflow_provider_eo.ledger.errors import CheckpointNotFound, CommitLeaseHeld
 from airflow_provider_eo.pipeline import COMMIT_MODES, Pipeline
+from airflow_provider_eo.processes import process_gone
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -305,6 +309,38 @@ class LedgerShardHooks:
         self._record(state="COMMITTED", records=records, publish_s=seconds)
 
 
+def _lease_ttl(committables: list[ShardCommittable]) -> float:
+    """How long one take or renewal of the commit lease lasts: a shard's transaction is open at
+    most its timeout; twice that and 30 s more, so a live committer never loses it."""
+    return 2 * max(c.timeout_s for c in committables) + 30
+
+
+def take_commit_lease(ledger: Ledger, pipeline: str, checkpoint_id: int, *, owner: str, ttl_s: float) -> None:
+    """Hold the commit lease of ``checkpoint_id`` for ``owner`` before any shard is fenced.
+
+    Refused (:class:`CommitLeaseHeld`, naming the holder; nothing fenced or published) while
+    another committer holds it live. Taken over at once only from a holder that is certainly
+    gone: a committer process of this machine (same boot, same pid namespace) that no longer
+    runs (:func:`airflow_provider_eo.processes.process_gone`; e.g. the killed try before an
+    Airflow retry on the same host, a stream restarted after a crash). Anything else (another
+    host, a paused process) keeps its lease until it runs out, or an explicit
+    ``eo recover --force-live``. The take-over is recorded (the lease event's
+    ``previous_owner``); the shard's fence then aborts whatever the dead one left open."""
+    try:
+        ledger.acquire_commit_lease(pipeline, checkpoint_id, owner=owner, ttl_s=ttl_s)
+    except CommitLeaseHeld as held:
+        process = names.lease_owner_process(held.owner or "")
+        if process is None or not process_gone(process[1], process[2]):
+            raise
+        ledger.acquire_commit_lease(pipeline, checkpoint_id, owner=owner, ttl_s=ttl_s, replacing=held.owner)
+        log.warning(
+            "pipeline %r, checkpoint %s: took the commit lease over from %r, whose process is gone",
+            pipeline,
+            checkpoint_id,
+            held.owner,
+        )
+
+
 def _abort_if_unpublished(
     pipeline: Pipeline,
     ledger: Ledger,
@@ -408,7 +444,7 @@ def commit_checkpoint(
         )
     sink_partitions = plan.sink_partitions
     shards = plan.shards
-    owner = owner or names.lease_owner(pipeline)
+    owner = owner or names.lease_owner(actor)
     identity = registered.identity
     # First (before the staged output is read: an older ledger's staging may be gone): a
     # shard whose marker is already past this checkpoint: only a ledger older than the
@@ -509,6 +545,10 @@ def commit_checkpoint(
         if c.shard in done_rows
     ]
     to_publish = [c for c in committables if c.shard not in done_rows]
+    if to_publish and mode == "local":
+        # Before the first shard's fence: a live committer of this checkpoint (another
+        # process) is refused here, before its transaction could be fenced.
+        take_commit_lease(ledger, pipeline.name, checkpoint_id, owner=owner, ttl_s=_lease_ttl(to_publish))
     if mode == "spark":
         if runner is None:
             raise ConfigError(
@@ -602,8 +642,8 @@ def _publish_on_spark(
     COMMITTED row as its outcome arrives."""
     name, cid = committables[0].pipeline, cp.checkpoint_id
     rows = {row.shard: row for row in ledger.get(name, cid).shards}
-    ttl = 2 * max(c.timeout_s for c in committables) + 30
-    ledger.acquire_commit_lease(name, cid, owner=owner, ttl_s=ttl)
+    ttl = _lease_ttl(committables)
+    take_commit_lease(ledger, name, cid, owner=owner, ttl_s=ttl)
 
     def row(c: ShardCommittable, state: str, records: int, publish_s: float | None = None) -> None:
         ledger.record_shard(

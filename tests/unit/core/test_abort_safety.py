@@ -44,7 +44,7 @@ OUT = "out"
 SHARDS = 2
 SINK_PARTITIONS = 2
 OUTPUT = {0: [b"a0"], 1: [b"b0", b"b1"]}
-COMMITTER = "eo.orders"  # every committer's lease owner (names.lease_owner)
+COMMITTER = "commit:eo_orders/run/commit#1@worker:4242~"  # another process's committer
 
 
 class Crash(BaseException):
@@ -261,7 +261,7 @@ def test_a_committer_that_took_the_lease_over_after_the_marker_read_stops_the_ab
             pass
 
     clients = MarkerHook(broker, stall_then_commit, at=SHARDS)  # after the last marker read
-    with pytest.raises(AbortRefused, match=f"{COMMITTER!r}"):
+    with pytest.raises(AbortRefused, match=f"{names.lease_owner()!r}"):  # this process's committer
         abort_checkpoint(pipeline, ledger, cp.checkpoint_id, reason="test", clients=clients)
     assert ledger.get("orders", cp.checkpoint_id).state is CheckpointState.PREPARED
     assert published_of(broker, ledger) == {cp.checkpoint_id: (CheckpointState.PREPARED, 3)}
