@@ -453,3 +453,29 @@ def test_recover_holds_the_pipeline_while_it_fences_its_other_ids(
     # Released afterwards.
     committer_tries(ledger, second.checkpoint_id, outcomes)
     assert outcomes == ["refused", "leased"]
+
+
+def test_a_commit_started_while_the_abort_fences_is_refused_before_its_own_fence(
+    pipeline: Pipeline, ledger: Ledger, broker: FakeBroker
+) -> None:
+    """An abort is fencing when a committer of the same checkpoint starts: the committer's
+    lease (taken before its first fence) is refused by the abort's, so it fences nothing (an
+    ``init_transactions`` of its own after the abort's fence would give it a producer the
+    abort did not fence) and publishes nothing; the abort goes through."""
+    cp = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=2)
+    seen: list[str] = []
+
+    def committer_starts(producer: FakeProducer) -> None:
+        if seen:
+            return
+        seen.append("started")
+        inits = broker.count("init_transactions")
+        with pytest.raises(CommitLeaseHeld, match="is being committed by 'fence:"):
+            commit_checkpoint(pipeline, ledger, cp.checkpoint_id, clients=FakeClients(broker))
+        seen.append(f"fenced {broker.count('init_transactions') - inits}")
+
+    broker.on_call["init_transactions"] = committer_starts
+    done = abort_checkpoint(pipeline, ledger, cp.checkpoint_id, reason="test", clients=FakeClients(broker))
+    assert done.state is CheckpointState.ABORTED
+    assert seen == ["started", "fenced 0"]
+    assert broker.committed == [] and broker.count("begin_transaction") == 0
