@@ -48,6 +48,7 @@ ledger rows, so a checkpoint half committed in one mode is finished by the other
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import socket
 import threading
@@ -100,9 +101,13 @@ from airflow_provider_eo.ledger import (
     CommitPlan,
     Ledger,
     PipelineRecord,
+    ShardState,
 )
-from airflow_provider_eo.ledger.errors import CheckpointConflict, CheckpointNotFound
+from airflow_provider_eo.ledger.errors import CheckpointConflict, CheckpointNotFound, CommitLeaseHeld
 from airflow_provider_eo.pipeline import COMMIT_MODES, Pipeline
+from airflow_provider_eo.processes import process_gone
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -308,6 +313,38 @@ class LedgerShardHooks:
         self._record(state="COMMITTED", records=records, publish_s=seconds)
 
 
+def _lease_ttl(committables: list[ShardCommittable]) -> float:
+    """How long one take or renewal of the commit lease lasts: a shard's transaction is open at
+    most its timeout; twice that and 30 s more, so a live committer never loses it."""
+    return 2 * max(c.timeout_s for c in committables) + 30
+
+
+def take_commit_lease(ledger: Ledger, pipeline: str, checkpoint_id: int, *, owner: str, ttl_s: float) -> None:
+    """Hold the commit lease of ``checkpoint_id`` for ``owner`` before any shard is fenced.
+
+    Refused (:class:`CommitLeaseHeld`, naming the holder; nothing fenced or published) while
+    another committer holds it live. Taken over at once only from a holder that is certainly
+    gone: a committer process of this machine (same boot, same pid namespace) that no longer
+    runs (:func:`airflow_provider_eo.processes.process_gone`; e.g. the killed try before an
+    Airflow retry on the same host, a stream restarted after a crash). Anything else (another
+    host, a paused process) keeps its lease until it runs out, or an explicit
+    ``eo recover --force-live``. The take-over is recorded (the lease event's
+    ``previous_owner``); the shard's fence then aborts whatever the dead one left open."""
+    try:
+        ledger.acquire_commit_lease(pipeline, checkpoint_id, owner=owner, ttl_s=ttl_s)
+    except CommitLeaseHeld as held:
+        process = names.lease_owner_process(held.owner or "")
+        if process is None or not process_gone(process[1], process[2]):
+            raise
+        ledger.acquire_commit_lease(pipeline, checkpoint_id, owner=owner, ttl_s=ttl_s, replacing=held.owner)
+        log.warning(
+            "pipeline %r, checkpoint %s: took the commit lease over from %r, whose process is gone",
+            pipeline,
+            checkpoint_id,
+            held.owner,
+        )
+
+
 def _abort_if_unpublished(
     pipeline: Pipeline,
     ledger: Ledger,
@@ -318,7 +355,9 @@ def _abort_if_unpublished(
 ) -> None:
     """Abort ``cp`` after a verified staging mismatch, safely (core/abort.py: refused while a
     live committer holds the lease, every shard id fenced before the markers are read), and
-    raise :class:`StagingError` saying so."""
+    raise :class:`StagingError` saying so. Refused (:class:`AbortRefused`, the checkpoint stays
+    PREPARED) once a shard published it: recorded COMMITTED in the ledger, shown by its
+    marker, or, its marker gone, by the sink's committed output."""
     abort_checkpoint(pipeline, ledger, cp.checkpoint_id, reason=reason, actor=actor, clients=clients)
     raise StagingError(
         f"pipeline {pipeline.name!r}, checkpoint {cp.checkpoint_id}: {reason}. Nothing was "
@@ -378,7 +417,8 @@ def commit_checkpoint(
     """Publish a PREPARED checkpoint exactly once and mark it COMMITTED.
 
     Idempotent: committing a COMMITTED checkpoint does nothing; a retry after any crash
-    publishes only the shards whose marker does not show the checkpoint yet.
+    publishes only the shards the ledger does not record COMMITTED and whose marker does not
+    show the checkpoint yet.
 
     A committer that finds the checkpoint committed by another committer while it ran (two
     Airflow tries, a stream and an ``eo commit``: the other one committed it, and perhaps
@@ -456,7 +496,7 @@ def _commit_prepared(
         )
     sink_partitions = plan.sink_partitions
     shards = plan.shards
-    owner = owner or names.lease_owner(pipeline)
+    owner = owner or names.lease_owner(actor)
     identity = registered.identity
     # First (before the staged output is read: an older ledger's staging may be gone): a
     # shard whose marker is already past this checkpoint: only a ledger older than the
@@ -551,6 +591,20 @@ def _commit_prepared(
         session_running=runner.session_running if runner is not None else False,
         executors_elsewhere=runner.executors_elsewhere if runner is not None else False,
     )
+    # A shard the ledger records COMMITTED is published for good (its row is written only
+    # after its transaction committed, or its marker showed it): never run again, whatever
+    # its marker (expired) or a read-back (the sink's retention) would show today.
+    done_rows = {row.shard for row in cp.shards if row.state is ShardState.COMMITTED}
+    publishers: list[Publisher] = [
+        Publisher(shard=c.shard, host=socket.gethostname(), pid=os.getpid(), records=0, skipped=True)
+        for c in committables
+        if c.shard in done_rows
+    ]
+    to_publish = [c for c in committables if c.shard not in done_rows]
+    if to_publish and mode == "local":
+        # Before the first shard's fence: a live committer of this checkpoint (another
+        # process) is refused here, before its transaction could be fenced.
+        take_commit_lease(ledger, pipeline.name, checkpoint_id, owner=owner, ttl_s=_lease_ttl(to_publish))
     if mode == "spark":
         if runner is None:
             raise ConfigError(
@@ -558,11 +612,11 @@ def _commit_prepared(
                 "needs Spark, and this caller gave no shard runner. Use `eo commit --commit-mode "
                 "spark`, EoCommitOperator(commit_mode='spark'), or commit_mode='local'."
             )
-        publishers = _publish_on_spark(ledger, cp, committables, owner=owner, runner=runner)
+        if to_publish:
+            publishers += _publish_on_spark(ledger, cp, to_publish, owner=owner, runner=runner)
     else:
-        publishers = []
         rows = {row.shard for row in cp.shards}
-        for committable in committables:
+        for committable in to_publish:
             hooks = LedgerShardHooks(ledger, committable, owner=owner, row_before=committable.shard in rows)
             # The shard's producer is kept for the next checkpoint after a clean commit.
             result = commit_shard(committable, hooks, clients, pool=PRODUCERS)
@@ -644,8 +698,8 @@ def _publish_on_spark(
     COMMITTED row as its outcome arrives."""
     name, cid = committables[0].pipeline, cp.checkpoint_id
     rows = {row.shard: row for row in ledger.get(name, cid).shards}
-    ttl = 2 * max(c.timeout_s for c in committables) + 30
-    ledger.acquire_commit_lease(name, cid, owner=owner, ttl_s=ttl)
+    ttl = _lease_ttl(committables)
+    take_commit_lease(ledger, name, cid, owner=owner, ttl_s=ttl)
 
     def row(c: ShardCommittable, state: str, records: int, publish_s: float | None = None) -> None:
         ledger.record_shard(

@@ -106,7 +106,9 @@ def test_recover_commits_a_prepared_checkpoint_whose_committer_died(harness: Cal
     assert rc == 1 and f"checkpoint {planned.checkpoint_id} is being committed by " in err, err
     assert _open_partitions(h)  # nothing was fenced
     # What its lease running out does.
-    h.ledger.release_commit_lease(h.pipeline.name, planned.checkpoint_id, owner=names.lease_owner(h.pipeline))
+    holder = h.ledger.get(h.pipeline.name, planned.checkpoint_id).commit_owner
+    assert holder is not None and (names.lease_owner_process(holder) or ("", 0))[1] == committer.pid
+    h.ledger.release_commit_lease(h.pipeline.name, planned.checkpoint_id, owner=holder)
 
     rc, summary, err = _recover(h)
     assert rc == 0, err
