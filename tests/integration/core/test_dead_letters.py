@@ -13,10 +13,12 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Producer
+from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 from eo_harness import EO
 
 from airflow_provider_eo import names
 from airflow_provider_eo.errors import PrepareError, TransformError
+from airflow_provider_eo.kafka.admin import admin_client
 from airflow_provider_eo.kafka.audit import read_sink
 from airflow_provider_eo.ledger import CheckpointState
 
@@ -33,10 +35,12 @@ SPECIAL = {
 PER_PARTITION = 40
 
 
-def _feed(h: Any, special: dict[tuple[int, int], bytes] = SPECIAL) -> dict[tuple[int, int], bytes]:
+def _feed(
+    h: Any, special: dict[tuple[int, int], bytes] = SPECIAL, producer_config: dict[str, Any] | None = None
+) -> dict[tuple[int, int], bytes]:
     """40 records into each of the source's 2 partitions (offsets 0..39), ``special`` included."""
     topic = h.pipeline.source_topics[0]
-    producer = Producer(h.config)
+    producer = Producer({**h.config, **(producer_config or {})})
     sent = {}
     for p in (0, 1):
         for i in range(PER_PARTITION):
@@ -196,16 +200,29 @@ def test_a_dead_letter_over_the_dead_letter_topics_limit_is_refused_at_prepare(
 def test_a_dead_letter_larger_than_the_sink_allows_goes_to_a_roomier_dead_letter_topic(
     harness: Callable[..., Any], make_topic: Callable[..., str]
 ) -> None:
+    # A poison record of 1.5 MB: over the sink's limit and over librdkafka's default
+    # message.max.bytes (1,000,000), which the commit's producer kept unless the sink's
+    # limit was larger; within the dead-letter topic's 4 MB.
+    big = 4_000_000
     h = harness(
         source_partitions=2,
         sink_partitions=2,
         commit_shards=2,
         transform="eo_test_transforms:poison_or_big",
         sink_config={"max.message.bytes": "3000"},
-        dead_letter_topic=make_topic("dlq", partitions=2),  # the broker's default limit (~1 MB)
+        dead_letter_topic=make_topic("dlq", partitions=2, **{"max.message.bytes": str(big)}),
         max_dead_letters_per_checkpoint=5,
     )
-    sent = _feed(h, {(0, 7): HUGE_POISON})
+    source = h.pipeline.source_topics[0]
+    entry = ConfigEntry("max.message.bytes", str(big), incremental_operation=AlterConfigOpType.SET)
+    for future in (
+        admin_client(h.config)
+        .incremental_alter_configs([ConfigResource(ResourceType.TOPIC, source, incremental_configs=[entry])])
+        .values()
+    ):
+        future.result(timeout=30)
+    huge = b"POISON-huge-" + b"p" * 1_500_000
+    sent = _feed(h, {(0, 7): huge}, producer_config={"message.max.bytes": big + 10_000})
     (result,) = h.drain()
     cp = h.ledger.get(h.pipeline.name, result.checkpoint.checkpoint_id)
     assert cp.state is CheckpointState.COMMITTED
@@ -215,6 +232,6 @@ def test_a_dead_letter_larger_than_the_sink_allows_goes_to_a_roomier_dead_letter
     published = sorted(bytes(m.value()) for m in h.sink_records())
     assert published == sorted(v for pos, v in sent.items() if pos != (0, 7))
     dead = read_sink(h.config, h.pipeline.dead_letter_topic)
-    assert [bytes(m.value()) for m in dead] == [HUGE_POISON]
+    assert [bytes(m.value()) for m in dead] == [huge]
     assert _headers(dead[0])[names.HEADER_DLQ_OFFSET] == b"7"
     h.assert_exactly_once(expected_records=79)
