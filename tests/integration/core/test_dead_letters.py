@@ -189,7 +189,7 @@ def test_a_dead_letter_over_the_dead_letter_topics_limit_is_refused_at_prepare(
     assert f"{topic}[0] offset 7" in message, message
     assert re.search(r"dead letter of \d{4,} bytes", message), message
     assert "max.message.bytes=4000" in message and "max.message.bytes=3000" in message, message
-    assert "raise" in message and h.pipeline.dead_letter_topic in message, message
+    assert f"Raise the max.message.bytes of {h.pipeline.dead_letter_topic!r}" in message, message
     # Nothing wedges at commit: the checkpoint never got there, nothing was published.
     assert h.ledger.get(h.pipeline.name, cp.checkpoint_id).state is CheckpointState.PLANNED
     assert read_sink(h.config, h.pipeline.sink_topic) == []
