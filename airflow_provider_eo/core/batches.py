@@ -25,6 +25,7 @@ is told to accept it, like a fresh ledger is.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -169,6 +170,19 @@ def decide(
                 f"is {newest.state.value}; finish it with the old query or abort it "
                 f"(`eo abort {pipeline} {newest.checkpoint_id}`) before the new query takes over"
             )
+        # The new query continues the pipeline's lineage only from the old one's ends (a
+        # query started from its source's earliest offsets would publish them again).
+        ends = {r.key: r.end for r in newest.ranges}
+        apart = tuple(r for r in _sorted(pos.ranges) if r.key in ends and r.start != ends[r.key])
+        if apart:
+            raise QueryIdentityMismatch(
+                f"{where}: allow_new_query continues pipeline {pipeline!r} where query "
+                f"{newest.query_id} ended (checkpoint {newest.checkpoint_id}, batch {newest.batch_id}: "
+                f"{_ranges(newest.ranges)}), but this query's batch starts elsewhere: "
+                f"{_ranges(apart)}. Nothing was published. Start the new query with the Kafka "
+                f"source option startingOffsets={_starting_offsets(newest.ranges)} (its first "
+                "batch then starts at those ends), or restart the old query from its checkpoint location."
+            )
         return "plan", f"a new query after checkpoint {newest.checkpoint_id} of query {newest.query_id}"
     assert newest.batch_id is not None
     if pos.batch_id == newest.batch_id:
@@ -225,6 +239,14 @@ _NOT_SKIPPED = (
 
 def _sorted(ranges: tuple[RangeSpec, ...]) -> tuple[RangeSpec, ...]:
     return tuple(sorted(ranges, key=lambda r: r.key))
+
+
+def _starting_offsets(ranges: tuple[RangeSpec, ...]) -> str:
+    """The Kafka source's ``startingOffsets`` JSON that starts at ``ranges``' ends."""
+    out: dict[str, dict[str, int]] = {}
+    for r in _sorted(ranges):
+        out.setdefault(r.topic, {})[str(r.partition)] = r.end
+    return json.dumps(out, separators=(",", ":"))
 
 
 def _past(covered: tuple[RangeSpec, ...], ranges: tuple[RangeSpec, ...]) -> tuple[RangeSpec, ...]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -295,12 +296,12 @@ def test_start_again_with_another_checkpoint_location_loses_nothing(
             producer.produce(source, key=f"k{i % 5}", value=f"v{i}", partition=i % 2)
         assert producer.flush(30) == 0
 
-    def run(location: str) -> StreamingQueryException | None:
+    def run(location: str, starting: str = "earliest") -> StreamingQueryException | None:
         frame = (
             spark.readStream.format("kafka")
             .option("kafka.bootstrap.servers", kafka_config["bootstrap.servers"])
             .option("subscribe", source)
-            .option("startingOffsets", "earliest")
+            .option("startingOffsets", starting)
             .load()
             .select("key", "value")
         )
@@ -327,5 +328,18 @@ def test_start_again_with_another_checkpoint_location_loses_nothing(
         assert run("ckpt-a") is None
     # Counted against the source: every record once, whichever way the new query went.
     expected, got = Counter(f"v{i}" for i in range(80)), sink_values()
+    assert got == expected, f"missing {sorted(expected - got)}, duplicated {sorted(got - expected)}"
+
+    # Told to take a new query in (allow_new_query): one that starts from the source's
+    # earliest offsets is refused with the offsets to start from; started there, it continues
+    # the pipeline, each record once.
+    sink.allow_new_query = True
+    produce(range(80, 100))
+    refused = run("ckpt-c")
+    assert refused is not None and "startingOffsets=" in str(refused), refused
+    starting = re.search(r"startingOffsets=(\{.*?\}\})", str(refused))
+    assert starting is not None and json.loads(starting.group(1)) == {source: {"0": 40, "1": 40}}, refused
+    assert run("ckpt-d", starting.group(1)) is None
+    expected, got = Counter(f"v{i}" for i in range(100)), sink_values()
     assert got == expected, f"missing {sorted(expected - got)}, duplicated {sorted(got - expected)}"
     sink.close()

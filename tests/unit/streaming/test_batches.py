@@ -96,7 +96,8 @@ def test_a_rerun_with_other_ranges_or_a_skipped_plan_is_refused() -> None:
 def test_another_query_under_the_name_is_refused_unless_allowed() -> None:
     with pytest.raises(QueryIdentityMismatch, match="written by query q1"):
         decide("p", cp(4, C, 7), pos(0, query="q2"), allow_new_query=False)
-    assert decide("p", cp(4, C, 7), pos(0, query="q2"), allow_new_query=True)[0] == "plan"
+    after = tuple(RangeSpec(r.topic, r.partition, r.end, r.end + 3) for r in R)  # from q1's ends
+    assert decide("p", cp(4, C, 7), pos(0, query="q2", ranges=after), allow_new_query=True)[0] == "plan"
     with pytest.raises(BatchOutOfStep, match="previous query q1 is PREPARED"):
         decide("p", cp(4, P, 7), pos(0, query="q2"), allow_new_query=True)
     with pytest.raises(QueryIdentityMismatch, match="planned by eo itself"):
@@ -137,3 +138,17 @@ def test_an_unrecorded_batch_below_the_newest_is_skipped_only_when_the_ledger_co
     unknown = (*R, RangeSpec("src", 2, 0, 3))  # a partition the ledger never recorded
     with pytest.raises(BatchOutOfStep, match=r"src\[2\] \[0, 3\)"):
         decide("p", cp(4, C, 7), pos(5, ranges=unknown), allow_new_query=False)
+
+
+def test_a_new_query_allowed_in_continues_only_from_the_old_ones_ends() -> None:
+    # Started from the source's earliest offsets: it would publish what q1 published.
+    with pytest.raises(QueryIdentityMismatch) as refused:
+        decide("p", cp(4, C, 7), pos(0, query="q2", ranges=OTHER), allow_new_query=True)
+    message = str(refused.value)
+    for part in (
+        "query q2, batch 0",
+        "where query q1 ended",
+        "src[0] [0, 20)",
+        'startingOffsets={"src":{"0":20,"1":9}}',
+    ):
+        assert part in message, message
