@@ -31,7 +31,8 @@ failure kind). Messages name the pipeline/checkpoint/partition and what to do ne
     │   └── StagingNotVisible  the manifest is not visible from this process (another host?)
     ├── PrepareError           the prepare job refused the checkpoint
     │   ├── TransformError     the user's transform failed (a record, or its code)
-    │   └── SparkEnvironmentError  the executors' environment failed (no record to blame)
+    │   ├── SparkEnvironmentError  the executors' environment failed (no record to blame)
+    │   └── DeadLetterTooLarge  a dead letter is over the dead-letter topic's limit
     ├── PipelineStopped        the pipeline is stopped: no new checkpoint is planned
     ├── SavepointError         a savepoint could not be taken
     │   └── SavepointTimeout   in-flight checkpoints did not finish within the wait
@@ -178,6 +179,15 @@ class SparkEnvironmentError(PrepareError):
     transform's module is not importable there, the driver's and the workers' Pythons
     differ, a function cannot be pickled. Nothing was published and no record is blamed;
     fix the deployment (ship the module with ``py_files``/archives, align the Pythons) and
+    retry the prepare."""
+
+
+class DeadLetterTooLarge(PrepareError):
+    """A dead letter (the whole source record the transform failed on, or whose output the
+    sink refused as too large) is larger than the dead-letter topic's ``max.message.bytes``:
+    it could never be sent, so the checkpoint is refused before its commit. Nothing was
+    published; the checkpoint stays PLANNED. Raise the dead-letter topic's
+    ``max.message.bytes``, or fix the transform so the record is published or dropped, and
     retry the prepare."""
 
 

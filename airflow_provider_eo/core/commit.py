@@ -92,8 +92,9 @@ from airflow_provider_eo.errors import (
     StagingNotVisible,
     StagingUnreadable,
 )
+from airflow_provider_eo.kafka.admin import KAFKA_MAX_MESSAGE_BYTES
 from airflow_provider_eo.kafka.client_config import librdkafka_config
-from airflow_provider_eo.kafka.publisher import PRODUCERS
+from airflow_provider_eo.kafka.publisher import PRODUCERS, with_dead_letter_limits
 from airflow_provider_eo.ledger import (
     Actor,
     CheckpointRecord,
@@ -191,11 +192,16 @@ def shard_committable(
     shard: int,
     *,
     topic_max_bytes: int | None,
+    dead_letter_max_bytes: int | None = None,
 ) -> ShardCommittable:
     """The frozen committable of one shard of ``cp``: the plan's transactional id, sink and
     marker group, the shard's staged files, and (the plan's last shard only) the pipeline
-    group's offsets at the checkpoint's ends and the checkpoint's dead letters."""
+    group's offsets at the checkpoint's ends and the checkpoint's dead letters, with its
+    producer sized for the dead-letter topic's ``dead_letter_max_bytes`` too."""
     last = shard == plan.shards - 1  # the plan's last shard also moves the pipeline's group
+    kafka = librdkafka_config(pipeline.kafka)
+    if last and manifest.dead_letters and dead_letter_max_bytes is not None:
+        kafka = with_dead_letter_limits(kafka, dead_letter_max_bytes)
     return ShardCommittable(
         pipeline=pipeline.name,
         identity=identity,
@@ -208,7 +214,7 @@ def shard_committable(
         marker_group=plan.marker_group,
         group_id=pipeline.group_id if last else None,
         group_offsets=tuple((r.topic, r.partition, r.end) for r in cp.ranges) if last else (),
-        kafka=tuple(sorted(librdkafka_config(pipeline.kafka).items())),
+        kafka=tuple(sorted(kafka.items())),
         transaction_timeout_ms=pipeline.transaction_timeout_ms,
         topic_max_bytes=topic_max_bytes,
         dead_letter_topic=manifest.dead_letter_topic if last else None,
@@ -579,8 +585,22 @@ def _commit_prepared(
     topic_max = clients.topic_max_message_bytes(
         librdkafka_config(pipeline.kafka), pipeline.sink_topic, pipeline.sink_max_message_bytes
     )
+    dead_letter_max = None
+    if manifest.dead_letters and manifest.dead_letter_topic:
+        dead_letter_max = clients.topic_max_message_bytes(
+            librdkafka_config(pipeline.kafka), manifest.dead_letter_topic, KAFKA_MAX_MESSAGE_BYTES
+        )
     committables = [
-        shard_committable(pipeline, identity, cp, manifest, plan, shard, topic_max_bytes=topic_max)
+        shard_committable(
+            pipeline,
+            identity,
+            cp,
+            manifest,
+            plan,
+            shard,
+            topic_max_bytes=topic_max,
+            dead_letter_max_bytes=dead_letter_max,
+        )
         for shard in range(shards)
     ]
     mode = resolve_commit_mode(
