@@ -100,6 +100,7 @@ def recover_cmd(
     committer holds a live commit lease, unless --force-live."""
     from airflow_provider_eo.core.recover import recover_pipeline
     from airflow_provider_eo.ledger import Actor
+    from airflow_provider_eo.spark.commit import SparkShardRunner
 
     with reported(), opened(ref) as (pipeline, ledger):
         result = recover_pipeline(
@@ -109,6 +110,7 @@ def recover_cmd(
             wait_s=wait,
             progress=lambda line: err.print(line),
             force_live=force_live,
+            runner=SparkShardRunner(pipeline),
         )
     emit(result.summary(), as_json)
     if not result.clean:

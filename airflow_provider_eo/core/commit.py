@@ -363,6 +363,7 @@ def commit_checkpoint(
     clients: KafkaClients = REAL_KAFKA,
     commit_mode: str | None = None,
     runner: ShardRunner | None = None,
+    fallback: Callable[[str], None] | None = None,
 ) -> CommitResult:
     """Publish a PREPARED checkpoint exactly once and mark it COMMITTED.
 
@@ -373,6 +374,9 @@ def commit_checkpoint(
     :param commit_mode: ``local``, ``spark`` or ``auto`` (default: the pipeline's).
     :param runner: where a spark-mode commit runs its shards (spark/commit.py's
         ``SparkShardRunner``); without one, ``auto`` commits locally and ``spark`` is refused.
+    :param fallback: commit ``spark`` locally instead when there is no runner or it cannot
+        run (``runner.unavailable()``), telling this callable why in one line (recovery and
+        backfill: the checkpoint must be finished whatever the mode).
     """
     require_applied(pipeline, where="the commit")
     requested = commit_mode or pipeline.commit_mode
@@ -495,6 +499,15 @@ def commit_checkpoint(
         session_running=runner.session_running if runner is not None else False,
         executors_elsewhere=runner.executors_elsewhere if runner is not None else False,
     )
+    if mode == "spark" and fallback is not None:
+        why = "this caller has no Spark shard runner" if runner is None else runner.unavailable()
+        if why is not None:
+            fallback(
+                f"pipeline {pipeline.name!r}, checkpoint {checkpoint_id}: commit_mode 'spark', "
+                f"but {why}: committing its shards in this process instead (both modes keep the "
+                "same markers and ledger rows)"
+            )
+            mode = "local"
     if mode == "spark":
         if runner is None:
             raise ConfigError(

@@ -350,6 +350,9 @@ class ShardRunner(Protocol):
         each shard's outcome as it arrives. Returns every shard's outcome, or the exception
         of a shard whose run failed as a whole (its process lost too often)."""
 
+    def unavailable(self) -> str | None:
+        """Why no shard can run there now (None: it can); a caller may then commit locally."""
+
 
 def pool_key(committable: ShardCommittable, clients: KafkaClients) -> Hashable:
     """What an idle producer of :data:`PRODUCERS` is kept under: everything it was made from

@@ -265,5 +265,14 @@ class SparkShardRunner:
         """:func:`run_shard_jobs` in :attr:`spark`."""
         return run_shard_jobs(self.spark, tasks, on_outcome=on_outcome)
 
+    def unavailable(self) -> str | None:
+        """Why no commit task can run here (None: the session is running or starts now)."""
+        try:
+            self.spark  # noqa: B018 (starts the session: the question is whether it can)
+        except Exception as exc:  # pyspark missing, no Java, the master refused the app
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            return f"Spark could not be started ({type(exc).__name__}: {first[:300]})"
+        return None
+
 
 __all__ = ["SparkShardRunner", "run_shard_job", "run_shard_jobs", "run_shard_task"]
