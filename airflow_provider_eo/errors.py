@@ -253,6 +253,22 @@ class TransactionTimedOut(CommitError):
     and the measured publish time."""
 
 
+class CheckpointAborted(CommitError):
+    """A spark-mode commit task began a shard's transaction after an abort of its checkpoint
+    had fenced the shard and left its abort mark (consumer group ``eo-aborted.<name>``): it
+    published nothing, since the abort's range is replanned. No data is at risk. If the ledger
+    still shows the checkpoint PREPARED, the abort did not finish: run ``eo abort`` for it
+    again."""
+
+
+class CommitLeaseLost(CommitError):
+    """A spark-mode commit could not keep its commit lease (the ledger did not answer until
+    the lease would lapse, or another committer or an abort took it over), so its Spark jobs
+    were cancelled: no queued task of it begins. Shards that committed are published (their
+    markers show it); nothing of an unfinished one is visible. No data is at risk: retry the
+    commit (the markers prevent duplicates), unless an abort took the checkpoint over."""
+
+
 class ReadBackBlocked(CommitError):
     """A shard's commit marker is missing and reading its committed output back cannot
     decide which checkpoint it last published: a transaction stays open on the sink

@@ -48,6 +48,7 @@ ledger rows, so a checkpoint half committed in one mode is finished by the other
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import socket
 import threading
@@ -83,6 +84,7 @@ from airflow_provider_eo.core.sink_guard import (
 )
 from airflow_provider_eo.errors import (
     CommitError,
+    CommitLeaseLost,
     ConfigError,
     EoError,
     NotPrepared,
@@ -100,8 +102,10 @@ from airflow_provider_eo.ledger import (
     Ledger,
     PipelineRecord,
 )
-from airflow_provider_eo.ledger.errors import CheckpointNotFound
+from airflow_provider_eo.ledger.errors import CheckpointNotFound, LedgerUnavailable
 from airflow_provider_eo.pipeline import COMMIT_MODES, Pipeline
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -548,20 +552,76 @@ def commit_checkpoint(
 
 class _LeaseKeeper(threading.Thread):
     """Renews the commit lease while a spark-mode commit's jobs run (the driver holds it for
-    all of its shards; a commit on another host waits for it, as in local mode)."""
+    all of its shards; a commit on another host waits for it, as in local mode).
 
-    def __init__(self, ledger: Ledger, pipeline: str, checkpoint_id: int, owner: str, ttl_s: float) -> None:
+    A renewal the ledger does not answer (:class:`LedgerUnavailable`) is retried until the
+    lease would lapse (:attr:`margin_s` before it, on this process's clock, counted from
+    before the last renewal that succeeded). Then, or at once when the lease was taken over
+    (an abort, another committer), the checkpoint's Spark jobs are cancelled, so no queued
+    task of them begins after the lease, and :attr:`lost` says why. A task that begins all
+    the same (this driver paused, a task already past Spark's scheduler) is refused by the
+    abort mark an abort leaves (core/abort_marks.py); the keeper only keeps that rare.
+    """
+
+    #: The clock the lease's age is measured with (unit tests may replace it).
+    clock: Callable[[], float] = staticmethod(time.monotonic)
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        pipeline: str,
+        checkpoint_id: int,
+        owner: str,
+        ttl_s: float,
+        *,
+        cancel: Callable[[], None],
+    ) -> None:
         super().__init__(name=f"eo-commit-lease-{pipeline}-{checkpoint_id}", daemon=True)
         self.args = (ledger, pipeline, checkpoint_id, owner, ttl_s)
+        self.cancel = cancel
         self.stop = threading.Event()
+        self.margin_s = ttl_s / 6
+        self.renewed = self.clock()  # the lease was taken right before the keeper starts
+        #: Why the lease was given up (None while it is held).
+        self.lost: str | None = None
 
     def run(self) -> None:
         ledger, pipeline, checkpoint_id, owner, ttl_s = self.args
-        while not self.stop.wait(ttl_s / 3):
+        wait = ttl_s / 3
+        while not self.stop.wait(wait):
+            asked = self.clock()
             try:
                 ledger.acquire_commit_lease(pipeline, checkpoint_id, owner=owner, ttl_s=ttl_s)
-            except EoError:
-                return  # taken over (we were paused past the lease): the fence decides now
+            except LedgerUnavailable as exc:
+                left = self.renewed + ttl_s - self.clock()
+                if left <= self.margin_s:
+                    self._lose(
+                        f"the ledger did not answer for {ttl_s - left:.0f} s, so the lease could "
+                        f"not be renewed before it lapses (last error: {exc})"
+                    )
+                    return
+                # Retry sooner, so a short outage does not cost the lease.
+                wait = max(ttl_s / 60, min(ttl_s / 3, (left - self.margin_s) / 3))
+                log.warning(
+                    "pipeline %r, checkpoint %s: commit lease not renewed, retrying: %s",
+                    pipeline,
+                    checkpoint_id,
+                    exc,
+                )
+                continue
+            except EoError as exc:
+                self._lose(f"the lease was taken over or the checkpoint moved on ({exc})")
+                return
+            self.renewed, wait = asked, ttl_s / 3
+
+    def _lose(self, why: str) -> None:
+        self.lost = why
+        if self.stop.is_set():
+            return  # the jobs are over: nothing to cancel
+        try:
+            self.cancel()
+        except Exception as exc:  # the tasks are still refused by the abort marks
+            log.warning("commit jobs not cancelled: %s", exc)
 
 
 def _raise_shard_failure(c: ShardCommittable, outcome: ShardFailure | BaseException) -> None:
@@ -629,12 +689,22 @@ def _publish_on_spark(
             row(c, "COMMITTED", c.records if outcome.skipped else outcome.records, outcome.publish_s)
             publishers.append(outcome)
 
-    keeper = _LeaseKeeper(ledger, name, cid, owner, ttl)
+    keeper = _LeaseKeeper(ledger, name, cid, owner, ttl, cancel=lambda: runner.cancel(name, cid))
     keeper.start()
     try:
         for phase in (committables[:-1], committables[-1:]):
             tasks = [ShardTask(c, row_before=c.shard in rows) for c in phase]
-            outcomes = runner.run(tasks, record)
+            outcomes = runner.run(tasks, record) if keeper.lost is None else []
+            if keeper.lost is not None:
+                done = sorted(p.shard for p in publishers)
+                raise CommitLeaseLost(
+                    f"pipeline {name!r}, checkpoint {cid}: this commit gave up its commit lease "
+                    f"({keeper.lost}); its Spark jobs were cancelled, so no queued commit task "
+                    f"begins. Shards committed: {done or 'none'} (their markers show it); "
+                    "nothing of an unfinished shard is visible. Retry the commit once the ledger "
+                    "answers (the markers prevent duplicates); if an abort took it over, its "
+                    "range is replanned."
+                )
             for shard, outcome in outcomes:
                 if not isinstance(outcome, Publisher):
                     _raise_shard_failure(by_shard[shard], outcome)
