@@ -574,3 +574,86 @@ def test_a_commit_that_loses_its_lease_cancels_its_jobs_and_never_starts_the_las
     assert runner.phases == [[0, 1]] and runner.cancelled == [(pipeline.name, 1)]
     assert broker.values(OUT) == [] and broker.mark(pipeline.group_id, "in", 0) == -1
     assert ledger.get(pipeline.name, 1).state is CheckpointState.PREPARED
+
+
+class PublishThenCancelRunner(InProcessRunner):
+    """Its first phase's tasks publish, then the keeper's cancel arrives (it raced the tasks'
+    commit_transaction and lost): Spark reports the jobs as they ended."""
+
+    def run(
+        self, tasks: list[ShardTask], on_outcome: Callable[[Publisher | ShardFailure], None]
+    ) -> list[tuple[int, Publisher | ShardFailure | BaseException]]:
+        out = super().run(tasks, on_outcome)
+        _wait_for(lambda: bool(self.cancelled), "the keeper to cancel the jobs")
+        return out
+
+
+def test_a_cancel_that_comes_after_the_tasks_committed_loses_nothing_and_duplicates_nothing(
+    pipeline: Pipeline, ledger: Ledger, broker: FakeBroker, task_attempt: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cp = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=SINK_PARTITIONS)
+    clients = FakeClients(broker)
+    from airflow_provider_eo.core import commit as commit_module
+
+    class QuickKeeper(_LeaseKeeper):
+        def __init__(self, *args: Any, cancel: Callable[[], None]) -> None:
+            super().__init__(*args[:4], 1.2, cancel=cancel)
+
+    monkeypatch.setattr(commit_module, "_LeaseKeeper", QuickKeeper)
+    flaky = FlakyLedger(ledger, [None], after=LedgerUnavailable("could not connect to server"))
+    with pytest.raises(CommitLeaseLost, match=r"Shards committed: \[0, 1\]"):
+        commit_checkpoint(
+            pipeline,
+            flaky,  # type: ignore[arg-type]
+            cp.checkpoint_id,
+            clients=clients,
+            commit_mode="spark",
+            runner=PublishThenCancelRunner(clients, ledger, pipeline),
+        )
+    # Shards 0 and 1 are published: an abort is refused, the retry skips them by their markers.
+    with pytest.raises(AbortRefused):
+        abort_checkpoint(pipeline, ledger, cp.checkpoint_id, reason="stuck", force_live=True, clients=clients)
+    assert ledger.get(pipeline.name, cp.checkpoint_id).state is CheckpointState.PREPARED
+    done = commit_checkpoint(
+        pipeline,
+        ledger,
+        cp.checkpoint_id,
+        clients=clients,
+        commit_mode="spark",
+        runner=InProcessRunner(clients, ledger, pipeline),
+    )
+    assert done.checkpoint.state is CheckpointState.COMMITTED
+    assert {p.shard: p.skipped for p in done.publishers} == {0: True, 1: True, 2: False}
+    for p, values in OUTPUT.items():
+        assert broker.values(OUT, p) == values
+
+
+def test_marks_left_by_an_abort_that_died_before_the_ledger_refuse_spark_tasks_not_a_local_commit(
+    pipeline: Pipeline, ledger: Ledger, broker: FakeBroker, task_attempt: Any
+) -> None:
+    """The abort left its marks and died before ``ledger.abort``: the checkpoint stays
+    PREPARED. A spark-mode commit's tasks refuse it (naming the way out); a local commit,
+    which takes the ledger's lease after fencing, finishes it once."""
+    from airflow_provider_eo.core.abort_marks import mark_aborted
+
+    cp = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=SINK_PARTITIONS)
+    clients = FakeClients(broker)
+    identity = ledger.get_pipeline(pipeline.name).identity
+    ids = [f"eo.orders.{s}" for s in range(SHARDS)]
+    mark_aborted(pipeline, identity, cp, ids, renew=lambda: None, where="", clients=clients)
+    with pytest.raises(
+        CheckpointAborted, match=r"finish the checkpoint with `eo commit --commit-mode local`"
+    ):
+        commit_checkpoint(
+            pipeline,
+            ledger,
+            cp.checkpoint_id,
+            clients=clients,
+            commit_mode="spark",
+            runner=InProcessRunner(clients, ledger, pipeline),
+        )
+    assert broker.values(OUT) == []
+    done = commit_checkpoint(pipeline, ledger, cp.checkpoint_id, clients=clients, commit_mode="local")
+    assert done.checkpoint.state is CheckpointState.COMMITTED
+    for p, values in OUTPUT.items():
+        assert broker.values(OUT, p) == values
