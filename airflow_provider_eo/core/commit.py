@@ -662,6 +662,7 @@ def _publish_on_spark(
     name, cid = committables[0].pipeline, cp.checkpoint_id
     rows = {row.shard: row for row in ledger.get(name, cid).shards}
     ttl = 2 * max(c.timeout_s for c in committables) + 30
+    taken = _LeaseKeeper.clock()  # the lease's age counts from before it was asked for
     ledger.acquire_commit_lease(name, cid, owner=owner, ttl_s=ttl)
 
     def row(c: ShardCommittable, state: str, records: int, publish_s: float | None = None) -> None:
@@ -690,6 +691,7 @@ def _publish_on_spark(
             publishers.append(outcome)
 
     keeper = _LeaseKeeper(ledger, name, cid, owner, ttl, cancel=lambda: runner.cancel(name, cid))
+    keeper.renewed = taken
     keeper.start()
     try:
         for phase in (committables[:-1], committables[-1:]):

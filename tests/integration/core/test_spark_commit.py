@@ -21,6 +21,7 @@ from eo_faultlib import (
 )
 from eo_harness import parse_json_line
 
+from airflow_provider_eo import names
 from airflow_provider_eo.core.abort import abort_checkpoint
 from airflow_provider_eo.core.commit import commit_checkpoint
 from airflow_provider_eo.core.shard import Publisher, ShardFailure, ShardTask
@@ -246,3 +247,39 @@ def test_a_task_delayed_past_the_lease_and_an_abort_publishes_nothing(
     assert done.checkpoint.state is CheckpointState.COMMITTED and done.published == RECORDS
     assert len(h.sink_records()) == RECORDS
     h.assert_exactly_once(expected_records=RECORDS)
+
+
+def test_cancel_stops_the_checkpoints_commit_jobs_and_no_other(harness: Callable[..., Any]) -> None:
+    """What the lease keeper calls when the lease is lost: Spark cancels the jobs of that
+    checkpoint's job group (a running Python task is killed, long before it would end) and
+    leaves another checkpoint's alone."""
+    import threading
+    import time
+
+    h = harness()
+    runner = SparkShardRunner(h.pipeline, h.spark)
+    sc = h.spark.sparkContext
+    ended: dict[int, str] = {}
+
+    def job(checkpoint_id: int, seconds: float) -> None:
+        sc.setJobGroup(names.commit_app_name(h.pipeline.name, checkpoint_id), f"checkpoint {checkpoint_id}")
+        try:
+            sc.parallelize([seconds], 1).map(lambda s: time.sleep(s) or s).collect()
+            ended[checkpoint_id] = "done"
+        except Exception as exc:
+            ended[checkpoint_id] = f"failed: {exc}"
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=job, args=(7, 120.0)), threading.Thread(target=job, args=(8, 8.0))]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 120
+    while not sc.statusTracker().getActiveJobsIds() or len(sc.statusTracker().getActiveJobsIds()) < 2:
+        assert time.monotonic() < deadline, "the two jobs never ran"
+        time.sleep(0.1)
+    runner.cancel(h.pipeline.name, 7)
+    for t in threads:
+        t.join(150)
+    assert ended[8] == "done", ended
+    assert ended[7].startswith("failed") and "cancel" in ended[7].lower(), ended
+    assert time.monotonic() - started < 100  # killed, not waited for
