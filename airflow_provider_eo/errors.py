@@ -18,6 +18,8 @@ failure kind). Messages name the pipeline/checkpoint/partition and what to do ne
     │       ├── TransactionalIdUnauthorized
     │       ├── NotPrepared
     │       ├── TransactionTimedOut  the broker aborted a shard's transaction for its timeout
+    │       ├── CheckpointAborted  a spark-mode commit task began after an abort: nothing published
+    │       ├── CommitLeaseLost  a spark-mode commit lost its lease: its Spark jobs cancelled
     │       ├── ReadBackBlocked  a missing marker cannot be decided: an open transaction hides
     │       │                    the shard's output
     │       ├── PipelineIdentityMismatch  markers written by another ledger
