@@ -20,6 +20,8 @@ failure kind). Messages name the pipeline/checkpoint/partition and what to do ne
     │       ├── TransactionalIdUnauthorized
     │       ├── NotPrepared
     │       ├── TransactionTimedOut  the broker aborted a shard's transaction for its timeout
+    │       ├── CheckpointAborted  a spark-mode commit task began after an abort: nothing published
+    │       ├── CommitLeaseLost  a spark-mode commit lost its lease: its Spark jobs cancelled
     │       ├── ReadBackBlocked  a missing marker cannot be decided: an open transaction hides
     │       │                    the shard's output
     │       ├── PipelineIdentityMismatch  markers written by another ledger
@@ -279,6 +281,22 @@ class TransactionTimedOut(CommitError):
     the commit, or abort the checkpoint and lower ``max_records_per_checkpoint`` so its range
     is replanned smaller. The message names the transactional id, the timeout, the records
     and the measured publish time."""
+
+
+class CheckpointAborted(CommitError):
+    """A spark-mode commit task began a shard's transaction after an abort of its checkpoint
+    had fenced the shard and left its abort mark (consumer group ``eo-aborted.<name>``): it
+    published nothing, since the abort's range is replanned. No data is at risk. If the ledger
+    still shows the checkpoint PREPARED, the abort did not finish: run ``eo abort`` for it
+    again."""
+
+
+class CommitLeaseLost(CommitError):
+    """A spark-mode commit could not keep its commit lease (the ledger did not answer until
+    the lease would lapse, or another committer or an abort took it over), so its Spark jobs
+    were cancelled: no queued task of it begins. Shards that committed are published (their
+    markers show it); nothing of an unfinished one is visible. No data is at risk: retry the
+    commit (the markers prevent duplicates), unless an abort took the checkpoint over."""
 
 
 class ReadBackBlocked(CommitError):

@@ -114,6 +114,31 @@ def marker_identity(metadata: str | None) -> str | None:
     return None
 
 
+def aborted_group(pipeline_name: str) -> str:
+    """The provider-owned consumer group holding the abort marks (never a real consumer):
+    per commit shard, the checkpoints an abort fenced and gave up, so a Spark commit task
+    that begins after the abort refuses them (core/abort_marks.py). Apart from the marker
+    group, so a commit marker always means "published"."""
+    return f"eo-aborted.{pipeline_name}"
+
+
+ABORT_MARK_PREFIX = "eoab1:"
+
+
+def abort_mark_metadata(identity: str, aborted: str) -> str:
+    """The committed-offset metadata of an abort mark: ``eoab1:<identity>:<checkpoint ids>``
+    (ids as ranges, e.g. ``4,7-9``)."""
+    return f"{ABORT_MARK_PREFIX}{identity}:{aborted}"
+
+
+def parse_abort_mark(metadata: str | None) -> tuple[str, str] | None:
+    """(identity, checkpoint ids) of an abort mark's metadata; None for anything else."""
+    if not metadata or not metadata.startswith(ABORT_MARK_PREFIX):
+        return None
+    identity, sep, ids = metadata[len(ABORT_MARK_PREFIX) :].rpartition(":")
+    return (identity, ids) if sep and identity else None
+
+
 def checkpoint_dir(pipeline: Pipeline, checkpoint_id: int) -> str:
     """The staging folder of one checkpoint (holds one sub-folder per prepare attempt)."""
     return os.path.join(pipeline.staging_dir, pipeline.name, f"cp-{checkpoint_id:010d}")

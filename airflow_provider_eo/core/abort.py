@@ -27,6 +27,10 @@ the read, and the replanned range is then published twice. The steps, in this or
    A published shard makes the abort impossible (its output is in the sink; replanning
    would publish it twice): refused, and the commit is finished instead. A shard recorded
    COMMITTED is refused before anything is fenced (step 0).
+3a. A PREPARED checkpoint gets its abort marks (core/abort_marks.py): per shard, a
+   transaction of its id that reads the marker again and records the checkpoint as aborted,
+   so a spark-mode commit task whose ``init_transactions`` comes after the fence (queued,
+   retried) publishes nothing.
 4. ``ledger.abort`` under the lease: PLANNED/PREPARED -> ABORTED, refused if a committer took
    the lease over since step 1 (this process stalled past it); the range is replanned from
    its start. The lease is released.
@@ -37,6 +41,7 @@ Idempotent: aborting an ABORTED checkpoint does nothing; a COMMITTED one is refu
 from __future__ import annotations
 
 from airflow_provider_eo import names
+from airflow_provider_eo.core.abort_marks import mark_aborted
 from airflow_provider_eo.core.fencing import FENCE_LEASE_S, FenceLease, fence, fence_owner
 from airflow_provider_eo.core.markers import NO_MARKER, decide_marker
 from airflow_provider_eo.core.shard import REAL_KAFKA, KafkaClients
@@ -173,6 +178,12 @@ def abort_checkpoint(
                 lease.renew()
                 # 3. The markers, read after the fence: nothing can commit it any more.
                 _refuse_if_published(pipeline, ledger, cp, len(ids), reason, clients)
+                # 3a. The abort marks (core/abort_marks.py): a spark-mode commit task that
+                # runs init_transactions after this fence reads them and publishes nothing
+                # (only a PREPARED checkpoint has commit tasks).
+                if cp.state is CheckpointState.PREPARED:
+                    identity = ledger.get_pipeline(pipeline.name).identity
+                    mark_aborted(pipeline, identity, cp, ids, renew=lease.renew, where=where, clients=clients)
                 # 4. ABORTED, unless a committer took the lease over meanwhile.
                 return ledger.abort(
                     pipeline.name, checkpoint_id, reason=reason, actor=actor, lease_owner=owner

@@ -84,6 +84,7 @@ from airflow_provider_eo.core.sink_guard import (
 )
 from airflow_provider_eo.errors import (
     CommitError,
+    CommitLeaseLost,
     ConfigError,
     EoError,
     LedgerBehindSink,
@@ -104,9 +105,16 @@ from airflow_provider_eo.ledger import (
     PipelineRecord,
     ShardState,
 )
-from airflow_provider_eo.ledger.errors import CheckpointConflict, CheckpointNotFound, CommitLeaseHeld
+from airflow_provider_eo.ledger.errors import (
+    CheckpointConflict,
+    CheckpointNotFound,
+    CommitLeaseHeld,
+    LedgerUnavailable,
+)
 from airflow_provider_eo.pipeline import COMMIT_MODES, Pipeline
 from airflow_provider_eo.processes import process_gone
+
+log = logging.getLogger(__name__)
 
 log = logging.getLogger(__name__)
 
@@ -419,6 +427,7 @@ def commit_checkpoint(
     clients: KafkaClients = REAL_KAFKA,
     commit_mode: str | None = None,
     runner: ShardRunner | None = None,
+    fallback: Callable[[str], None] | None = None,
 ) -> CommitResult:
     """Publish a PREPARED checkpoint exactly once and mark it COMMITTED.
 
@@ -440,6 +449,9 @@ def commit_checkpoint(
     :param commit_mode: ``local``, ``spark`` or ``auto`` (default: the pipeline's).
     :param runner: where a spark-mode commit runs its shards (spark/commit.py's
         ``SparkShardRunner``); without one, ``auto`` commits locally and ``spark`` is refused.
+    :param fallback: commit ``spark`` locally instead when there is no runner or it cannot
+        run (``runner.unavailable()``), telling this callable why in one line (recovery and
+        backfill: the checkpoint must be finished whatever the mode).
     """
     started = time.monotonic()
     try:
@@ -452,6 +464,7 @@ def commit_checkpoint(
             clients=clients,
             commit_mode=commit_mode,
             runner=runner,
+            fallback=fallback,
         )
     except (LedgerBehindSink, CheckpointConflict, StagingNotVisible):
         now = ledger.get(pipeline.name, checkpoint_id)
@@ -470,6 +483,7 @@ def _commit_prepared(
     clients: KafkaClients,
     commit_mode: str | None,
     runner: ShardRunner | None,
+    fallback: Callable[[str], None] | None,
 ) -> CommitResult:
     """:func:`commit_checkpoint`'s steps."""
     require_applied(pipeline, where="the commit")
@@ -611,6 +625,15 @@ def _commit_prepared(
         session_running=runner.session_running if runner is not None else False,
         executors_elsewhere=runner.executors_elsewhere if runner is not None else False,
     )
+    if mode == "spark" and fallback is not None:
+        why = "this caller has no Spark shard runner" if runner is None else runner.unavailable()
+        if why is not None:
+            fallback(
+                f"pipeline {pipeline.name!r}, checkpoint {checkpoint_id}: commit_mode 'spark', "
+                f"but {why}: committing its shards in this process instead (both modes keep the "
+                "same markers and ledger rows)"
+            )
+            mode = "local"
     # A shard the ledger records COMMITTED is published for good (its row is written only
     # after its transaction committed, or its marker showed it): never run again, whatever
     # its marker (expired) or a read-back (the sink's retention) would show today.
@@ -665,20 +688,76 @@ def _commit_prepared(
 
 class _LeaseKeeper(threading.Thread):
     """Renews the commit lease while a spark-mode commit's jobs run (the driver holds it for
-    all of its shards; a commit on another host waits for it, as in local mode)."""
+    all of its shards; a commit on another host waits for it, as in local mode).
 
-    def __init__(self, ledger: Ledger, pipeline: str, checkpoint_id: int, owner: str, ttl_s: float) -> None:
+    A renewal the ledger does not answer (:class:`LedgerUnavailable`) is retried until the
+    lease would lapse (:attr:`margin_s` before it, on this process's clock, counted from
+    before the last renewal that succeeded). Then, or at once when the lease was taken over
+    (an abort, another committer), the checkpoint's Spark jobs are cancelled, so no queued
+    task of them begins after the lease, and :attr:`lost` says why. A task that begins all
+    the same (this driver paused, a task already past Spark's scheduler) is refused by the
+    abort mark an abort leaves (core/abort_marks.py); the keeper only keeps that rare.
+    """
+
+    #: The clock the lease's age is measured with (unit tests may replace it).
+    clock: Callable[[], float] = staticmethod(time.monotonic)
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        pipeline: str,
+        checkpoint_id: int,
+        owner: str,
+        ttl_s: float,
+        *,
+        cancel: Callable[[], None],
+    ) -> None:
         super().__init__(name=f"eo-commit-lease-{pipeline}-{checkpoint_id}", daemon=True)
         self.args = (ledger, pipeline, checkpoint_id, owner, ttl_s)
+        self.cancel = cancel
         self.stop = threading.Event()
+        self.margin_s = ttl_s / 6
+        self.renewed = self.clock()  # the lease was taken right before the keeper starts
+        #: Why the lease was given up (None while it is held).
+        self.lost: str | None = None
 
     def run(self) -> None:
         ledger, pipeline, checkpoint_id, owner, ttl_s = self.args
-        while not self.stop.wait(ttl_s / 3):
+        wait = ttl_s / 3
+        while not self.stop.wait(wait):
+            asked = self.clock()
             try:
                 ledger.acquire_commit_lease(pipeline, checkpoint_id, owner=owner, ttl_s=ttl_s)
-            except EoError:
-                return  # taken over (we were paused past the lease): the fence decides now
+            except LedgerUnavailable as exc:
+                left = self.renewed + ttl_s - self.clock()
+                if left <= self.margin_s:
+                    self._lose(
+                        f"the ledger did not answer for {ttl_s - left:.0f} s, so the lease could "
+                        f"not be renewed before it lapses (last error: {exc})"
+                    )
+                    return
+                # Retry sooner, so a short outage does not cost the lease.
+                wait = max(ttl_s / 60, min(ttl_s / 3, (left - self.margin_s) / 3))
+                log.warning(
+                    "pipeline %r, checkpoint %s: commit lease not renewed, retrying: %s",
+                    pipeline,
+                    checkpoint_id,
+                    exc,
+                )
+                continue
+            except EoError as exc:
+                self._lose(f"the lease was taken over or the checkpoint moved on ({exc})")
+                return
+            self.renewed, wait = asked, ttl_s / 3
+
+    def _lose(self, why: str) -> None:
+        self.lost = why
+        if self.stop.is_set():
+            return  # the jobs are over: nothing to cancel
+        try:
+            self.cancel()
+        except Exception as exc:  # the tasks are still refused by the abort marks
+            log.warning("commit jobs not cancelled: %s", exc)
 
 
 def _raise_shard_failure(c: ShardCommittable, outcome: ShardFailure | BaseException) -> None:
@@ -719,6 +798,7 @@ def _publish_on_spark(
     name, cid = committables[0].pipeline, cp.checkpoint_id
     rows = {row.shard: row for row in ledger.get(name, cid).shards}
     ttl = _lease_ttl(committables)
+    taken = _LeaseKeeper.clock()  # the lease's age counts from before it was asked for
     take_commit_lease(ledger, name, cid, owner=owner, ttl_s=ttl)
 
     def row(c: ShardCommittable, state: str, records: int, publish_s: float | None = None) -> None:
@@ -746,12 +826,23 @@ def _publish_on_spark(
             row(c, "COMMITTED", c.records if outcome.skipped else outcome.records, outcome.publish_s)
             publishers.append(outcome)
 
-    keeper = _LeaseKeeper(ledger, name, cid, owner, ttl)
+    keeper = _LeaseKeeper(ledger, name, cid, owner, ttl, cancel=lambda: runner.cancel(name, cid))
+    keeper.renewed = taken
     keeper.start()
     try:
         for phase in (committables[:-1], committables[-1:]):
             tasks = [ShardTask(c, row_before=c.shard in rows) for c in phase]
-            outcomes = runner.run(tasks, record)
+            outcomes = runner.run(tasks, record) if keeper.lost is None else []
+            if keeper.lost is not None:
+                done = sorted(p.shard for p in publishers)
+                raise CommitLeaseLost(
+                    f"pipeline {name!r}, checkpoint {cid}: this commit gave up its commit lease "
+                    f"({keeper.lost}); its Spark jobs were cancelled, so no queued commit task "
+                    f"begins. Shards committed: {done or 'none'} (their markers show it); "
+                    "nothing of an unfinished shard is visible. Retry the commit once the ledger "
+                    "answers (the markers prevent duplicates); if an abort took it over, its "
+                    "range is replanned."
+                )
             for shard, outcome in outcomes:
                 if not isinstance(outcome, Publisher):
                     _raise_shard_failure(by_shard[shard], outcome)

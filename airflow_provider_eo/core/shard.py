@@ -356,6 +356,13 @@ class ShardRunner(Protocol):
         each shard's outcome as it arrives. Returns every shard's outcome, or the exception
         of a shard whose run failed as a whole (its process lost too often)."""
 
+    def unavailable(self) -> str | None:
+        """Why no shard can run there now (None: it can); a caller may then commit locally."""
+
+    def cancel(self, pipeline: str, checkpoint_id: int) -> None:
+        """Stop the checkpoint's shards: none that has not started begins (called from
+        another thread while :meth:`run` waits, when the commit lost its lease)."""
+
 
 def pool_key(committable: ShardCommittable, clients: KafkaClients) -> Hashable:
     """What an idle producer of :data:`PRODUCERS` is kept under: everything it was made from
