@@ -48,7 +48,7 @@ picks (seeded) one fault kind and runs one ``eo run-once`` child while injecting
                       refused ("published"), N still PREPARED, the sink unchanged; the next
                       run-once commits N and publishes nothing twice;
 - ``hanging_txn``     the committer SIGSTOPped inside its transaction (``before_commit_txn`` or
-                      ``before_end_txn``, in a random shard; its transaction timeout 120 s),
+                      ``before_end_txn``, in a random shard; its transaction timeout 300 s),
                       then SIGKILLed: its transaction hangs on the sink. ``eo recover
                       --force-live`` (plus ``--abort-hanging`` and an ``eo doctor`` that must
                       name the transactional id, when this eo has that flag) must end it: every
@@ -156,7 +156,7 @@ DLQ_MAX_MESSAGE_BYTES = 16 * 1024
 DLQ_REPAIRED_BYTES = 1024 * 1024
 # transaction_timeout_ms of hanging_txn's committer: long enough that only `eo recover`, not
 # the broker's timeout, can end its transaction within the kind's check.
-HANG_TIMEOUT_MS = 120_000
+HANG_TIMEOUT_MS = 300_000
 KILL_COMMIT_STEPS = (
     "commit.after_begin",
     "commit.before_commit_txn",
@@ -1274,10 +1274,11 @@ class Torture:
         step = self.rng.choice(("commit.before_commit_txn", "commit.before_end_txn"))
         hit = self.rng.randint(1, plan.shards)
         hang = replace(self.pipeline, transaction_timeout_ms=HANG_TIMEOUT_MS)
-        spawned = time.monotonic()
         self._spawn(n, fault=step, action="pause", hit=hit, pipeline=hang)
         if not self._wait(lambda: self._state() == "T", 180):
             return None
+        # Its transaction began at most a publish of one shard before the pause.
+        paused = time.monotonic()
         held: dict[int, tuple[int, int]] = {}
 
         def hanging() -> bool:
@@ -1307,19 +1308,22 @@ class Torture:
                     f"not name its transactional id (one of {stuck}): {text[-300:]}"
                 )
         before = high_watermarks(self.config, self._sink())
+        called = time.monotonic()
         code, text = self._call(n, "recover", [EO, "recover", REF, "--force-live", "--wait", "15", *flags])
         recovered = time.monotonic()
         if code != 0 or "Traceback" in text:
             self._violation(
                 f"eo recover {' '.join(flags)} with a transaction hanging: exit {code}: {text[-300:]}"
             )
-        # Only recover can end it before the broker's timeout (counted from before it began).
-        limit = min(recovered + 30, spawned + HANG_TIMEOUT_MS / 1000 - 5)
+        # Only recover can end it before the broker's timeout (with a margin for the publish
+        # before the pause).
+        budget = HANG_TIMEOUT_MS / 1000 - 30
+        limit = min(recovered + 30, paused + budget)
         still: dict[int, tuple[int, int]] = self._open_on_sink()
         while still and time.monotonic() < limit:
             time.sleep(0.2)
             still = self._open_on_sink()
-        if not still and recovered - spawned > HANG_TIMEOUT_MS / 1000 - 5:
+        if not still and recovered - paused > budget:
             still = held  # gone, but the broker's own timeout may have ended it: not shown
         if still:
             self._violation(
@@ -1346,7 +1350,8 @@ class Torture:
         return (
             f"SIGSTOP at {step} (hit {hit}), SIGKILL: open on {sorted(held)}; eo recover "
             f"{' '.join(flags)} exit {code}, {'still open' if still else 'resolved'} "
-            f"{time.monotonic() - spawned:.0f}s after the child started; checkpoint {cid} "
+            f"{time.monotonic() - paused:.0f}s after the pause (recover {recovered - called:.0f}s); "
+            f"checkpoint {cid} "
             f"{state.value}; run-once exit {code_next}, {twice} published twice"
         )
 
