@@ -1323,6 +1323,7 @@ class Torture:
         while still and time.monotonic() < limit:
             time.sleep(0.2)
             still = self._open_on_sink()
+        resolved = time.monotonic()
         if not still and recovered - paused > budget:
             still = held  # gone, but the broker's own timeout may have ended it: not shown
         if still:
@@ -1350,7 +1351,7 @@ class Torture:
         return (
             f"SIGSTOP at {step} (hit {hit}), SIGKILL: open on {sorted(held)}; eo recover "
             f"{' '.join(flags)} exit {code}, {'still open' if still else 'resolved'} "
-            f"{time.monotonic() - paused:.0f}s after the pause (recover {recovered - called:.0f}s); "
+            f"{resolved - paused:.0f}s after the pause (recover {recovered - called:.0f}s); "
             f"checkpoint {cid} "
             f"{state.value}; run-once exit {code_next}, {twice} published twice"
         )
