@@ -1179,6 +1179,23 @@ class Torture:
             )
         return ["--abort-hanging"] if self._abort_hanging else []
 
+    def _lease_run_out(self, checkpoint_id: int, timeout_s: float = 180.0) -> None:
+        """Wait until no commit lease on ``checkpoint_id`` is live (a killed committer's runs
+        out ``2 * transaction timeout + 30`` s after it took it): a new committer is refused
+        while another holds one, however dead."""
+        import datetime as dt
+
+        assert self.ledger is not None and self.pipeline is not None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            until = self.ledger.get(self.pipeline.name, checkpoint_id).commit_lease_until
+            if until is not None and until.tzinfo is None:
+                until = until.replace(tzinfo=dt.timezone.utc)  # the ledger keeps UTC
+            if until is None or until < dt.datetime.now(dt.timezone.utc):
+                return
+            time.sleep(0.5)
+        self.log(f"  checkpoint {checkpoint_id}'s commit lease still live after {timeout_s:.0f}s")
+
     def _fault_expire_markers_abort(self, n: int) -> str | None:
         """Checkpoint N: shard 0 commits, the committer is killed inside shard 1's
         transaction, the commit markers expire (the marker group deleted, as retention does
@@ -1240,6 +1257,7 @@ class Torture:
                 f"now {state.value} (must be refused, still PREPARED): {text[-300:]}"
             )
         self._check_sink_unchanged(before, f"abort of checkpoint {cid} with its markers expired")
+        self._lease_run_out(cid)
         self._spawn(n)
         code_next = self._reap()
         now = self._state_of(cid)
