@@ -111,3 +111,20 @@ def poison_or_big(df: Any) -> Any:
         return b"x" * 5000 if v.startswith(b"BIG") else v
 
     return df.withColumn("value", F.udf(check, BinaryType())(F.col("value")))
+
+
+def poison_prefix(df: Any) -> Any:
+    """Fails on a value starting with b'POISON' with a Spark arithmetic error (an integral
+    division by zero under ANSI mode, Spark 4's default), without a Python UDF; any other
+    value is kept as it is. A poison record for long runs (bench/torture.py) that costs no
+    Python worker on the records that are fine."""
+    from pyspark.sql import functions as F
+
+    return df.withColumn(
+        "value",
+        F.expr(
+            "CASE WHEN substring(value, 1, 6) = X'504F49534F4E' THEN concat(value, "
+            "cast(cast(length(value) div (length(value) - length(value)) AS STRING) AS BINARY)) "
+            "ELSE value END"
+        ),
+    )
