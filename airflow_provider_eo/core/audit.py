@@ -139,7 +139,7 @@ class AuditReport:
     def per_record(self) -> bool:
         """Every checked source record was accounted for one by one (no checkpoint was
         checked by count only)."""
-        return self.unpositioned == 0
+        return self.unpositioned == 0 and self.source_unchecked == 0
 
     @property
     def outcome(self) -> str:
