@@ -144,8 +144,12 @@ class StageResult:
 
     @property
     def dropped(self) -> int | None:
-        """Source records the transform dropped (read, but no output record names them)."""
-        if self.sources_kept is None:
+        """Source records the transform dropped (read, but no output record names them).
+
+        ``None`` when not counted, and when the output has records of which none carries a
+        source position (an aggregation's): whether a source record was dropped or went into
+        an output record cannot be told then, and it is never counted as dropped."""
+        if self.sources_kept is None or (self.sources_kept == 0 and self.created > 0):
             return None
         return max(0, self.records_read - self.sources_kept - self.dead_letter_count)
 

@@ -18,7 +18,7 @@ from airflow_provider_eo import names, staging
 from airflow_provider_eo.core.prepare import StageRequest, StageResult
 from airflow_provider_eo.errors import PrepareError, TransformError
 from airflow_provider_eo.pipeline import Pipeline
-from airflow_provider_eo.spark import dead_letters, shape, source, write
+from airflow_provider_eo.spark import dead_letters, provenance, shape, source, write
 from airflow_provider_eo.spark.transform import Transform, apply_transform, job_failure, load_transform
 
 if TYPE_CHECKING:
@@ -180,6 +180,9 @@ class SparkStager:
 
         # 2. The user's transform.
         out = apply_transform(transform, frame, ref=pipeline.transform, where=where)
+        # The source position, carried through a transform that did not keep it (a select
+        # of key and value) wherever its operators keep rows (not an aggregation's).
+        out = provenance.carry_provenance(out, frame)
 
         # 3. Shape: columns, sink partition, limits counted during the write.
         staged = shape.staged_frame(out, sink_partitions, where, frame)

@@ -235,3 +235,35 @@ def test_a_dead_letter_larger_than_the_sink_allows_goes_to_a_roomier_dead_letter
     assert [bytes(m.value()) for m in dead] == [huge]
     assert _headers(dead[0])[names.HEADER_DLQ_OFFSET] == b"7"
     h.assert_exactly_once(expected_records=79)
+
+
+def test_a_dead_letter_sent_twice_fails_the_audit(
+    harness: Callable[..., Any], make_topic: Callable[..., str]
+) -> None:
+    """A dead letter is one of the ways a source record is accounted for: a second copy on
+    the dead-letter topic (here copied there again, headers and all) is a duplicate, and
+    `eo audit` says so and exits 2, naming the source record."""
+    h = _dead_letter_harness(harness, make_topic, budget=5)
+    _feed(h, {(0, 5): b"POISON-a", (1, 0): b"POISON-b", (1, 17): b"POISON-c"})
+    h.drain()
+    assert h.cli("audit").returncode == 0
+    dead = read_sink(h.config, h.pipeline.dead_letter_topic)
+    assert len(dead) == 3
+    copied = next(m for m in dead if _headers(m)[names.HEADER_DLQ_OFFSET] == b"17")
+    producer = Producer(h.config)
+    producer.produce(
+        h.pipeline.dead_letter_topic,
+        key=copied.key(),
+        value=copied.value(),
+        partition=copied.partition(),
+        headers=list(copied.headers() or []),
+    )
+    assert producer.flush(30) == 0
+
+    report = h.audit()
+    assert (report.duplicates, report.missing, report.dead_letters) == (1, 0, 3), report.as_dict()
+    topic = h.pipeline.source_topics[0]
+    assert report.duplicated_sources == [f"{topic}:1:17"], report.as_dict()
+    cli = h.cli("audit")
+    assert cli.returncode == 2, (cli.stdout, cli.stderr)
+    assert '"duplicates": 1' in cli.stdout
