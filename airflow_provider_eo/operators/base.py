@@ -37,6 +37,10 @@ def mask_pipeline_secrets(pipeline: Pipeline) -> None:
     for key, value in pipeline.kafka.items():
         if value and any(marker in str(key).lower() for marker in SECRET_KAFKA_KEYS):
             mask_secret(str(value))
+    for key in ("secret_key", "session_token"):  # the AWS connection's staging credentials
+        value = (pipeline.aws_settings or {}).get(key)
+        if value:
+            mask_secret(str(value))
 
 
 def resolve_pipeline_settings(
