@@ -251,14 +251,19 @@ def store_for(
         if rest:
             buckets.setdefault(bucket, {})[rest] = value
     by_bucket = tuple(
-        (bucket, _layer({**base_keys, **keys}, env, connection, conn_id)) for bucket, keys in sorted(buckets.items())
+        (bucket, _layer({**base_keys, **keys}, env, connection, conn_id))
+        for bucket, keys in sorted(buckets.items())
     )
     return StagingStore(s3=s3, by_bucket=by_bucket)
 
 
 def uses_s3(pipeline: Pipeline) -> bool:
     """Whether the pipeline stages under an S3 scheme."""
-    return pipeline.staging_dir.split("://", 1)[0].lower() in S3_SCHEMES if "://" in pipeline.staging_dir else False
+    return (
+        pipeline.staging_dir.split("://", 1)[0].lower() in S3_SCHEMES
+        if "://" in pipeline.staging_dir
+        else False
+    )
 
 
 def spark_settings(pipeline: Pipeline, conf: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -284,11 +289,7 @@ def spark_settings(pipeline: Pipeline, conf: Mapping[str, str] | None = None) ->
             continue
         out.setdefault(f"{_S3A}{key}", value)
     endpoint = s3.endpoint or ""
-    if (
-        s3.ssl is None
-        and endpoint.startswith("http://")
-        and f"{_S3A}connection.ssl.enabled" not in out
-    ):
+    if s3.ssl is None and endpoint.startswith("http://") and f"{_S3A}connection.ssl.enabled" not in out:
         out[f"{_S3A}connection.ssl.enabled"] = "false"
     if s3.credentials_from not in ("spark_conf", "default chain"):
         # Hadoop's default chain reads AWS_* of the JVM's environment; say so explicitly

@@ -402,7 +402,9 @@ def commit_checkpoint(
             pipeline,
             ledger,
             cp,
-            staged_partitions=_staged_partitions(cp, staging_fs.store_for(pipeline)) if cp.commit_plan is None else None,
+            staged_partitions=_staged_partitions(cp, staging_fs.store_for(pipeline))
+            if cp.commit_plan is None
+            else None,
             actor=actor,
         )
     sink_partitions = plan.sink_partitions

@@ -240,10 +240,9 @@ def configure_submit(
         # Hadoop's S3A in the driver's JVM reads credentials from its environment, not from
         # Python: an AWS connection's staging credentials go there, for this submit only
         # (unless this worker's own AWS_* environment gives them: it comes first).
-        task._eo_aws_env = []
-        for key, value in aws_jvm_environment(overrides).items():
-            os.environ[key] = value
-            task._eo_aws_env.append(key)
+        aws_env = aws_jvm_environment(overrides)
+        os.environ.update(aws_env)
+        task._eo_aws_env = list(aws_env)
     task.env_vars = env
     return False
 

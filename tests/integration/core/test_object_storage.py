@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 from eo_harness import EO, Harness, poll_until
 
+from airflow_provider_eo import names
 from airflow_provider_eo.kafka.audit import read_sink
 from airflow_provider_eo.ledger import CheckpointState
 from airflow_provider_eo.pipeline import Pipeline
@@ -116,7 +117,10 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
         assert poll_until(listening, timeout=60), log.read_text()[-3000:]
         endpoint = f"http://127.0.0.1:{port}"
         iam = boto3.client(
-            "iam", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="setup",
+            "iam",
+            endpoint_url=endpoint,
+            region_name="us-east-1",
+            aws_access_key_id="setup",
             aws_secret_access_key="setup",
         )
         iam.create_user(UserName="eo")
@@ -125,7 +129,10 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
             UserName="eo",
             PolicyName="s3",
             PolicyDocument=json.dumps(
-                {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}
+                {
+                    "Version": "2012-10-17",
+                    "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}],
+                }
             ),
         )
         server = S3Server(endpoint, key["AccessKeyId"], key["SecretAccessKey"])
@@ -154,7 +161,9 @@ class S3Harness(Harness):
     """A :class:`Harness` whose ``eo`` children run in their own folder with exactly the
     AWS environment a test gives (none of this process's)."""
 
-    def __init__(self, pipeline: Pipeline, config: dict[str, Any], cwd: Path, aws_env: dict[str, str]) -> None:
+    def __init__(
+        self, pipeline: Pipeline, config: dict[str, Any], cwd: Path, aws_env: dict[str, str]
+    ) -> None:
         super().__init__(pipeline, config, None)
         self.cwd = cwd
         self.aws_env = aws_env
@@ -173,10 +182,18 @@ class S3Harness(Harness):
             env["EO_FAULT"], env["EO_FAULT_ACTION"] = fault, "kill"
         return env
 
-    def eo(self, *args: str, fault: str | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    def eo(
+        self, *args: str, fault: str | None = None, timeout: float = 600
+    ) -> subprocess.CompletedProcess[str]:
         cmd = [EO, *args, "eo_test_pipelines:from_env", "--json"]
         return subprocess.run(
-            cmd, env=self.child_env(fault), cwd=self.cwd, capture_output=True, text=True, timeout=timeout, check=False
+            cmd,
+            env=self.child_env(fault),
+            cwd=self.cwd,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
         )
 
     def assert_exactly_once_against_source(self) -> None:
@@ -190,7 +207,9 @@ class S3Harness(Harness):
         self.assert_exactly_once(expected_records=len(self.produced))
 
     def assert_nothing_staged_locally(self) -> None:
-        local = [p for p in self.cwd.rglob("*") if p.name.startswith(("cp-", "attempt-")) or p.name == "staging"]
+        local = [
+            p for p in self.cwd.rglob("*") if p.name.startswith(("cp-", "attempt-")) or p.name == "staging"
+        ]
         assert not local, local
         pinned = self.ledger.get_pipeline(self.pipeline.name).staging_dir
         assert pinned is not None and pinned.startswith(f"s3a://{BUCKET}/"), pinned
@@ -202,7 +221,9 @@ def s3_harness(
 ) -> Iterator[Callable[..., S3Harness]]:
     made: list[S3Harness] = []
 
-    def _make(*, credentials: str, source_partitions: int = 2, sink_partitions: int = 2, **kw: Any) -> S3Harness:
+    def _make(
+        *, credentials: str, source_partitions: int = 2, sink_partitions: int = 2, **kw: Any
+    ) -> S3Harness:
         spark_conf = {"spark.jars": s3a_jars, f"{S3A}path.style.access": "true"}
         aws_env: dict[str, str] = {}
         if credentials == "environment":
@@ -251,7 +272,9 @@ def test_run_once_through_sigkills_stages_in_the_bucket_with_credentials_from_th
     (cp,) = h.ledger.list_checkpoints(h.pipeline.name)
     assert cp.state is CheckpointState.PLANNED
     dead = s3.keys(prefix)
-    assert any(k.endswith(".parquet") for k in dead) and not any(k.endswith("/_manifest.json") for k in dead), dead
+    assert any(k.endswith(".parquet") for k in dead) and not any(
+        k.endswith(f"/{names.MANIFEST}") for k in dead
+    ), dead
 
     # Killed inside the commit's transaction: PREPARED, its staged output only in the bucket.
     killed = h.eo("run-once", fault="commit.before_commit_txn")
@@ -261,7 +284,7 @@ def test_run_once_through_sigkills_stages_in_the_bucket_with_credentials_from_th
     assert cp.staging_location.startswith(f"s3a://{BUCKET}/"), cp.staging_location
     attempt = cp.staging_location.split(f"s3a://{BUCKET}/", 1)[1]
     staged = s3.keys(attempt + "/")
-    assert f"{attempt}/_manifest.json" in staged, staged
+    assert f"{attempt}/{names.MANIFEST}" in staged, staged
     assert sum(k.endswith(".parquet") for k in staged) >= 1, staged
     h.assert_nothing_staged_locally()
 
@@ -289,23 +312,27 @@ def test_distributed_commit_and_doctor_with_credentials_from_spark_conf(
     assert "spark" in json.dumps(_json_lines(done.stdout)), done.stdout[-2000:]
     h.assert_exactly_once_against_source()
     kept = s3.keys(f"{h.pipeline.name}/staging/")
-    assert any(k.endswith("/_manifest.json") for k in kept), kept  # keep_committed_staging=1
+    assert any(k.endswith(f"/{names.MANIFEST}") for k in kept), kept  # keep_committed_staging=1
     h.assert_nothing_staged_locally()
 
     doctor = h.eo("doctor")
     report = json.loads(doctor.stdout.strip().splitlines()[-1])
     findings = {f["check"]: f for f in report["findings"]}
-    assert findings["staging"]["status"] == "ok", findings["staging"]
-    assert findings["staging shared"]["status"] == "ok", findings["staging shared"]
+    assert findings["staging"]["severity"] == "ok", findings["staging"]
+    assert findings["staging shared"]["severity"] == "ok", findings["staging shared"]
     assert not [k for k in s3.keys(f"{h.pipeline.name}/") if ".eo-doctor" in k]  # probes removed
 
 
-def test_stream_stages_every_checkpoint_in_the_bucket(s3_harness: Callable[..., S3Harness], s3: S3Server) -> None:
+def test_stream_stages_every_checkpoint_in_the_bucket(
+    s3_harness: Callable[..., S3Harness], s3: S3Server
+) -> None:
     h = s3_harness(credentials="environment", max_records_per_checkpoint=60)
     h.produce(180)
     run = h.eo("stream", "--interval", "0.5", "--checkpoints", "3")
     assert run.returncode == 0, run.stderr[-3000:]
-    committed = [c for c in h.ledger.list_checkpoints(h.pipeline.name) if c.state is CheckpointState.COMMITTED]
+    committed = [
+        c for c in h.ledger.list_checkpoints(h.pipeline.name) if c.state is CheckpointState.COMMITTED
+    ]
     assert len(committed) == 3, committed
     assert all((c.staging_location or "").startswith(f"s3a://{BUCKET}/") for c in committed)
     h.assert_exactly_once_against_source()
@@ -341,7 +368,11 @@ def test_structured_streaming_sink_stages_in_the_bucket(
         "checkpoint": str(tmp_path / "query-checkpoint"),
         "kind": "identity",
         "max_offsets": 50,
-        "spark_conf": {"spark.jars": s3a_jars, f"{S3A}path.style.access": "true", f"{S3A}endpoint": s3.endpoint},
+        "spark_conf": {
+            "spark.jars": s3a_jars,
+            f"{S3A}path.style.access": "true",
+            f"{S3A}endpoint": s3.endpoint,
+        },
     }
     run = subprocess.run(
         [sys.executable, str(TESTS / "eo_ss_query.py"), json.dumps(spec)],
@@ -369,10 +400,18 @@ def test_a_wrong_credential_fails_the_prepare_naming_staging_dir(
     h.produce(20)
     run = h.eo("run-once")
     assert run.returncode != 0
-    assert f"staging_dir '{h.pipeline.staging_dir}'" in run.stderr, run.stderr[-3000:]
-    assert "credentials from environment" in run.stderr, run.stderr[-3000:]
+    said = " ".join(run.stderr.split())  # the console wraps long lines
+    assert f"staging_dir '{h.pipeline.staging_dir}' cannot be listed" in said, said[-3000:]
+    assert "credentials from environment" in said and "SIGNATURE_DOES_NOT_MATCH" in said, said[-3000:]
     assert "not-the-secret" not in run.stderr + run.stdout
     assert s3.keys(f"{h.pipeline.name}/") == []
     (cp,) = h.ledger.list_checkpoints(h.pipeline.name)
     assert cp.state is CheckpointState.PLANNED  # nothing staged, nothing published
     assert read_sink(h.config, h.pipeline.sink_topic) == []
+
+    doctor = h.eo("doctor", "--no-spark-probe")
+    report = json.loads(doctor.stdout.strip().splitlines()[-1])
+    (staging,) = [f for f in report["findings"] if f["check"] == "staging"]
+    assert staging["severity"] == "fail", staging
+    assert "credentials from environment" in staging["found"], staging
+    assert "not-the-secret" not in doctor.stdout + doctor.stderr
