@@ -51,6 +51,8 @@ __all__ = [
     "jvm_environment",
     "spark_settings",
     "store_for",
+    "uses_s3",
+    "with_store",
 ]
 
 #: Hadoop's names for S3, all read through pyarrow's S3 filesystem.
