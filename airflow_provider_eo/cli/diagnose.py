@@ -73,15 +73,17 @@ def doctor_cmd(
     from airflow_provider_eo.streaming.savepoint import load_sink
 
     sink = load_sink(ref)
-    query_location = None
-    if sink is not None and sink.checkpoint_location:  # the query's location, read here
-        from functools import partial
-
-        from airflow_provider_eo.streaming.checkpoint_location import read_location
-
-        query_location = partial(read_location, sink.checkpoint_location)
     with reported():
-        report = run_doctor(load(ref), staging_probe=probe, query_location=query_location)
+        pipeline = load(ref)
+        query_location = None
+        if sink is not None and sink.checkpoint_location:  # the query's location, read here
+            from functools import partial
+
+            from airflow_provider_eo.staging_fs import store_for
+            from airflow_provider_eo.streaming.checkpoint_location import read_location
+
+            query_location = partial(read_location, sink.checkpoint_location, store_for(pipeline))
+        report = run_doctor(pipeline, staging_probe=probe, query_location=query_location)
     if as_json:
         print(json.dumps(report.as_dict()))
     else:

@@ -59,7 +59,7 @@ from typing import Literal
 
 from confluent_kafka import KafkaException
 
-from airflow_provider_eo import names, staging
+from airflow_provider_eo import names, staging, staging_fs
 from airflow_provider_eo.connections import require_applied
 from airflow_provider_eo.core.abort import abort_checkpoint
 from airflow_provider_eo.core.fault_seam import fault_point
@@ -227,6 +227,7 @@ def shard_committable(
         topic_max_bytes=topic_max_bytes,
         dead_letter_topic=manifest.dead_letter_topic if last else None,
         dead_letters=tuple(manifest.dead_letters) if last else (),
+        staging_store=staging_fs.store_for(pipeline),
     )
 
 
@@ -379,11 +380,11 @@ def _abort_if_unpublished(
     )
 
 
-def _staged_partitions(cp: CheckpointRecord) -> int | None:
+def _staged_partitions(cp: CheckpointRecord, store: staging_fs.StagingStore | None = None) -> int | None:
     """The partition count a checkpoint's output was staged for (None when unreadable: the
     verification below then decides)."""
     try:
-        return staging.read_manifest(cp.staging_location or "").sink_partitions
+        return staging.read_manifest(cp.staging_location or "", store).sink_partitions
     except (StagingError, StagingUnreadable, OSError):
         return None
 
@@ -407,7 +408,9 @@ def cleanup_staging(
             return
     registered = registered or ledger.get_pipeline(pipeline.name)
     root = dataclasses.replace(pipeline, staging_dir=registered.staging_dir or pipeline.staging_dir)
-    staging.remove_checkpoint_attempts(names.checkpoint_dir(root, old), registered.identity, location)
+    staging.remove_checkpoint_attempts(
+        names.checkpoint_dir(root, old), registered.identity, location, staging_fs.store_for(pipeline)
+    )
 
 
 #: The note of a commit that found its checkpoint committed by another committer meanwhile.
@@ -511,7 +514,9 @@ def _commit_prepared(
             pipeline,
             ledger,
             cp,
-            staged_partitions=_staged_partitions(cp) if cp.commit_plan is None else None,
+            staged_partitions=_staged_partitions(cp, staging_fs.store_for(pipeline))
+            if cp.commit_plan is None
+            else None,
             actor=actor,
         )
     sink_partitions = plan.sink_partitions
@@ -550,7 +555,8 @@ def _commit_prepared(
     }
     check_commit_markers(pipeline, registered, checkpoint_id, markers)
     try:
-        manifest = staging.read_manifest(cp.staging_location or "")
+        store = staging_fs.store_for(pipeline)
+        manifest = staging.read_manifest(cp.staging_location or "", store)
         if (
             manifest.checkpoint_id != checkpoint_id
             or manifest.records != (cp.records or 0)
@@ -566,7 +572,7 @@ def _commit_prepared(
                 f"the commit plan of sink topic {plan.sink_topic!r} has {sink_partitions} "
                 f"partitions, the staged output was partitioned for {manifest.sink_partitions}"
             )
-        staging.verify(cp.staging_location or "", manifest)
+        staging.verify(cp.staging_location or "", manifest, store)
     # StagingUnreadable (an I/O error) is not caught: the storage did not answer, the staged
     # output may be intact, so the commit fails retryably and nothing is aborted. Only a
     # verified mismatch (count, checksum, another checkpoint's manifest) aborts.

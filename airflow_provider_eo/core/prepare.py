@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from airflow_provider_eo import names, staging
+from airflow_provider_eo import names, staging, staging_fs
 from airflow_provider_eo.connections import require_applied
 from airflow_provider_eo.core.fault_seam import fault_point
 from airflow_provider_eo.core.plan import data_loss_error, frozen_commit_plan, lost_ranges
@@ -75,6 +75,11 @@ class StageRequest:
     max_message_bytes: int
     path: str
     where: str
+
+    @property
+    def store(self) -> staging_fs.StagingStore:
+        """How :attr:`path` is opened in this process (:func:`~airflow_provider_eo.staging_fs.store_for`)."""
+        return staging_fs.store_for(self.pipeline)
 
 
 @dataclass(frozen=True)
@@ -207,7 +212,7 @@ def check_dead_letters_fit(request: StageRequest, staged: StageResult, *, identi
     if not staged.dead_letters:
         return
     pipeline = request.pipeline
-    for batch in staging.iter_batches(request.path, list(staged.dead_letters)):
+    for batch in staging.iter_batches(request.path, list(staged.dead_letters), store=request.store):
         for row in batch.to_pylist():
             headers = dead_letter_headers(
                 row, pipeline=pipeline.name, checkpoint_id=request.checkpoint_id, identity=identity
@@ -331,6 +336,8 @@ def prepare_checkpoint(
     # The staging location is resolved once and pinned in the ledger: a relative staging_dir
     # in a process started elsewhere stages (and the commit reads) where the first one did.
     location, relative = staging.resolve_location(pipeline.staging_dir)
+    store = staging_fs.store_for(pipeline)
+    staging.check_reachable(pipeline.name, location, store)
     pinned = ledger.pin_staging_dir(pipeline.name, location, relative=relative)
     path = names.attempt_dir(dataclasses.replace(pipeline, staging_dir=pinned), checkpoint_id, attempt)
 
@@ -359,7 +366,7 @@ def prepare_checkpoint(
             )
             check_dead_letters_fit(request, staged, identity=identity, limit=limit)
     except (StagingError, DeadLetterTooLarge):
-        staging.remove(path)
+        staging.remove(path, store)
         raise
     fault_point("prepare.after_write")
 
@@ -379,7 +386,7 @@ def prepare_checkpoint(
         dead_letters=list(staged.dead_letters),
         dead_letter_topic=pipeline.dead_letter_topic if staged.dead_letters else None,
     )
-    staging.write_manifest(path, manifest)
+    staging.write_manifest(path, manifest, store)
     fault_point("prepare.before_ledger")
 
     # 4. PLANNED -> PREPARED naming this attempt; a losing attempt's folder is garbage.
@@ -401,7 +408,7 @@ def prepare_checkpoint(
             dead_letters=staged.dead_letter_count,
         )
     except CheckpointConflict:
-        staging.remove(path)
+        staging.remove(path, store)
         cp = ledger.get(pipeline.name, checkpoint_id)
         return PrepareResult(
             cp,

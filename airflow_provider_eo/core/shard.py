@@ -39,7 +39,7 @@ from typing import Any, Protocol
 import pyarrow as pa
 from confluent_kafka import KafkaException
 
-from airflow_provider_eo import names, staging
+from airflow_provider_eo import names, staging, staging_fs
 from airflow_provider_eo.core.fault_seam import fault_point, fault_triggered
 from airflow_provider_eo.core.markers import NO_MARKER, decide_marker
 from airflow_provider_eo.errors import CommitError, CommitFenced, LedgerBehindSink, TransactionTimedOut
@@ -224,6 +224,9 @@ class ShardCommittable:
     # their topic.
     dead_letter_topic: str | None = None
     dead_letters: tuple[staging.StagedFile, ...] = ()
+    # How the staged files are opened (S3 settings and credentials: never logged); the
+    # same on an executor as in the committing process.
+    staging_store: staging_fs.StagingStore | None = None
 
     @property
     def config(self) -> dict[str, Any]:
@@ -256,7 +259,7 @@ class ShardCommittable:
 
     def batches(self, partition: int) -> Iterator[pa.RecordBatch]:
         """The staged rows of one sink partition, as Arrow batches (bounded memory)."""
-        return staging.iter_batches(self.staging_location, self.files_of(partition))
+        return staging.iter_batches(self.staging_location, self.files_of(partition), store=self.staging_store)
 
 
 class ShardHooks(Protocol):
@@ -495,7 +498,7 @@ class ShardTransaction:
             produce_dead_letters(
                 self.producer,
                 c.dead_letter_topic,
-                staging.iter_batches(c.staging_location, list(c.dead_letters)),
+                staging.iter_batches(c.staging_location, list(c.dead_letters), store=c.staging_store),
                 pipeline=c.pipeline,
                 checkpoint_id=c.checkpoint_id,
                 identity=c.identity,
