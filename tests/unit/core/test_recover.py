@@ -197,7 +197,7 @@ def test_recover_commits_a_spark_mode_checkpoint_through_the_runner(
     lines: list[str] = []
     result = recover_pipeline(spark, ledger, wait_s=0, progress=lines.append, clients=clients, runner=runner)
     assert (result.committed, result.published) == (1, 2) and result.clean
-    assert runner.shards == [0, 1, 2]  # in Spark tasks (shard 0's marker made its task skip)
+    assert runner.shards == [1, 2]  # in Spark tasks; shard 0 is recorded COMMITTED: never run again
     for p in range(3):  # each record once
         assert broker.values(OUT, p) == SECOND[p]
     assert not any("committing its shards in this process" in line for line in lines), lines
