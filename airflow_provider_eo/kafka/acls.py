@@ -216,6 +216,15 @@ def role_acls(
         "the commit marker is a transactional offset commit of this group",
     )
 
+    add(
+        "committer",
+        "topic",
+        sink,
+        "DESCRIBE_CONFIGS",
+        "recommended: the sink's max.message.bytes bounds the batches (else sink_max_message_bytes)",
+        required=False,
+    )
+
     add("audit", "topic", sink, "READ", "read the sink with read_committed")
     for topic in sources:
         add("audit", "topic", topic, "READ", "count the source records each checkpoint read")
@@ -497,3 +506,50 @@ def java_access_denied(
     if _JAVA_CLUSTER.search(text):
         return access_denied(where, "IDEMPOTENT_WRITE", "cluster", "kafka-cluster", config=config)
     return None
+
+
+def reader_denied(
+    err: Any, what: str, topic: str, group_prefix: str, config: Mapping[str, Any]
+) -> KafkaAccessDenied:
+    """The refusal a short-lived reader met (assign only, a random ``group_prefix`` group):
+    READ on ``topic``, or DESCRIBE on its group (librdkafka looks the coordinator up)."""
+    if str(err.name()) == "GROUP_AUTHORIZATION_FAILED":
+        return access_denied(
+            what, "DESCRIBE", "group", group_prefix, config=config, cause=err.name(), pattern="prefixed"
+        )
+    return access_denied(what, "READ", "topic", topic, config=config, cause=err.name())
+
+
+def commit_denied(
+    err: Any,
+    what: str,
+    *,
+    transactional_id: str,
+    group: str | None = None,
+    topics: Sequence[str] = (),
+    config: Mapping[str, Any] | None = None,
+    error: type[_Denied] = KafkaAccessDenied,  # type: ignore[assignment]
+) -> KafkaAccessDenied:
+    """The refusal a transactional call met: WRITE on the transactional id (prefix: every
+    shard's id), READ on ``group`` (``send_offsets_to_transaction``) or READ on ``topics``
+    (the offsets' topics, TxnOffsetCommit)."""
+    from airflow_provider_eo.errors import TransactionalIdUnauthorized
+
+    name = str(err.name())
+    if name == "TRANSACTIONAL_ID_AUTHORIZATION_FAILED":
+        prefix = transactional_id.rsplit(".", 1)[0] + "."
+        return access_denied(
+            what,
+            "WRITE",
+            "transactional-id",
+            prefix,
+            config=config,
+            cause=name,
+            pattern="prefixed",
+            error=TransactionalIdUnauthorized,
+        )
+    if name == "GROUP_AUTHORIZATION_FAILED" and group is not None:
+        return access_denied(what, "READ", "group", group, config=config, cause=name, error=error)
+    if name == "TOPIC_AUTHORIZATION_FAILED" and topics:
+        return access_denied(what, "READ", "topic", ", ".join(topics), config=config, cause=name, error=error)
+    return access_denied(what, "WRITE", "cluster", "kafka-cluster", config=config, cause=name, error=error)

@@ -18,6 +18,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from airflow_provider_eo.errors import KafkaAdminError
+from airflow_provider_eo.kafka.acls import access_denied, is_authorization_error
 from airflow_provider_eo.kafka.client_config import cache_key, librdkafka_config
 
 _TRANSIENT_CODES = {
@@ -105,6 +106,15 @@ def partitions_of(
     out: dict[str, list[int]] = {}
     for topic in wanted:
         meta = md.topics.get(topic)
+        if meta is not None and meta.error is not None and is_authorization_error(meta.error):
+            raise access_denied(
+                f"reading the metadata of topic {topic!r}",
+                "DESCRIBE",
+                "topic",
+                topic,
+                config=config,
+                cause=meta.error.name(),
+            )
         if meta is None or meta.error is not None:
             raise KafkaAdminError(
                 f"topic {topic!r} does not exist on {config.get('bootstrap.servers')!r}; "
@@ -168,6 +178,15 @@ def list_offsets(
                 # A fresh topic or a leader move answers NOT_LEADER / LEADER_NOT_AVAILABLE
                 # for a moment, or (a dead leader) not at all: retriable until the deadline.
                 transient = isinstance(exc, FutureTimeout) or _transient(exc.args[0])
+                if isinstance(exc, KafkaException) and is_authorization_error(exc.args[0]):
+                    raise access_denied(
+                        f"listing {spec} offsets of {tp.topic}[{tp.partition}]",
+                        "DESCRIBE",
+                        "topic",
+                        tp.topic,
+                        config=config,
+                        cause=exc.args[0].name(),
+                    ) from exc
                 if transient and time.monotonic() < deadline:
                     retry.add(tp)
                     continue
@@ -304,14 +323,31 @@ def committed_group_marks(
             found = consumer.committed(tps, timeout=max(1.0, deadline - time.monotonic()))
             break
         except KafkaException as exc:
+            _raise_if_denied(exc.args[0], config, group, tps)
             if not _transient(exc.args[0]) or time.monotonic() >= deadline:
                 raise KafkaAdminError(f"reading offsets of group {group!r} failed: {exc}") from exc
             time.sleep(0.3)
+    for tp in found:
+        if tp.error is not None:
+            _raise_if_denied(tp.error, config, group, [tp])
     return {
         (tp.topic, tp.partition): (int(tp.offset), tp.metadata or "")
         for tp in found
         if tp.offset is not None and tp.offset >= 0
     }
+
+
+def _raise_if_denied(
+    err: KafkaError, config: Mapping[str, Any], group: str, tps: list[TopicPartition]
+) -> None:
+    """A refused offset read (OffsetFetch: DESCRIBE on the group and on the topic) as the
+    :class:`KafkaAccessDenied` naming it; any other error passes."""
+    if not is_authorization_error(err):
+        return
+    what = f"reading the committed offsets of group {group!r}"
+    if err.name() == "GROUP_AUTHORIZATION_FAILED" or not tps:
+        raise access_denied(what, "DESCRIBE", "group", group, config=config, cause=err.name())
+    raise access_denied(what, "DESCRIBE", "topic", tps[0].topic, config=config, cause=err.name())
 
 
 def committed_group_marks_everywhere(
