@@ -8,6 +8,7 @@ failure kind). Messages name the pipeline/checkpoint/partition and what to do ne
 
     EoError
     ├── ConfigError            a setting is impossible or unsafe (PipelineConfigError)
+    │   └── WatcherSetupError  an asset watcher cannot run where the triggerer runs it
     ├── LedgerError            the ledger refused or could not record a transition (ledger/errors.py)
     ├── KafkaFailure           Kafka refused or failed a request
     │   ├── KafkaAccessDenied  the broker's ACLs refused an operation on a resource

@@ -584,12 +584,14 @@ class ShardTransaction:
     def _denied(self, what: str, group: str | None, topics: list[str]) -> Callable[[Any], Exception]:
         """The ACL refusal of one of this shard's transactional calls (never aborted and redone)."""
         c = self.committable
+        produced = [c.sink_topic, *([c.dead_letter_topic] if c.dead_letters and c.dead_letter_topic else [])]
         return lambda err: commit_denied(
             err,
             f"{c.where}{what}",
             transactional_id=c.transactional_id,
             group=group,
             topics=topics,
+            produced=produced,
             config=c.config,
             error=CommitAccessDenied,
         )

@@ -106,6 +106,13 @@ def partitions_of(
     out: dict[str, list[int]] = {}
     for topic in wanted:
         meta = md.topics.get(topic)
+        if meta is None:
+            # The cluster's metadata leaves out the topics this principal may not describe;
+            # asked by name, the broker says which it is (refused, or unknown).
+            try:
+                meta = admin.list_topics(topic=topic, timeout=timeout_s).topics.get(topic)
+            except KafkaException:
+                meta = None
         if meta is not None and meta.error is not None and is_authorization_error(meta.error):
             raise access_denied(
                 f"reading the metadata of topic {topic!r}",
@@ -325,6 +332,9 @@ def committed_group_marks(
         except KafkaException as exc:
             _raise_if_denied(exc.args[0], config, group, tps)
             if not _transient(exc.args[0]) or time.monotonic() >= deadline:
+                # librdkafka retries a refused coordinator look-up (DESCRIBE on the group)
+                # until the time-out: ask the broker whether the group is refused.
+                _raise_if_denied(_group_access(config, group), config, group, tps)
                 raise KafkaAdminError(f"reading offsets of group {group!r} failed: {exc}") from exc
             time.sleep(0.3)
     for tp in found:
@@ -337,12 +347,23 @@ def committed_group_marks(
     }
 
 
+def _group_access(config: Mapping[str, Any], group: str) -> KafkaError | None:
+    """The error describing ``group`` gives (GROUP_AUTHORIZATION_FAILED when refused), or None."""
+    try:
+        admin_client(config).describe_consumer_groups([group], request_timeout=10)[group].result(timeout=15)
+    except KafkaException as exc:
+        return exc.args[0] if isinstance(exc.args[0], KafkaError) else None
+    except Exception:  # no answer: nothing more to say than the caller's error
+        return None
+    return None
+
+
 def _raise_if_denied(
-    err: KafkaError, config: Mapping[str, Any], group: str, tps: list[TopicPartition]
+    err: KafkaError | None, config: Mapping[str, Any], group: str, tps: list[TopicPartition]
 ) -> None:
     """A refused offset read (OffsetFetch: DESCRIBE on the group and on the topic) as the
     :class:`KafkaAccessDenied` naming it; any other error passes."""
-    if not is_authorization_error(err):
+    if err is None or not is_authorization_error(err):
         return
     what = f"reading the committed offsets of group {group!r}"
     if err.name() == "GROUP_AUTHORIZATION_FAILED" or not tps:

@@ -272,7 +272,6 @@ def test_each_role_as_its_own_user_and_a_stream_run_exactly_once(
             streamed,
             interval_s=0.5,
             max_checkpoints=3,
-            duration_s=240,
             ledger=ledger,
             stager=SparkStager(spark),
         )

@@ -350,7 +350,8 @@ def test_an_unclassified_error_fails_without_a_redo(tmp_path: Path, broker: Fake
 
 def test_an_unauthorized_transactional_id_fails(tmp_path: Path, broker: FakeBroker) -> None:
     broker.fail("init_transactions", kafka_error(KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED))
-    with pytest.raises(TransactionalIdUnauthorized, match="WRITE on transactional-id 'eo.orders.'") as caught:
+    refused = r"WRITE on transactional-id 'eo\.orders\.'"
+    with pytest.raises(TransactionalIdUnauthorized, match=refused) as caught:
         commit_shard(committable(tmp_path), Hooks(), FakeClients(broker))
     assert "--operation Write --transactional-id eo.orders. --resource-pattern-type prefixed" in str(
         caught.value
