@@ -50,6 +50,7 @@ from airflow_provider_eo.errors import (
     TransactionTimedOut,
 )
 from airflow_provider_eo.kafka.acls import access_denied, commit_denied
+from airflow_provider_eo.kafka.admin import unwritable_topic
 from airflow_provider_eo.kafka.publisher import (
     PRODUCERS,
     Abortable,
@@ -592,6 +593,7 @@ class ShardTransaction:
             group=group,
             topics=topics,
             produced=produced,
+            unwritable=lambda topics: unwritable_topic(c.config, topics),
             config=c.config,
             error=CommitAccessDenied,
         )

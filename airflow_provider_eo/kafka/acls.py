@@ -13,7 +13,7 @@ fault, never retried and never blamed on a record.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -530,6 +530,7 @@ def commit_denied(
     group: str | None = None,
     topics: Sequence[str] = (),
     produced: Sequence[str] = (),
+    unwritable: Callable[[Sequence[str]], str] | None = None,
     config: Mapping[str, Any] | None = None,
     error: type[_Denied] = KafkaAccessDenied,  # type: ignore[assignment]
 ) -> KafkaAccessDenied:
@@ -537,14 +538,14 @@ def commit_denied(
     transaction's AddPartitionsToTxn, reported by the next call), WRITE on the
     transactional id (prefix: every shard's id), READ on ``group``
     (``send_offsets_to_transaction``) or READ on ``topics`` (the offsets' topics,
-    TxnOffsetCommit)."""
+    TxnOffsetCommit). ``unwritable(produced)`` names the one the broker refuses."""
     from airflow_provider_eo.errors import TransactionalIdUnauthorized
 
     name = str(err.name())
     if name == "TOPIC_AUTHORIZATION_FAILED" and produced and "add partition" in str(err.str()).lower():
         # AddPartitionsToTxn was refused (the first produce to a partition): WRITE on one of
         # the topics written; librdkafka does not say which, the broker does.
-        topic = unwritable_topic(config or {}, produced)
+        topic = unwritable(produced) if unwritable is not None else ", ".join(produced)
         return access_denied(what, "WRITE", "topic", topic, config=config, cause=name, error=error)
     if name == "TRANSACTIONAL_ID_AUTHORIZATION_FAILED":
         prefix = transactional_id.rsplit(".", 1)[0] + "."
@@ -563,24 +564,3 @@ def commit_denied(
     if name == "TOPIC_AUTHORIZATION_FAILED" and topics:
         return access_denied(what, "READ", "topic", ", ".join(topics), config=config, cause=name, error=error)
     return access_denied(what, "WRITE", "cluster", "kafka-cluster", config=config, cause=name, error=error)
-
-
-def unwritable_topic(config: Mapping[str, Any], topics: Sequence[str]) -> str:
-    """The first of ``topics`` the broker says this principal may not WRITE (its authorized
-    operations, KIP-430); all of them, comma-separated, when it will not say."""
-    from confluent_kafka import TopicCollection
-    from confluent_kafka.admin import AclOperation
-
-    from airflow_provider_eo.kafka.admin import admin_client
-
-    try:
-        futures = admin_client(config).describe_topics(
-            TopicCollection(list(topics)), include_authorized_operations=True, request_timeout=10
-        )
-        for topic, fut in futures.items():
-            ops = fut.result(timeout=15).authorized_operations or []
-            if AclOperation.WRITE not in ops and AclOperation.ALL not in ops:
-                return str(topic)
-    except Exception:  # not even DESCRIBE on a topic: that one cannot be written either
-        pass
-    return ", ".join(topics)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
@@ -422,3 +422,22 @@ def sink_offsets(
         )
         found.append({tp.partition: int(f.result(timeout=15).offset) for tp, f in futures.items()})
     return found[0], found[1]
+
+
+def unwritable_topic(config: Mapping[str, Any], topics: Sequence[str]) -> str:
+    """The first of ``topics`` the broker says this principal may not WRITE (its authorized
+    operations, KIP-430); all of them, comma-separated, when it will not say."""
+    from confluent_kafka import TopicCollection
+    from confluent_kafka.admin import AclOperation
+
+    try:
+        futures = admin_client(config).describe_topics(
+            TopicCollection(list(topics)), include_authorized_operations=True, request_timeout=10
+        )
+        for topic, fut in futures.items():
+            ops = fut.result(timeout=15).authorized_operations or []
+            if AclOperation.WRITE not in ops and AclOperation.ALL not in ops:
+                return str(topic)
+    except Exception:  # not even DESCRIBE on a topic: that one cannot be written either
+        pass
+    return ", ".join(topics)
