@@ -218,6 +218,15 @@ def role_acls(
 
     add(
         "committer",
+        "group",
+        "eo-readback-",
+        "DESCRIBE",
+        "the read-back after a crash (a marker missing): its reader's coordinator look-up",
+        "prefixed",
+        required=False,
+    )
+    add(
+        "committer",
         "topic",
         sink,
         "DESCRIBE_CONFIGS",

@@ -44,6 +44,7 @@ def test_one_principal_gets_the_least_union(tmp_path: Path) -> None:
         ("group", "eo-marker.orders", "literal", "READ"),
         ("transactional-id", "eo.orders.", "prefixed", "WRITE"),
         ("group", "eo-audit-", "prefixed", "DESCRIBE"),
+        ("group", "eo-readback-", "prefixed", "DESCRIBE"),
         ("cluster", "kafka-cluster", "literal", "DESCRIBE_CONFIGS"),
     }
     # No DESCRIBE where the same principal holds READ or WRITE (Kafka implies it).
