@@ -1,11 +1,12 @@
 """Settings that come from Airflow connections, and how they reach a Spark driver unseen.
 
-A pipeline may name its Kafka cluster and its ledger by Airflow connection
-(``Pipeline(kafka_conn_id=..., ledger_conn_id=...)``, or the same arguments on an operator).
+A pipeline may name its Kafka cluster, its ledger and its S3 staging credentials by Airflow
+connection (``Pipeline(kafka_conn_id=..., ledger_conn_id=..., aws_conn_id=...)``, or the same
+arguments on an operator).
 The process that reads the connections (an Airflow task, an ``eo`` command; the lookup is
 :func:`airflow_provider_eo.hooks.base.resolve_connections`) gets a
 :class:`ConnectionSettings`, and :func:`apply_settings` turns the pipeline into one with a
-concrete ``kafka`` config and ``ledger_url`` and no connection ids left.
+concrete ``kafka`` config, ``ledger_url`` and ``aws_settings`` and no connection ids left.
 
 A Spark driver started by an Airflow task in client deploy mode gets the task's settings
 through a *hand-off file*: written by the task into a fresh directory only its user can
@@ -15,6 +16,12 @@ task when spark-submit returns). Passwords therefore never appear on a command l
 environment variable, in Spark conf (so neither in the Spark UI's environment page nor in
 the event log) or in XCom. A driver in cluster deploy mode, on another host, reads the
 connections itself (Airflow's secrets backend or ``AIRFLOW_CONN_*`` there).
+
+One exception, by necessity: Hadoop's S3A connector in a client-mode driver's JVM reads its
+credentials from a credential provider, not from Python. When an ``aws_conn_id`` gives the
+staging credentials, the task puts them in the environment spark-submit (and so the driver's
+JVM) inherits, for the submit's duration only (:mod:`airflow_provider_eo.staging_fs`); never
+in Spark conf, on a command line or in XCom.
 
 Client settings whose values are Python callables (a Kafka connection's ``oauth_cb``
 resolved by the Kafka provider, e.g. Amazon MSK IAM) travel by import path and are imported
@@ -63,15 +70,26 @@ class ConnectionSettings:
     :param kafka: its client config (merged over the pipeline's ``kafka``).
     :param ledger_conn_id: the ledger connection read, or ``None``.
     :param ledger_url: its SQLAlchemy URL (replaces the pipeline's ``ledger_url``).
+    :param aws_conn_id: the ``aws`` connection read for S3 staging, or ``None``.
+    :param aws: its S3 settings (``access_key``, ``secret_key``, ``session_token``,
+        ``region``, ``endpoint``, ``path_style``): the pipeline's ``aws_settings``.
     """
 
     kafka_conn_id: str | None = None
     kafka: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     ledger_conn_id: str | None = None
     ledger_url: str | None = None
+    aws_conn_id: str | None = None
+    aws: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def __bool__(self) -> bool:
-        return bool(self.kafka_conn_id or self.ledger_conn_id)
+        return bool(self.kafka_conn_id or self.ledger_conn_id or self.aws_conn_id)
+
+    def __repr__(self) -> str:
+        return (
+            f"ConnectionSettings(kafka_conn_id={self.kafka_conn_id!r}, "
+            f"ledger_conn_id={self.ledger_conn_id!r}, aws_conn_id={self.aws_conn_id!r})"
+        )
 
     def to_json(self) -> str:
         """The hand-off document (callables by import path; see the module docstring)."""
@@ -80,6 +98,8 @@ class ConnectionSettings:
             "kafka": {k: _encode_value(self.kafka_conn_id, k, v) for k, v in self.kafka.items()},
             "ledger_conn_id": self.ledger_conn_id,
             "ledger_url": self.ledger_url,
+            "aws_conn_id": self.aws_conn_id,
+            "aws": dict(self.aws),
         }
         return json.dumps(doc)
 
@@ -92,6 +112,8 @@ class ConnectionSettings:
             kafka={k: _decode_value(v) for k, v in (doc.get("kafka") or {}).items()},
             ledger_conn_id=doc.get("ledger_conn_id"),
             ledger_url=doc.get("ledger_url"),
+            aws_conn_id=doc.get("aws_conn_id"),
+            aws=dict(doc.get("aws") or {}),
         )
 
 
@@ -145,7 +167,8 @@ def _decode_value(value: Any) -> Any:
 def apply_settings(pipeline: Pipeline, settings: ConnectionSettings) -> Pipeline:
     """``pipeline`` with ``settings`` applied: the Kafka connection's config merged over its
     ``kafka`` (the connection's keys win), the ledger connection's URL as its ``ledger_url``,
-    and the connection ids it read cleared."""
+    the AWS connection's S3 settings as its ``aws_settings``, and the connection ids it read
+    cleared."""
     changes: dict[str, Any] = {}
     if settings.kafka_conn_id:
         changes["kafka"] = {**pipeline.kafka, **settings.kafka}
@@ -157,6 +180,9 @@ def apply_settings(pipeline: Pipeline, settings: ConnectionSettings) -> Pipeline
             )
         changes["ledger_url"] = settings.ledger_url
         changes["ledger_conn_id"] = None
+    if settings.aws_conn_id:
+        changes["aws_settings"] = {**settings.aws, "conn_id": settings.aws_conn_id}
+        changes["aws_conn_id"] = None
     return dataclasses.replace(pipeline, **changes) if changes else pipeline
 
 

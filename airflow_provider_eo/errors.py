@@ -8,7 +8,7 @@ failure kind). Messages name the pipeline/checkpoint/partition and what to do ne
 
     EoError
     ├── ConfigError            a setting is impossible or unsafe (PipelineConfigError)
-    │   └── WatcherSetupError  an asset watcher cannot run where the triggerer runs it
+    │   └── WatcherSetupError  an asset watcher cannot load its pipeline in the triggerer
     ├── LedgerError            the ledger refused or could not record a transition (ledger/errors.py)
     ├── KafkaFailure           Kafka refused or failed a request
     │   ├── KafkaAccessDenied  the broker's ACLs refused an operation on a resource
@@ -22,6 +22,8 @@ failure kind). Messages name the pipeline/checkpoint/partition and what to do ne
     │       ├── CommitAccessDenied  ACLs refused a topic or group (also a KafkaAccessDenied)
     │       ├── NotPrepared
     │       ├── TransactionTimedOut  the broker aborted a shard's transaction for its timeout
+    │       ├── CheckpointAborted  a spark-mode commit task began after an abort: nothing published
+    │       ├── CommitLeaseLost  a spark-mode commit lost its lease: its Spark jobs cancelled
     │       ├── ReadBackBlocked  a missing marker cannot be decided: an open transaction hides
     │       │                    the shard's output
     │       ├── PipelineIdentityMismatch  markers written by another ledger
@@ -34,7 +36,8 @@ failure kind). Messages name the pipeline/checkpoint/partition and what to do ne
     │   └── StagingNotVisible  the manifest is not visible from this process (another host?)
     ├── PrepareError           the prepare job refused the checkpoint
     │   ├── TransformError     the user's transform failed (a record, or its code)
-    │   └── SparkEnvironmentError  the executors' environment failed (no record to blame)
+    │   ├── SparkEnvironmentError  the executors' environment failed (no record to blame)
+    │   └── DeadLetterTooLarge  a dead letter is over the dead-letter topic's limit
     ├── PipelineStopped        the pipeline is stopped: no new checkpoint is planned
     ├── SavepointError         a savepoint could not be taken
     │   └── SavepointTimeout   in-flight checkpoints did not finish within the wait
@@ -205,6 +208,15 @@ class SparkEnvironmentError(PrepareError):
     retry the prepare."""
 
 
+class DeadLetterTooLarge(PrepareError):
+    """A dead letter (the whole source record the transform failed on, or whose output the
+    sink refused as too large) is larger than the dead-letter topic's ``max.message.bytes``:
+    it could never be sent, so the checkpoint is refused before its commit. Nothing was
+    published; the checkpoint stays PLANNED. Raise the dead-letter topic's
+    ``max.message.bytes``, or fix the transform so the record is published or dropped, and
+    retry the prepare."""
+
+
 class BackfillRefused(EoError):
     """A backfill request was refused before anything was planned (unknown or never
     committed pipeline, an empty interval, the live sink as the target, a missing sink
@@ -292,6 +304,22 @@ class TransactionTimedOut(CommitError):
     the commit, or abort the checkpoint and lower ``max_records_per_checkpoint`` so its range
     is replanned smaller. The message names the transactional id, the timeout, the records
     and the measured publish time."""
+
+
+class CheckpointAborted(CommitError):
+    """A spark-mode commit task began a shard's transaction after an abort of its checkpoint
+    had fenced the shard and left its abort mark (consumer group ``eo-aborted.<name>``): it
+    published nothing, since the abort's range is replanned. No data is at risk. If the ledger
+    still shows the checkpoint PREPARED, the abort did not finish: run ``eo abort`` for it
+    again."""
+
+
+class CommitLeaseLost(CommitError):
+    """A spark-mode commit could not keep its commit lease (the ledger did not answer until
+    the lease would lapse, or another committer or an abort took it over), so its Spark jobs
+    were cancelled: no queued task of it begins. Shards that committed are published (their
+    markers show it); nothing of an unfinished one is visible. No data is at risk: retry the
+    commit (the markers prevent duplicates), unless an abort took the checkpoint over."""
 
 
 class ReadBackBlocked(CommitError):

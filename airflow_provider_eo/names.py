@@ -7,8 +7,11 @@ One module so that a rename can never make two parts disagree.
 from __future__ import annotations
 
 import os
+import re
+import socket
 
-from airflow_provider_eo.ledger.records import CommitPlan
+from airflow_provider_eo import processes
+from airflow_provider_eo.ledger.records import Actor, CommitPlan
 from airflow_provider_eo.pipeline import Pipeline
 
 CONNECTIONS_FILE_ENV = "EO_CONNECTIONS_FILE"
@@ -37,10 +40,37 @@ def commit_app_name(pipeline_name: str, checkpoint_id: int | None = None) -> str
     return base if checkpoint_id is None else f"{base}-{checkpoint_id}"
 
 
-def lease_owner(pipeline: Pipeline) -> str:
-    """The commit lease's default owner: the pipeline's transactional-id namespace
-    (``{prefix}.{pipeline}``), so two committers with different prefixes never share it."""
-    return f"{pipeline.transactional_id_prefix}.{pipeline.name}"
+LEASE_OWNER_PREFIX = "commit:"
+"""How every committer's commit-lease owner begins (a fence's begins with ``fence:``)."""
+
+_OWNER_MAX = 250  # the ledger's commit_owner column
+
+
+def lease_owner(actor: Actor | None = None) -> str:
+    """The commit-lease owner of a committer in THIS process:
+    ``commit:[dag/run/task#try]@host:pid~tag`` (the Airflow ids when ``actor`` has them).
+
+    One committer per process and Airflow try: two processes (two tries of a task, a stream
+    and an ``eo commit``, a restarted stream) never share a lease, so a second committer is
+    refused while the first's lease is live; one process's successive commits (a stream's
+    checkpoints) share it. ``tag`` (:func:`~airflow_provider_eo.processes.process_tag`) tells
+    this process apart from any later process with the same pid, so a committer on the same
+    machine can tell that the holder is gone (:func:`lease_owner_process`)."""
+    a = actor or Actor()
+    who = Actor(dag_id=a.dag_id, run_id=a.run_id, task_id=a.task_id, try_number=a.try_number).label()
+    where = f"@{socket.gethostname()}:{os.getpid()}~{processes.process_tag()}"
+    room = _OWNER_MAX - len(LEASE_OWNER_PREFIX) - len(where)
+    return f"{LEASE_OWNER_PREFIX}{who[: max(room, 0)]}{where}"[-_OWNER_MAX:]
+
+
+_OWNER_PROCESS = re.compile(r"@(?P<host>[^@~:]*):(?P<pid>\d+)~(?P<tag>[^@~]*)$")
+
+
+def lease_owner_process(owner: str) -> tuple[str, int, str] | None:
+    """``(host, pid, tag)`` of a committer's lease owner made by :func:`lease_owner`; None for
+    any other owner (a fence's, a committer of an older release)."""
+    found = _OWNER_PROCESS.search(owner) if owner.startswith(LEASE_OWNER_PREFIX) else None
+    return (found["host"], int(found["pid"]), found["tag"]) if found else None
 
 
 def plan_transactional_id(plan: CommitPlan, pipeline_name: str, shard: int) -> str:
@@ -82,6 +112,31 @@ def marker_identity(metadata: str | None) -> str | None:
     if metadata and metadata.startswith(MARKER_METADATA_PREFIX):
         return metadata[len(MARKER_METADATA_PREFIX) :] or None
     return None
+
+
+def aborted_group(pipeline_name: str) -> str:
+    """The provider-owned consumer group holding the abort marks (never a real consumer):
+    per commit shard, the checkpoints an abort fenced and gave up, so a Spark commit task
+    that begins after the abort refuses them (core/abort_marks.py). Apart from the marker
+    group, so a commit marker always means "published"."""
+    return f"eo-aborted.{pipeline_name}"
+
+
+ABORT_MARK_PREFIX = "eoab1:"
+
+
+def abort_mark_metadata(identity: str, aborted: str) -> str:
+    """The committed-offset metadata of an abort mark: ``eoab1:<identity>:<checkpoint ids>``
+    (ids as ranges, e.g. ``4,7-9``)."""
+    return f"{ABORT_MARK_PREFIX}{identity}:{aborted}"
+
+
+def parse_abort_mark(metadata: str | None) -> tuple[str, str] | None:
+    """(identity, checkpoint ids) of an abort mark's metadata; None for anything else."""
+    if not metadata or not metadata.startswith(ABORT_MARK_PREFIX):
+        return None
+    identity, sep, ids = metadata[len(ABORT_MARK_PREFIX) :].rpartition(":")
+    return (identity, ids) if sep and identity else None
 
 
 def checkpoint_dir(pipeline: Pipeline, checkpoint_id: int) -> str:

@@ -112,7 +112,16 @@ class Pipeline:
         (the Airflow task, the Spark driver, ``eo`` commands; see docs/deployment.md).
     :param ledger_conn_id: an Airflow ``eo_ledger`` or ``postgres`` connection whose URL
         replaces ``ledger_url``.
-    :param staging_dir: where prepared output is staged until it is committed.
+    :param aws_conn_id: an Airflow ``aws`` connection (read with the Amazon provider's hook)
+        whose credentials, region and endpoint open an ``s3a://`` ``staging_dir`` when neither
+        ``spark_conf``'s ``spark.hadoop.fs.s3a.*`` nor the ``AWS_*`` environment give them
+        (:mod:`airflow_provider_eo.staging_fs`). Its secrets never go into Spark conf.
+    :param aws_settings: filled by the connection machinery from ``aws_conn_id``
+        (:func:`airflow_provider_eo.connections.apply_settings`); not set by users, never
+        serialized by :meth:`to_json`.
+    :param staging_dir: where prepared output is staged until it is committed: a folder
+        every Spark executor, the driver and the committer share, or an object-store URI
+        (``s3a://BUCKET/PATH``, ``gs://``, ``abfss://``, ``hdfs://``; see docs/object-storage.md).
     :param max_records_per_checkpoint: cap of offsets planned per checkpoint (all partitions);
         default :data:`DEFAULT_MAX_RECORDS_PER_CHECKPOINT`. A stream's steady checkpoints are
         as small as an interval's input; the cap sizes the checkpoints that catch up a backlog.
@@ -186,6 +195,8 @@ class Pipeline:
     ledger_conn_id: str | None = None
     notifiers: Mapping[str, Sequence[Any]] = field(default_factory=dict)
     notify_dead_letters_above: int = 0
+    aws_conn_id: str | None = None
+    aws_settings: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name or ""):
@@ -297,7 +308,11 @@ class Pipeline:
     def connection_ids(self) -> dict[str, str]:
         """The Airflow connections this pipeline still reads its settings from (empty once
         they are applied: see :mod:`airflow_provider_eo.connections`)."""
-        ids = {"kafka_conn_id": self.kafka_conn_id, "ledger_conn_id": self.ledger_conn_id}
+        ids = {
+            "kafka_conn_id": self.kafka_conn_id,
+            "ledger_conn_id": self.ledger_conn_id,
+            "aws_conn_id": self.aws_conn_id,
+        }
         return {k: v for k, v in ids.items() if v}
 
     @property
@@ -359,6 +374,8 @@ class Pipeline:
             "kafka_conn_id": self.kafka_conn_id,
             "ledger_conn_id": self.ledger_conn_id,
         }
+        if self.aws_conn_id:  # only then: the document of a pipeline without one is unchanged
+            doc["aws_conn_id"] = self.aws_conn_id
         return json.dumps(doc)
 
     def public_settings(self) -> tuple[str, list[str]]:

@@ -139,7 +139,8 @@ def print_audit(report: AuditReport) -> None:
             str(c.missing),
         )
     console.print(table)
-    verdict = "[green]exactly once[/]" if report.ok else "[red]NOT exactly once[/]"
+    colour = "green" if report.ok and report.per_record else "yellow" if report.ok else "red"
+    verdict = f"[{colour}]{report.outcome}[/]"
     console.print(
         f"{verdict}: duplicates={report.duplicates} missing={report.missing} "
         f"unexpected={report.unexpected} foreign={report.foreign}"
@@ -148,6 +149,19 @@ def print_audit(report: AuditReport) -> None:
         f"source: records={report.source_records} dropped_by_transform={report.dropped} "
         f"dead_letters={report.dead_letters} expired={report.source_expired}"
     )
+    if report.unpositioned:
+        console.print(
+            f"[yellow]{report.unpositioned} output records carry no source position: checked by "
+            f"count only[/] ({report.source_unchecked} source records of their checkpoints are named "
+            "by no output record: the transform does not keep one output record per source record, "
+            "e.g. an aggregation)"
+        )
+    if report.duplicated_sources:
+        console.print(
+            f"[red]source records accounted for more than once:[/] {', '.join(report.duplicated_sources)}"
+        )
+    if report.missing_sources:
+        console.print(f"[red]source records missing:[/] {', '.join(report.missing_sources)}")
     if report.source_expired:
         console.print(
             f"[yellow]{report.source_expired} planned source offsets were deleted by retention "

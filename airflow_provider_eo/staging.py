@@ -1,6 +1,10 @@
 """The staging area: attempt folders of Parquet files and the manifest written last.
 
-Paths may be local folders or any URI pyarrow's filesystems understand (s3://, gs://, hdfs://).
+Paths are local folders or URIs, opened through :mod:`airflow_provider_eo.staging_fs` (the
+one filesystem layer: ``s3a://``/``s3://``, ``gs://``, ``abfss://``, ``hdfs://``). Every function
+takes the pipeline's :class:`~airflow_provider_eo.staging_fs.StagingStore` (``store``, from
+:func:`~airflow_provider_eo.staging_fs.store_for`); without one, S3 settings come from this
+process's AWS environment only.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import pyarrow.parquet as pq
 
 from airflow_provider_eo.errors import StagingError, StagingNotVisible, StagingUnreadable
 from airflow_provider_eo.names import DEAD_LETTERS_DIR, MANIFEST
+from airflow_provider_eo.staging_fs import StagingStore, with_store
 
 MANIFEST_VERSION = 1
 
@@ -31,13 +36,29 @@ def resolve_location(staging_dir: str) -> tuple[str, bool]:
     return os.path.abspath(staging_dir), not os.path.isabs(staging_dir)
 
 
-def _fs(path: str) -> tuple[pafs.FileSystem, str]:
-    if "://" in path:
-        fs, rel = pafs.FileSystem.from_uri(path)
-        return fs, rel
-    import os
+def _fs(path: str, store: StagingStore | None = None) -> tuple[pafs.FileSystem, str]:
+    return with_store(store).open(path)
 
-    return pafs.LocalFileSystem(), os.path.abspath(path)
+
+def check_reachable(pipeline: str, location: str, store: StagingStore | None = None) -> None:
+    """Fail early, naming the staging location and where its credentials came from, when
+    this process cannot list it (wrong credentials, unknown bucket, endpoint down): a
+    :class:`StagingUnreadable`, nothing staged, nothing published. A local folder is
+    created on first use, so only URIs are checked."""
+    if "://" not in location:
+        return
+    store = with_store(store)
+    try:
+        fs, root = store.open(location)
+        fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
+    except OSError as exc:
+        bucket = location.split("://", 1)[1].split("/", 1)[0]
+        raise StagingUnreadable(
+            f"pipeline {pipeline!r}: staging_dir {location!r} cannot be listed from this process "
+            f"({store.s3_for(bucket).describe()}): {exc}. Nothing was staged or published; fix "
+            "the staging credentials or endpoint (Pipeline.spark_conf's spark.hadoop.fs.s3a.*, "
+            "the AWS_* environment or aws_conn_id, in that order; docs/object-storage.md) and retry."
+        ) from exc
 
 
 @dataclass(frozen=True)
@@ -146,10 +167,10 @@ def sha256_of(fs: pafs.FileSystem, path: str) -> str:
     return digest.hexdigest()
 
 
-def describe_attempt(attempt_path: str) -> dict[int, list[StagedFile]]:
+def describe_attempt(attempt_path: str, store: StagingStore | None = None) -> dict[int, list[StagedFile]]:
     """List the Parquet files Spark wrote (``data/sink_partition=P/*.parquet``) with counts,
     sizes and checksums, in publish order."""
-    fs, root = _fs(attempt_path)
+    fs, root = _fs(attempt_path, store)
     data = f"{root}/data"
     out: dict[int, list[StagedFile]] = {}
     infos = fs.get_file_info(pafs.FileSelector(data, recursive=True, allow_not_found=True))
@@ -166,10 +187,10 @@ def describe_attempt(attempt_path: str) -> dict[int, list[StagedFile]]:
     return out
 
 
-def describe_dead_letters(attempt_path: str) -> list[StagedFile]:
+def describe_dead_letters(attempt_path: str, store: StagingStore | None = None) -> list[StagedFile]:
     """List the dead-letter Parquet files of an attempt (``dead/*.parquet``) with counts,
     sizes and checksums, in publish order (empty when there are none)."""
-    fs, root = _fs(attempt_path)
+    fs, root = _fs(attempt_path, store)
     infos = fs.get_file_info(pafs.FileSelector(f"{root}/{DEAD_LETTERS_DIR}", allow_not_found=True))
     out = []
     for info in sorted(infos, key=lambda i: i.path):
@@ -181,16 +202,16 @@ def describe_dead_letters(attempt_path: str) -> list[StagedFile]:
     return out
 
 
-def write_manifest(attempt_path: str, manifest: Manifest) -> None:
+def write_manifest(attempt_path: str, manifest: Manifest, store: StagingStore | None = None) -> None:
     """Write the manifest last (temp name, then rename where the filesystem supports it)."""
-    fs, root = _fs(attempt_path)
+    fs, root = _fs(attempt_path, store)
     tmp = f"{root}/{MANIFEST}.tmp"
     with fs.open_output_stream(tmp) as out:
         out.write(manifest.to_json().encode())
     fs.move(tmp, f"{root}/{MANIFEST}")
 
 
-def read_manifest(attempt_path: str) -> Manifest:
+def read_manifest(attempt_path: str, store: StagingStore | None = None) -> Manifest:
     """Read an attempt's manifest.
 
     An unparsable manifest is a :class:`StagingError` (corrupt: the checkpoint must be
@@ -198,7 +219,7 @@ def read_manifest(attempt_path: str) -> Manifest:
     output may be intact where it was written; retry, abort nothing); any other I/O error
     is :class:`StagingUnreadable` (the storage did not answer: retry, abort nothing).
     """
-    fs, root = _fs(attempt_path)
+    fs, root = _fs(attempt_path, store)
     try:
         with fs.open_input_stream(f"{root}/{MANIFEST}") as stream:
             text = stream.read().decode()
@@ -224,13 +245,13 @@ def read_manifest(attempt_path: str) -> Manifest:
         raise StagingError(f"the manifest of {attempt_path} is corrupt: {exc!r}") from exc
 
 
-def verify(attempt_path: str, manifest: Manifest) -> None:
+def verify(attempt_path: str, manifest: Manifest, store: StagingStore | None = None) -> None:
     """Check every staged file against the manifest (exists, size, SHA-256, row count).
 
     A verified mismatch (file missing, size or checksum differs) is a :class:`StagingError`;
     an I/O error while checking is :class:`StagingUnreadable` (nothing is decided).
     """
-    fs, root = _fs(attempt_path)
+    fs, root = _fs(attempt_path, store)
     groups: list[tuple[int | str, list[StagedFile]]] = list(manifest.files.items())
     if manifest.dead_letters:
         groups.append(("dead letters", manifest.dead_letters))
@@ -263,9 +284,11 @@ def verify(attempt_path: str, manifest: Manifest) -> None:
                 )
 
 
-def iter_batches(attempt_path: str, files: list[StagedFile], batch_size: int = 8192) -> Iterator[Any]:
+def iter_batches(
+    attempt_path: str, files: list[StagedFile], batch_size: int = 8192, store: StagingStore | None = None
+) -> Iterator[Any]:
     """Stream a sink partition's staged rows as Arrow record batches (bounded memory)."""
-    fs, root = _fs(attempt_path)
+    fs, root = _fs(attempt_path, store)
     for f in files:
         pf = pq.ParquetFile(fs.open_input_file(f"{root}/{f.path}"))
         yield from pf.iter_batches(batch_size=batch_size)
@@ -274,13 +297,15 @@ def iter_batches(attempt_path: str, files: list[StagedFile], batch_size: int = 8
 PROVENANCE_COLUMNS = ("src_topic", "src_partition", "src_offset")
 
 
-def source_positions(attempt_path: str, files: dict[int, list[StagedFile]]) -> int:
+def source_positions(
+    attempt_path: str, files: dict[int, list[StagedFile]], store: StagingStore | None = None
+) -> int:
     """Distinct source positions (topic, partition, offset) among the staged records of
     ``files`` (:func:`describe_attempt`), read here with Arrow: the three provenance columns
     only, records without a position left out."""
     import pyarrow as pa
 
-    fs, root = _fs(attempt_path)
+    fs, root = _fs(attempt_path, store)
     tables = []
     for staged in files.values():
         for f in staged:
@@ -292,13 +317,15 @@ def source_positions(attempt_path: str, files: dict[int, list[StagedFile]]) -> i
     return int(positions.group_by(list(PROVENANCE_COLUMNS)).aggregate([]).num_rows)
 
 
-def remove_checkpoint_attempts(checkpoint_dir: str, identity: str, recorded: str | None) -> None:
+def remove_checkpoint_attempts(
+    checkpoint_dir: str, identity: str, recorded: str | None, store: StagingStore | None = None
+) -> None:
     """Remove a committed checkpoint's staging that belongs to ledger ``identity``: the
     ``recorded`` attempt folder, attempts whose manifest names this identity (or none: older
     manifests), and attempts that never wrote a manifest (killed prepares). An attempt whose
     manifest names another identity (a same-name deployment staging beside this one) is
     left alone. The checkpoint folder goes once it is empty."""
-    fs, root = _fs(checkpoint_dir)
+    fs, root = _fs(checkpoint_dir, store)
     try:
         entries = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
     except OSError:
@@ -311,7 +338,7 @@ def remove_checkpoint_attempts(checkpoint_dir: str, identity: str, recorded: str
         path = f"{checkpoint_dir.rstrip('/')}/{entry.base_name}"
         if recorded is None or os.path.normpath(path) != os.path.normpath(recorded):
             try:
-                owner = read_manifest(path).identity
+                owner = read_manifest(path, store).identity
             except StagingNotVisible:
                 owner = None  # never finished: garbage of a killed attempt
             except (StagingError, StagingUnreadable):
@@ -320,14 +347,14 @@ def remove_checkpoint_attempts(checkpoint_dir: str, identity: str, recorded: str
             if owner not in (None, identity):
                 kept += 1
                 continue
-        remove(path)
+        remove(path, store)
     if not kept:
-        remove(checkpoint_dir)
+        remove(checkpoint_dir, store)
 
 
-def remove(path: str) -> None:
+def remove(path: str, store: StagingStore | None = None) -> None:
     """Delete a staging folder and everything under it (missing is fine)."""
-    fs, root = _fs(path)
+    fs, root = _fs(path, store)
     try:
         fs.delete_dir(root)
     except FileNotFoundError:

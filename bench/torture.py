@@ -3,16 +3,18 @@
 Usage: .venv/bin/python bench/torture.py --cycles N --seed S [--prepare child|mixed]
        [--rate R] [--max-records M] [--kinds k1,k2]
 
-The short seeded run (every fault kind once and a spare cycle, about 100 s on 2 cores):
-``bench/torture.py --cycles 10 --seed 11 --max-records 5000 --rate 15`` (large
-checkpoints and a slow feeder keep the catch-up to a few runs).
+The short seeded run (every fault kind once and a spare cycle; about 100 s on 2 cores with
+the first 9 kinds and 10 cycles): ``bench/torture.py --cycles 13 --seed 11 --max-records
+5000 --rate 15`` (large checkpoints and a slow feeder keep the catch-up to a few runs).
 
-A broker of its own (4+ source, 3+ sink partitions, ``max.message.bytes`` = 64 KiB on both
-topics) and a PostgreSQL ledger (``scripts/postgres.sh`` cluster ``torture``, one
-database per run). A feeder thread produces input continuously: keyed and null-keyed
-records, some in committed and some in aborted transactions, some a little under
-``max.message.bytes``. Each cycle the driver picks (seeded) one fault kind and runs one
-``eo run-once`` child while injecting it:
+A broker of its own (4+ source, 3+ sink partitions; ``max.message.bytes`` 64 KiB on the sink,
+256 KiB on the source; a dead-letter topic of 2 partitions) and a PostgreSQL ledger
+(``scripts/postgres.sh`` cluster ``torture``, one database per run). The transform copies
+each record and fails on a value starting with ``POISON`` (``poison_prefix``, no Python UDF),
+which becomes a dead letter (up to 3 per checkpoint). A feeder thread produces input
+continuously: keyed and null-keyed records, some in committed and some in aborted
+transactions, some a little under the sink's ``max.message.bytes``. Each cycle the driver
+picks (seeded) one fault kind and runs one ``eo run-once`` child while injecting it:
 
 - ``none``            a clean run-once;
 - ``kill_prepare``    SIGKILL while the child prepares (``EO_FAULT=prepare.*`` or a random
@@ -37,13 +39,40 @@ records, some in committed and some in aborted transactions, some a little under
                       (must fail, checkpoint still PREPARED, sink unchanged), or (``--prepare
                       mixed``) the staged data moved away before the driver lists it (the
                       prepare must refuse with StagingError, checkpoint still PLANNED); then
-                      it is made visible again and the next run finishes it.
+                      it is made visible again and the next run finishes it;
+- ``expire_markers_abort`` checkpoint N's committer killed inside shard 1's transaction after
+                      shard 0 committed (``EO_FAULT=commit.before_commit_txn``,
+                      ``EO_FAULT_HIT=2``), the commit markers expired (the marker group
+                      deleted, as offset retention does), then ``eo abort N --force-live``:
+                      shard 0's COMMITTED row is proof of publication, so the abort must be
+                      refused ("published"), N still PREPARED, the sink unchanged; the next
+                      run-once commits N and publishes nothing twice;
+- ``hanging_txn``     the committer SIGSTOPped inside its transaction (``before_commit_txn`` or
+                      ``before_end_txn``, in a random shard; its transaction timeout 300 s),
+                      then SIGKILLed: its transaction hangs on the sink. ``eo recover
+                      --force-live`` (plus ``--abort-hanging`` and an ``eo doctor`` that must
+                      name the transactional id, when this eo has that flag) must end it: every
+                      sink partition's last stable offset at its high watermark within 30 s
+                      and before the transaction's own timeout, the marker group's offsets
+                      readable stable, the checkpoint COMMITTED; the next run-once publishes
+                      nothing twice;
+- ``oversize_dead_letter`` the dead-letter topic's ``max.message.bytes`` lowered to 16 KiB
+                      and one record injected whose dead letter is larger: a poison record of
+                      17-32 KiB, or a record of 68-128 KiB (over the sink's limit, so the
+                      whole source record is the dead letter). The prepare of the checkpoint
+                      that reads it must refuse, naming the topic, partition, offset and the
+                      16 KiB limit, the checkpoint still PLANNED (when it is prepared instead,
+                      its commit is run once to record what it does); then the limit is
+                      raised to 1 MiB and the next run-once must commit it, the record one
+                      dead letter and not in the sink. A commit still failing then is let
+                      through by raising the sink's limit for one run (a violation already).
 
 A check a fault kind makes on the spot that fails is a *violation* (it fails the run). A
 failed run-once is simply retried by the next cycle (restart-from-checkpoint). Afterwards
 the feeder stops, run-once repeats until the ledger has consumed every source partition to
 its end, and the sink is audited two ways: by value, independently of eo (every committed
-input record exactly once, aborted input never), and by ``eo audit``'s source-based
+input record exactly once in the sink or on the dead-letter topic, aborted input never), and
+by ``eo audit``'s source-based
 auditor (every source record of every committed range in the sink by provenance, dropped
 by the transform or a dead letter; every staged record once; nothing of an uncommitted
 checkpoint). Group offsets must equal the last committed ends.
@@ -53,14 +82,15 @@ checkpoint). Group offsets must equal the last committed ends.
 run-once child prepare by itself (slower, the most literal form).
 
 The last line is machine-readable:
-``torture: seed=<n> cycles=<n> faults=<n> kinds=<k:n,...> in=<n> out=<n> duplicates=<n>
+``torture: seed=<n> cycles=<n> faults=<n> kinds=<k:n,...> in=<n> out=<n> dead_letters=<n> duplicates=<n>
 missing=<n> by_value=dup:<n>,miss:<n> source_audit=records:<n>,dup:<n>,miss:<n>,unexpected:<n>,
 dropped:<n>,dead_letters:<n> group_offsets_ok=<bool> violations=<n> misrefused=<n>``
 (``duplicates`` and ``missing`` are the larger of the two audits; ``misrefused`` counts
 ``stale_ledger`` runs refused safely, sink unchanged, but with another error than
 LedgerBehindSink: not a failure of exactly-once). The exit status is 0 when the run is
 exactly once (``Result.ok``) and, with at least one cycle per fault kind, every kind was
-injected, the input held aborted transactions, as many records came out as went in and
+injected, the input held aborted transactions, as many records came out (published or
+dead letters) as went in and
 nothing was misrefused (``Result.gaps``, printed to stderr).
 """
 
@@ -107,13 +137,26 @@ KINDS = (
     "abort_race",
     "stale_ledger",
     "hide_staging",
+    "expire_markers_abort",
+    "hanging_txn",
+    "oversize_dead_letter",
 )
 # After every kind has been injected once, faults are drawn with these weights.
-WEIGHTS = (2, 2, 2, 1, 1, 1, 1, 1, 1)
+WEIGHTS = (2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1)
 REF = "eo_test_pipelines:from_env"  # the child's pipeline: $EO_TEST_PIPELINE_JSON
 PG_SCRIPT = ROOT / "scripts" / "postgres.sh"
 EO = str(Path(sys.executable).with_name("eo"))
-MAX_MESSAGE_BYTES = 64 * 1024
+MAX_MESSAGE_BYTES = 64 * 1024  # the sink's max.message.bytes
+# The source takes records larger than the sink does: such a record's output is refused by
+# the sink, so it becomes a dead letter (the whole source record).
+SOURCE_MAX_MESSAGE_BYTES = 256 * 1024
+# The dead-letter topic's max.message.bytes while oversize_dead_letter injects (smaller than
+# the sink's), and after its repair.
+DLQ_MAX_MESSAGE_BYTES = 16 * 1024
+DLQ_REPAIRED_BYTES = 1024 * 1024
+# transaction_timeout_ms of hanging_txn's committer: long enough that only `eo recover`, not
+# the broker's timeout, can end its transaction within the kind's check.
+HANG_TIMEOUT_MS = 300_000
 KILL_COMMIT_STEPS = (
     "commit.after_begin",
     "commit.before_commit_txn",
@@ -139,10 +182,11 @@ class Result:
     records_in: int = 0  # committed source records (read_committed)
     aborted_in: int = 0  # source records of aborted transactions
     records_out: int = 0  # sink records (read_committed)
+    dead_letters_out: int = 0  # dead-letter topic records (read_committed)
     duplicates: int = 0  # the larger of the two audits'
     missing: int = 0  # the larger of the two audits'
-    value_duplicates: int = 0  # by value: sink records beyond the committed input's count
-    value_missing: int = 0  # by value: committed input records not in the sink
+    value_duplicates: int = 0  # by value: sink + dead-letter records beyond the committed input's
+    value_missing: int = 0  # by value: committed input records neither in the sink nor dead letters
     group_offsets_ok: bool = False
     audit: dict[str, Any] = field(default_factory=dict)  # the source-based audit (eo audit)
     violations: list[str] = field(default_factory=list)  # checks made by a fault kind, failed
@@ -177,12 +221,16 @@ class Result:
     def gaps(self, kinds: Sequence[str]) -> list[str]:
         """What a run of at least one cycle per fault kind must also show beyond :attr:`ok`
         (empty when it does): every kind injected, input some of which came in aborted
-        transactions, as many records out as in, no restored ledger misrefused."""
+        transactions, as many records out (published or dead letters) as in, no restored
+        ledger misrefused."""
         found = [f"fault kind {k} never injected" for k in kinds if self.kinds.get(k, 0) < 1]
         if self.records_in == 0 or self.aborted_in == 0:
             found.append(f"input: {self.records_in} committed, {self.aborted_in} aborted (both must be > 0)")
-        if self.records_out != self.records_in:
-            found.append(f"{self.records_out} records out for {self.records_in} in")
+        if self.records_out + self.dead_letters_out != self.records_in:
+            found.append(
+                f"{self.records_out} records out and {self.dead_letters_out} dead letters for "
+                f"{self.records_in} in"
+            )
         found += [f"misrefused: {m}" for m in self.misrefused]
         return found
 
@@ -197,7 +245,8 @@ class Result:
         )
         return (
             f"torture: seed={self.seed} cycles={self.cycles} faults={self.faults} kinds={kinds} "
-            f"in={self.records_in} out={self.records_out} duplicates={self.duplicates} "
+            f"in={self.records_in} out={self.records_out} dead_letters={self.dead_letters_out} "
+            f"duplicates={self.duplicates} "
             f"missing={self.missing} by_value=dup:{self.value_duplicates},miss:{self.value_missing} "
             f"source_audit={source_audit} group_offsets_ok={self.group_offsets_ok} "
             f"violations={len(self.violations)} misrefused={len(self.misrefused)}"
@@ -400,10 +449,23 @@ class Torture:
         self._pg_admin(f'CREATE DATABASE "{self.db_name}"', server)
         self.pg_url = server.rsplit("/", 1)[0] + f"/{self.db_name}"
         config = self.config = {"bootstrap.servers": info.bootstrap}
-        topic_config = {"max.message.bytes": str(MAX_MESSAGE_BYTES)}
         source, sink = f"torture-src-{self.seed}", f"torture-sink-{self.seed}"
-        admin.ensure_topic(config, source, partitions=self.source_partitions, topic_config=topic_config)
-        admin.ensure_topic(config, sink, partitions=self.sink_partitions, topic_config=topic_config)
+        dlq = f"torture-dlq-{self.seed}"
+        admin.ensure_topic(
+            config,
+            source,
+            partitions=self.source_partitions,
+            topic_config={"max.message.bytes": str(SOURCE_MAX_MESSAGE_BYTES)},
+        )
+        admin.ensure_topic(
+            config,
+            sink,
+            partitions=self.sink_partitions,
+            topic_config={"max.message.bytes": str(MAX_MESSAGE_BYTES)},
+        )
+        admin.ensure_topic(
+            config, dlq, partitions=2, topic_config={"max.message.bytes": str(DLQ_REPAIRED_BYTES)}
+        )
         self.pipeline = Pipeline(
             name=f"torture-{self.seed}-{uuid.uuid4().hex[:6]}",
             # librdkafka's default batch.size (1 MB) against this 64 KiB sink wedged the commit
@@ -412,7 +474,11 @@ class Torture:
             kafka=dict(config),
             source_topics=[source],
             sink_topic=sink,
-            transform="eo_test_transforms:identity",
+            # A copy of each record, except that it fails on a value starting with b"POISON"
+            # (only oversize_dead_letter's records do): such a record becomes a dead letter.
+            transform="eo_test_transforms:poison_prefix",
+            dead_letter_topic=dlq,
+            max_dead_letters_per_checkpoint=3,
             ledger_url=self.pg_url,
             staging_dir=str(self.work / "staging"),
             max_records_per_checkpoint=self.max_records,
@@ -453,19 +519,20 @@ class Torture:
             self.kafka.wipe()
 
     # -- children --------------------------------------------------------------------------
-    def _env(self) -> dict[str, str]:
-        """A child's environment: the pipeline as JSON, no fault unless asked for."""
+    def _env(self, pipeline: Pipeline | None = None) -> dict[str, str]:
+        """A child's environment: the pipeline (``pipeline`` or the run's) as JSON, no fault
+        unless asked for."""
         assert self.pipeline is not None
         env = {
             **os.environ,
-            "EO_TEST_PIPELINE_JSON": self.pipeline.to_json(),
+            "EO_TEST_PIPELINE_JSON": (pipeline or self.pipeline).to_json(),
             "PYTHONPATH": os.pathsep.join(
                 p for p in (str(TESTS), str(ROOT), os.environ.get("PYTHONPATH")) if p
             ),
             "PYSPARK_PYTHON": sys.executable,
         }
-        env.pop("EO_FAULT", None)
-        env.pop("EO_FAULT_ACTION", None)
+        for name in ("EO_FAULT", "EO_FAULT_ACTION", "EO_FAULT_HIT", "EO_FAULT_ONCE"):
+            env.pop(name, None)
         return env
 
     def _spawn(
@@ -474,13 +541,17 @@ class Torture:
         fault: str | None = None,
         action: str = "kill",
         *,
+        hit: int = 1,
         args: Sequence[str] = ("run-once", REF, "--json"),
         log_name: str | None = None,
+        pipeline: Pipeline | None = None,
     ) -> subprocess.Popen[bytes]:
-        """Start ``eo <args>`` (run-once by default) as the cycle's child."""
-        env = self._env()
+        """Start ``eo <args>`` (run-once by default) as the cycle's child; ``fault`` fires
+        the ``hit``-th time the child reaches it (``hit=2`` of a commit step: in the second
+        commit shard, after the first committed)."""
+        env = self._env(pipeline)
         if fault:
-            env["EO_FAULT"], env["EO_FAULT_ACTION"] = fault, action
+            env["EO_FAULT"], env["EO_FAULT_ACTION"], env["EO_FAULT_HIT"] = fault, action, str(hit)
         self._last_code = None
         out = (self.work / (log_name or f"cycle-{cycle:04d}.log")).open("ab")
         # Its own process group: a kill takes the child's Spark JVM with it.
@@ -781,12 +852,16 @@ class Torture:
             if how == "abort"
             else [EO, "recover", REF, "--wait", "15"]
         )
-        name = f"cycle-{n:04d}-{how}.log"
-        with (self.work / name).open("ab") as out:
+        return self._call(n, how, args)
+
+    def _call(self, n: int, name: str, args: Sequence[str]) -> tuple[int, str]:
+        """Run ``args`` (an ``eo`` command) to its end beside the cycle: (exit, its log)."""
+        log_name = f"cycle-{n:04d}-{name}.log"
+        with (self.work / log_name).open("ab") as out:
             proc = subprocess.run(
                 args, env=self._env(), stdout=out, stderr=subprocess.STDOUT, timeout=300, check=False
             )
-        return proc.returncode, self._child_text(name)
+        return proc.returncode, self._child_text(log_name)
 
     # -- the new fault kinds ---------------------------------------------------------------------
     def _fault_abort_race(self, n: int) -> str | None:
@@ -1041,6 +1116,420 @@ class Torture:
             f"listing: {outcome}, still {state.value}; visible again, retried: exit {code}"
         )
 
+    # -- markers expired, a hanging transaction, an oversize dead letter ---------------------
+    def _marker_group(self, cp: Any) -> str:
+        assert self.pipeline is not None
+        from airflow_provider_eo import names
+
+        return (
+            cp.commit_plan.marker_group if cp.commit_plan is not None else names.marker_group(self.pipeline)
+        )
+
+    def _open_on_sink(self) -> dict[int, tuple[int, int]]:
+        """Sink partitions a transaction holds open: partition -> (last stable offset, high
+        watermark), as a read_committed consumer sees them."""
+        stable = admin.list_offsets(self.config, self._sink(), spec="latest")
+        high = high_watermarks(self.config, self._sink())
+        return {p: (stable[(t, p)], h) for (t, p), h in high.items() if stable.get((t, p), h) < h}
+
+    def _duplicated_since(self, before: dict[tuple[str, int], int]) -> int:
+        """Sink records at or past ``before`` (high watermarks taken before the cycle
+        published) whose value the sink holds more than once: what this cycle published
+        twice (identity transform: a value is its source record's)."""
+        assert self.pipeline is not None
+        msgs = read_sink(self.config, self.pipeline.sink_topic)
+        counts = Counter(_digest(m.value()) for m in msgs)
+        return sum(
+            1
+            for m in msgs
+            if m.offset() >= before.get((m.topic(), m.partition()), 0) and counts[_digest(m.value())] > 1
+        )
+
+    def _dead_letters(self) -> list[Any]:
+        assert self.pipeline is not None
+        if not self.pipeline.dead_letter_topic:
+            return []
+        return read_sink(self.config, self.pipeline.dead_letter_topic)
+
+    def _set_max_message_bytes(self, topic: str, value: int) -> None:
+        """Set ``topic``'s max.message.bytes (an operator's ``kafka-configs --alter``)."""
+        from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+        resource = ConfigResource(
+            ResourceType.TOPIC,
+            topic,
+            incremental_configs=[
+                ConfigEntry("max.message.bytes", str(value), incremental_operation=AlterConfigOpType.SET)
+            ],
+        )
+        futures = admin.admin_client(self.config).incremental_alter_configs([resource], request_timeout=30)
+        for future in futures.values():
+            future.result(timeout=60)
+
+    def _recover_flags(self) -> list[str]:
+        """``--abort-hanging`` when this eo's ``recover`` has it (ours, never a foreign
+        transaction, once the ledger and markers say what it was)."""
+        if not hasattr(self, "_abort_hanging"):
+            proc = subprocess.run(
+                [EO, "recover", "--help"], env=self._env(), capture_output=True, text=True, timeout=120
+            )
+            self._abort_hanging = "--abort-hanging" in proc.stdout
+            self.log(
+                f"  eo recover --abort-hanging {'available' if self._abort_hanging else 'not available'}"
+            )
+        return ["--abort-hanging"] if self._abort_hanging else []
+
+    def _lease_run_out(self, checkpoint_id: int, timeout_s: float = 180.0) -> None:
+        """Wait until no commit lease on ``checkpoint_id`` is live (a killed committer's runs
+        out ``2 * transaction timeout + 30`` s after it took it): a new committer is refused
+        while another holds one, however dead."""
+        import datetime as dt
+
+        assert self.ledger is not None and self.pipeline is not None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            until = self.ledger.get(self.pipeline.name, checkpoint_id).commit_lease_until
+            if until is not None and until.tzinfo is None:
+                until = until.replace(tzinfo=dt.timezone.utc)  # the ledger keeps UTC
+            if until is None or until < dt.datetime.now(dt.timezone.utc):
+                return
+            time.sleep(0.5)
+        self.log(f"  checkpoint {checkpoint_id}'s commit lease still live after {timeout_s:.0f}s")
+
+    def _fault_expire_markers_abort(self, n: int) -> str | None:
+        """Checkpoint N: shard 0 commits, the committer is killed inside shard 1's
+        transaction, the commit markers expire (the marker group deleted, as retention does
+        after ``offsets.retention.minutes``), then ``eo abort N --force-live``. Shard 0's
+        COMMITTED row is proof of publication: the abort must be refused (the checkpoint
+        stays PREPARED, the sink unchanged) and the next run-once finishes N without
+        publishing shard 0 again."""
+        assert self.pipeline is not None and self.ledger is not None
+        from airflow_provider_eo.ledger import ShardState
+
+        cp = self._prepared(n)
+        if cp is not None and cp.shards:  # a commit of it began before: finish it first
+            self._advance(n)
+            if self.spark is not None:
+                self._prepare_here()
+            cp = self._prepared(n)
+        if cp is None or cp.commit_plan is None or cp.commit_plan.shards < 2 or cp.shards:
+            return None  # a PREPARED checkpoint of two shards or more, no commit begun
+        if int(cp.shard_counts.get(0, 0)) == 0:
+            return None  # nothing in shard 0 that could be published twice
+        cid, sink = cp.checkpoint_id, cp.commit_plan.sink_topic
+        self._spawn(n, fault="commit.before_commit_txn", hit=2)
+        if self._reap() != -signal.SIGKILL:
+            return None
+        cp = self.ledger.get(self.pipeline.name, cid)
+        rows = {s.shard: s.state for s in cp.shards}
+        if (
+            cp.state is not CheckpointState.PREPARED
+            or rows.get(0) is not ShardState.COMMITTED
+            or rows.get(1) is ShardState.COMMITTED
+        ):
+            return None  # not killed between the shards (a redo round of shard 0)
+        group = self._marker_group(cp)
+        shards = [(sink, s) for s in range(cp.commit_plan.shards)]
+        mark = admin.committed_group_offsets(self.config, group, [(sink, 0)]).get((sink, 0))
+        if mark != cid:
+            self._violation(f"checkpoint {cid}: shard 0's row is COMMITTED but its marker shows {mark}")
+        futures = admin.admin_client(self.config).delete_consumer_groups([group], request_timeout=30)
+        futures[group].result(timeout=60)
+        left = admin.committed_group_offsets(self.config, group, shards)
+        if left:
+            self.log(f"  the marker group {group} still shows {left} after its deletion")
+            return None
+        before = self._quiet_sink_ends()
+        code, text = self._call(
+            n,
+            "abort",
+            [EO, "abort", REF, str(cid), "--reason", "torture: markers expired", "--force-live"],
+        )
+        state = self._state_of(cid)
+        if (
+            code == 0
+            or state is not CheckpointState.PREPARED
+            or "publish" not in text.lower()
+            or "Traceback" in text
+        ):
+            self._violation(
+                f"abort of checkpoint {cid} (shard 0 COMMITTED, markers expired): exit {code}, "
+                f"now {state.value} (must be refused, still PREPARED): {text[-300:]}"
+            )
+        self._check_sink_unchanged(before, f"abort of checkpoint {cid} with its markers expired")
+        self._lease_run_out(cid)
+        self._spawn(n)
+        code_next = self._reap()
+        now = self._state_of(cid)
+        twice = self._duplicated_since(before)
+        if code_next != 0 or now is not CheckpointState.COMMITTED or twice:
+            self._violation(
+                f"run-once after the abort of checkpoint {cid}: exit {code_next}, checkpoint "
+                f"{now.value} (must be COMMITTED), {twice} sink records published again"
+            )
+        return (
+            f"checkpoint {cid}: killed in shard 1 after shard 0 committed, marker group deleted; "
+            f"abort --force-live exit {code} ({state.value}); run-once exit {code_next}, "
+            f"{now.value}, {twice} published twice"
+        )
+
+    def _fault_hanging_txn(self, n: int) -> str | None:
+        """A committer stopped (SIGSTOP) inside its transaction, then killed: its transaction
+        hangs open on the sink (its timeout is long: ``HANG_TIMEOUT_MS``). ``eo recover``
+        (``--abort-hanging`` when it has it) must end it: every sink partition's last stable
+        offset reaches its high watermark, and the marker group's offsets read stable, well
+        before the broker's timeout would; then the next run-once publishes exactly once."""
+        assert self.pipeline is not None and self.ledger is not None
+        from dataclasses import replace
+
+        from airflow_provider_eo import names
+        from airflow_provider_eo.ledger import ShardState
+
+        cp = self._prepared(n)
+        if cp is None or cp.commit_plan is None:
+            return None
+        cid, plan = cp.checkpoint_id, cp.commit_plan
+        step = self.rng.choice(("commit.before_commit_txn", "commit.before_end_txn"))
+        hit = self.rng.randint(1, plan.shards)
+        hang = replace(self.pipeline, transaction_timeout_ms=HANG_TIMEOUT_MS)
+        self._spawn(n, fault=step, action="pause", hit=hit, pipeline=hang)
+        if not self._wait(lambda: self._state() == "T", 180):
+            return None
+        # Its transaction began at most a publish of one shard before the pause.
+        paused = time.monotonic()
+        held: dict[int, tuple[int, int]] = {}
+
+        def hanging() -> bool:
+            held.update(self._open_on_sink())
+            return bool(held)
+
+        deadline = time.monotonic() + 10
+        while not hanging() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        self._signal(signal.SIGKILL)
+        self._reap()
+        if not held:
+            return None  # its shard had no records: nothing held open on the sink
+        rows = {s.shard: s.state for s in self.ledger.get(self.pipeline.name, cid).shards}
+        stuck = [
+            names.plan_transactional_id(plan, self.pipeline.name, s)
+            for s in range(plan.shards)
+            if rows.get(s) is not ShardState.COMMITTED
+        ]
+        flags = self._recover_flags()
+        if flags:
+            # The fix that brings --abort-hanging lists open transactions in `eo doctor`.
+            _code, text = self._call(n, "doctor", [EO, "doctor", REF, "--no-spark-probe"])
+            if not any(t in text for t in stuck):
+                self._violation(
+                    f"eo doctor with checkpoint {cid}'s transaction hanging on {sorted(held)} does "
+                    f"not name its transactional id (one of {stuck}): {text[-300:]}"
+                )
+        before = high_watermarks(self.config, self._sink())
+        called = time.monotonic()
+        code, text = self._call(n, "recover", [EO, "recover", REF, "--force-live", "--wait", "15", *flags])
+        recovered = time.monotonic()
+        if code != 0 or "Traceback" in text:
+            self._violation(
+                f"eo recover {' '.join(flags)} with a transaction hanging: exit {code}: {text[-300:]}"
+            )
+        # Only recover can end it before the broker's timeout (with a margin for the publish
+        # before the pause).
+        budget = HANG_TIMEOUT_MS / 1000 - 30
+        limit = min(recovered + 30, paused + budget)
+        still: dict[int, tuple[int, int]] = self._open_on_sink()
+        while still and time.monotonic() < limit:
+            time.sleep(0.2)
+            still = self._open_on_sink()
+        resolved = time.monotonic()
+        if not still and recovered - paused > budget:
+            still = held  # gone, but the broker's own timeout may have ended it: not shown
+        if still:
+            self._violation(
+                f"transaction hanging on the sink after eo recover {' '.join(flags)} (checkpoint {cid}, "
+                f"stopped at {step} hit {hit}): last stable < high watermark {still}, "
+                f"{time.monotonic() - recovered:.0f}s after recover"
+            )
+        group = self._marker_group(cp)
+        try:
+            admin.committed_group_marks(
+                self.config, group, [(plan.sink_topic, s) for s in range(plan.shards)], timeout_s=10
+            )
+        except Exception as exc:
+            self._violation(f"marker group {group} not readable stable after eo recover: {exc}")
+        state = self._state_of(cid)
+        self._spawn(n)
+        code_next = self._reap()
+        twice = self._duplicated_since(before)
+        if state is not CheckpointState.COMMITTED or code_next != 0 or twice:
+            self._violation(
+                f"after eo recover: checkpoint {cid} {state.value} (recover commits it), next "
+                f"run-once exit {code_next}, {twice} sink records published twice"
+            )
+        return (
+            f"SIGSTOP at {step} (hit {hit}), SIGKILL: open on {sorted(held)}; eo recover "
+            f"{' '.join(flags)} exit {code}, {'still open' if still else 'resolved'} "
+            f"{resolved - paused:.0f}s after the pause (recover {recovered - called:.0f}s); "
+            f"checkpoint {cid} "
+            f"{state.value}; run-once exit {code_next}, {twice} published twice"
+        )
+
+    def _inject(self, value: bytes) -> tuple[str, int, int]:
+        """Produce one record (outside the feeder) into the source: its (topic, partition,
+        offset)."""
+        assert self.pipeline is not None and self.feeder is not None
+        topic = self.pipeline.source_topics[0]
+        got: list[Any] = []
+        producer = Producer({**self.config, "enable.idempotence": True, "log_level": 2})
+        producer.produce(
+            topic, key=b"poison", value=value, on_delivery=lambda err, msg: got.append((err, msg))
+        )
+        if producer.flush(60) > 0 or not got or got[0][0] is not None:
+            raise RuntimeError(f"torture: the injected record was not delivered: {got}")
+        msg = got[0][1]
+        return topic, msg.partition(), msg.offset()
+
+    def _planned_over(self, n: int, position: tuple[str, int, int]) -> Any:
+        """Finish checkpoints (clean runs) until a PLANNED one reads ``position``; it, or None."""
+        assert self.pipeline is not None and self.ledger is not None
+        from airflow_provider_eo.core.plan import plan_checkpoint
+
+        topic, partition, offset = position
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            cp = self._unfinished()
+            if cp is None:
+                if self.spark is not None:
+                    try:
+                        plan_checkpoint(self.pipeline, self.ledger)
+                    except Exception as exc:
+                        self.log(f"  plan failed: {type(exc).__name__}: {str(exc)[:200]}")
+                else:
+                    self._spawn(n, args=("plan", REF), log_name=f"cycle-{n:04d}-plan.log")
+                    self._reap()
+                cp = self._unfinished()
+            if cp is None:
+                time.sleep(0.5)  # the record is behind an open feeder transaction: plan again
+                continue
+            if any(
+                r.topic == topic and r.partition == partition and r.start <= offset < r.end for r in cp.ranges
+            ):
+                return cp if cp.state is CheckpointState.PLANNED else None
+            if not self._advance(n):
+                return None
+        return None
+
+    def _fault_oversize_dead_letter(self, n: int) -> str | None:
+        """One source record whose dead letter is larger than the dead-letter topic takes
+        (``max.message.bytes`` lowered to ``DLQ_MAX_MESSAGE_BYTES``): a poison record (the
+        transform fails on it) a little over that limit, or a record over the sink's limit
+        (its output too large: the whole source record is the dead letter). The prepare must
+        refuse it, naming the record's source position and the limit, the checkpoint still
+        PLANNED; once the topic's limit is raised, the next run-once goes on and the record
+        is one dead letter (in the sink never)."""
+        assert self.pipeline is not None and self.ledger is not None and self.feeder is not None
+        dlq = self.pipeline.dead_letter_topic
+        assert dlq is not None
+        self._set_max_message_bytes(dlq, DLQ_MAX_MESSAGE_BYTES)
+        repaired = False
+        try:
+            poison = self.rng.random() < 0.5
+            if poison:
+                size = self.rng.randint(DLQ_MAX_MESSAGE_BYTES + 1024, 2 * DLQ_MAX_MESSAGE_BYTES)
+                head = f"POISON:{self.feeder.tag}:dl{n}:".encode()
+            else:
+                size = self.rng.randint(MAX_MESSAGE_BYTES + 4096, 2 * MAX_MESSAGE_BYTES)
+                head = f"{self.feeder.tag}:dl{n}:big:".encode()
+            value = head + b"D" * (size - len(head))
+            position = self._inject(value)
+            what = f"{'poison' if poison else 'over the sink limit'} {size} B at {position}"
+            cp = self._planned_over(n, position)
+            if cp is None:
+                self.log(f"  no PLANNED checkpoint reached {position}; the limit goes back up")
+                return None
+            cid = cp.checkpoint_id
+            code, text = self._prepare_for_check(n, cid)
+            state = self._state_of(cid)
+            digits = text.replace(",", "").replace("_", "")
+            topic, partition, offset = position
+            named = (
+                topic in text
+                and str(offset) in digits
+                and str(partition) in digits
+                and str(DLQ_MAX_MESSAGE_BYTES) in digits
+            )
+            wedged = ""
+            if code == 0 or state is not CheckpointState.PLANNED or not named or "Traceback" in text:
+                if state is CheckpointState.PREPARED:
+                    # What its commit does with the dead letter the topic refuses.
+                    wedge_log = f"cycle-{n:04d}-wedge.log"
+                    self._spawn(n, log_name=wedge_log)
+                    wedged = f"; its commit: exit {self._reap()}: {self._child_text(wedge_log)[-300:]}"
+                self._violation(
+                    f"prepare of checkpoint {cid} with a dead letter over the dead-letter topic's "
+                    f"max.message.bytes={DLQ_MAX_MESSAGE_BYTES} ({what}): exit {code}, now "
+                    f"{state.value} (must be refused naming the position and limit, still PLANNED): "
+                    f"{text[-400:]}{wedged}"
+                )
+            self._set_max_message_bytes(dlq, DLQ_REPAIRED_BYTES)
+            repaired = True
+            self._spawn(n)
+            code_next = self._reap()
+            now = self._state_of(cid)
+            if code_next != 0 or now is not CheckpointState.COMMITTED:
+                text_next = self._child_text(f"cycle-{n:04d}.log")
+                self._violation(
+                    f"run-once after raising {dlq}'s max.message.bytes to {DLQ_REPAIRED_BYTES}: "
+                    f"exit {code_next}, checkpoint {cid} {now.value}: {text_next[-300:]}"
+                )
+                if now is CheckpointState.PREPARED:
+                    # Wedged for good (the producer sized from the sink alone): let it through
+                    # by raising the sink's limit for one run, so that the run can go on.
+                    sink = self.pipeline.sink_topic
+                    self._set_max_message_bytes(sink, DLQ_REPAIRED_BYTES)
+                    try:
+                        self._spawn(n, log_name=f"cycle-{n:04d}-unwedge.log")
+                        self.log(f"  sink limit raised for one run: exit {self._reap()}")
+                    finally:
+                        self._set_max_message_bytes(sink, MAX_MESSAGE_BYTES)
+            digest = _digest(value)
+            dead = sum(1 for m in self._dead_letters() if _digest(m.value()) == digest)
+            published = sum(
+                1 for m in read_sink(self.config, self.pipeline.sink_topic) if _digest(m.value()) == digest
+            )
+            if (dead, published) != (1, 0) and self._state_of(cid) is CheckpointState.COMMITTED:
+                self._violation(
+                    f"the record {what} of checkpoint {cid}: {dead} dead letters, {published} in the "
+                    "sink (must be 1 and 0)"
+                )
+            return (
+                f"{what}: prepare of {cid} exit {code} ({state.value}{', named' if named else ''}); "
+                f"limit raised, run-once exit {code_next} ({now.value}); {dead} dead letter(s)"
+            )
+        finally:
+            if not repaired:
+                self._set_max_message_bytes(dlq, DLQ_REPAIRED_BYTES)
+
+    def _prepare_for_check(self, n: int, checkpoint_id: int) -> tuple[int, str]:
+        """Prepare ``checkpoint_id`` (here with ``--prepare mixed``, else an ``eo prepare``
+        child): (0 or 1 here / the child's exit, the error's or the child's text)."""
+        assert self.pipeline is not None and self.ledger is not None
+        if self.spark is None:
+            name = f"cycle-{n:04d}-prepare.log"
+            self._spawn(n, args=("prepare", REF), log_name=name)
+            return self._reap() or 0, self._child_text(name)
+        from airflow_provider_eo.core.prepare import prepare_checkpoint
+        from airflow_provider_eo.errors import EoError
+        from airflow_provider_eo.spark.stager import SparkStager
+
+        try:
+            prepare_checkpoint(self.pipeline, self.ledger, checkpoint_id, stager=SparkStager(self.spark))
+        except EoError as exc:
+            return 1, " ".join(f"{type(exc).__name__}: {exc}".split())
+        except Exception as exc:  # not one of eo's errors: a crash, not a refusal
+            return 1, " ".join(f"Traceback (not an EoError) {type(exc).__name__}: {exc}".split())
+        return 0, ""
+
     # -- catch-up and audit ------------------------------------------------------------------
     def catch_up(self, max_runs: int = 200) -> None:
         """Stop the feeder; run-once until nothing is unfinished and every source partition
@@ -1086,11 +1575,16 @@ class Torture:
         everything = Counter(_digest(m.value()) for m in read_uncommitted(config, topic))
         aborted = everything - committed
         sink = Counter(_digest(m.value()) for m in read_sink(config, self.pipeline.sink_topic))
+        # A dead letter is its source record's value as it was: a source record is accounted
+        # for once when it is in the sink or on the dead-letter topic, never both.
+        dead = Counter(_digest(m.value()) for m in self._dead_letters())
+        out = sink + dead
         result.records_in = sum(committed.values())
         result.aborted_in = sum(aborted.values())
         result.records_out = sum(sink.values())
-        extra = sink - committed  # duplicates, and anything never committed at the source
-        lost = committed - sink
+        result.dead_letters_out = sum(dead.values())
+        extra = out - committed  # duplicates, and anything never committed at the source
+        lost = committed - out
         leaked = sum(n for v, n in extra.items() if v in aborted)
         report = audit_pipeline(self.pipeline, self.ledger)
         result.audit = report.as_dict()

@@ -62,9 +62,10 @@ say "fetching jars (cached under .eo/jars after the first run)"
 .venv/bin/python - <<'PY'
 from airflow_provider_eo.stack.kafka import KAFKA_VERSION
 from airflow_provider_eo.stack.javac import udf_jar
-from airflow_provider_eo.stack.maven import kafka_broker_jars, spark_kafka_jars
+from airflow_provider_eo.stack.maven import hadoop_aws_jars, kafka_broker_jars, spark_kafka_jars
 kafka_broker_jars(KAFKA_VERSION)
 spark_kafka_jars()
+hadoop_aws_jars()  # staging on S3 (tests/integration/core/test_object_storage.py)
 udf_jar()
 PY
 say "ready in $(( $(date +%s) - t0 ))s"

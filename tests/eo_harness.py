@@ -121,6 +121,26 @@ class Harness:
 
         return commit_checkpoint(self.pipeline, self.ledger, checkpoint_id)
 
+    def expire_lease(self, checkpoint_id: int) -> None:
+        """Move the commit lease's end into the past: what the clock passing it does while its
+        holder (a paused committer) cannot renew it."""
+        import datetime as dt
+
+        from sqlalchemy import select, update
+        from sqlalchemy.orm import Session
+
+        from airflow_provider_eo.ledger.models import Checkpoint
+        from airflow_provider_eo.ledger.models import Pipeline as PipelineRow
+
+        past = dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc)
+        with Session(self.ledger.engine) as s, s.begin():
+            pid = s.execute(select(PipelineRow.id).where(PipelineRow.name == self.pipeline.name)).scalar_one()
+            s.execute(
+                update(Checkpoint)
+                .where(Checkpoint.pipeline_id == pid, Checkpoint.checkpoint_id == checkpoint_id)
+                .values(commit_lease_until=past)
+            )
+
     def cli(
         self,
         *args: str,

@@ -4,7 +4,9 @@ process so a test can kill it (``EO_FAULT``) and restart it from the same checkp
 ``python tests/eo_ss_query.py '<json>'`` with: bootstrap, source, sink, name, ledger_url,
 staging_dir, checkpoint, kind (``count``: running count per key, update mode; ``dedup``:
 ``dropDuplicatesWithinWatermark`` on the value, append mode; ``random``: the value carries
-``rand()`` and this process's tag), commit_shards, max_offsets (per trigger), trigger_s. The
+``rand()`` and this process's tag; ``identity``: key and value unchanged), commit_shards,
+max_offsets (per trigger), trigger_s, spark_conf (more settings of the query's session, also
+given to the sink: e.g. ``spark.hadoop.fs.s3a.*`` for an ``s3a://`` staging_dir). The
 query runs with ``availableNow`` (it processes what the source holds, in batches, then exits
 0), or with a processing-time trigger of ``trigger_s`` seconds until it is stopped (a stop
 request in the ledger: ``eo stream-stop``).
@@ -23,7 +25,8 @@ def main(spec: dict[str, object]) -> None:
 
     from airflow_provider_eo.spark.session import get_spark
 
-    spark = get_spark(f"eo-ss-{spec['name']}", conf={"spark.sql.shuffle.partitions": "2"})
+    extra = dict(spec.get("spark_conf") or {})  # type: ignore[call-overload]
+    spark = get_spark(f"eo-ss-{spec['name']}", conf={"spark.sql.shuffle.partitions": "2", **extra})
     source = (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", str(spec["bootstrap"]))
@@ -48,6 +51,9 @@ def main(spec: dict[str, object]) -> None:
             .dropDuplicatesWithinWatermark(["value"])
             .select(F.col("key"), F.col("value"))
         )
+        mode = "append"
+    elif kind == "identity":
+        out = source.select(F.col("key"), F.col("value"))
         mode = "append"
     else:
         tag = uuid.uuid4().hex[:8]
@@ -90,6 +96,7 @@ def _sink(spec: dict[str, Any]) -> Any:
         commit_shards=int(spec.get("commit_shards", 1)),  # type: ignore[call-overload]
         commit_mode="local",
         heartbeat_s=1.0,
+        **({"spark_conf": dict(spec["spark_conf"])} if spec.get("spark_conf") else {}),
     )
 
 

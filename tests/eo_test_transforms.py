@@ -111,3 +111,74 @@ def poison_or_big(df: Any) -> Any:
         return b"x" * 5000 if v.startswith(b"BIG") else v
 
     return df.withColumn("value", F.udf(check, BinaryType())(F.col("value")))
+
+
+def poison_prefix(df: Any) -> Any:
+    """Fails on a value starting with b'POISON' with a Spark arithmetic error (an integral
+    division by zero under ANSI mode, Spark 4's default), without a Python UDF; any other
+    value is kept as it is. A poison record for long runs (bench/torture.py) that costs no
+    Python worker on the records that are fine."""
+    from pyspark.sql import functions as F
+
+    return df.withColumn(
+        "value",
+        F.expr(
+            "CASE WHEN substring(value, 1, 6) = X'504F49534F4E' THEN concat(value, "
+            "cast(cast(length(value) div (length(value) - length(value)) AS STRING) AS BINARY)) "
+            "ELSE value END"
+        ),
+    )
+
+
+def readme_clean(df: Any) -> Any:
+    """The README's example transform ``clean``: a filter, then a select that keeps only key
+    and value (the provenance column is not named, so not kept)."""
+    from pyspark.sql import functions as F
+
+    return df.where(F.col("value").isNotNull()).select(
+        "key", F.upper(F.col("value").cast("string")).alias("value")
+    )
+
+
+def select_udf(df: Any) -> Any:
+    """``select("key", udf(value))``: a Python UDF, only key and value kept."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import BinaryType
+
+    upper = F.udf(lambda v: bytes(v).upper(), BinaryType())  # no hints: a plain Python UDF
+    return df.select("key", upper(F.col("value")).alias("value"))
+
+
+def select_pandas_udf(df: Any) -> Any:
+    """A pandas UDF in a select that keeps only key and value."""
+    import pandas as pd
+    from pyspark.sql import functions as F
+
+    def upper(values: pd.Series) -> pd.Series:
+        return values.map(lambda v: bytes(v).upper())
+
+    # Spark reads the kind of pandas UDF from the hints: real types, not this module's
+    # postponed (string) annotations.
+    upper.__annotations__ = {"values": pd.Series, "return": pd.Series}
+    return df.select("key", F.pandas_udf(upper, "binary")(F.col("value")).alias("value"))
+
+
+def join_static(df: Any) -> Any:
+    """A join with a small static table (by key), then a select of key and value."""
+    from pyspark.sql import functions as F
+
+    names = df.sparkSession.createDataFrame(
+        [(f"k{i}".encode(), f"name-{i}") for i in range(7)], "key binary, name string"
+    )
+    joined = df.join(F.broadcast(names), "key", "left")
+    return joined.select(
+        "key", F.concat(F.col("value"), F.lit(b"|"), F.col("name").cast("binary")).alias("value")
+    )
+
+
+def count_per_key(df: Any) -> Any:
+    """An aggregation: one output record per key and checkpoint (no output record stands
+    for one source record)."""
+    from pyspark.sql import functions as F
+
+    return df.groupBy("key").agg(F.count(F.lit(1)).cast("string").alias("value"))

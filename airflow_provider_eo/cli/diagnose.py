@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from airflow_provider_eo.cli._common import JsonFlag, PipelineRef, emit, load, opened
-from airflow_provider_eo.cli.errors import EXIT_AUDIT_FAILED, err, fail, reported
+from airflow_provider_eo.cli.errors import EXIT_AUDIT_COUNT_ONLY, EXIT_AUDIT_FAILED, err, fail, reported
 
 ForceLive = Annotated[
     bool,
@@ -26,7 +26,11 @@ ForceLive = Annotated[
 
 
 def audit_cmd(ref: PipelineRef, as_json: JsonFlag = False) -> None:
-    """Read the sink with read_committed and check every committed checkpoint's records."""
+    """Read the sink with read_committed and check every committed checkpoint's records
+    against the source. Exit 0: every source record accounted for exactly once (published
+    once, dropped by the transform, or one dead letter). Exit 2: duplicates or missing
+    records. Exit 4: nothing found wrong, but some output records carry no source position
+    (an aggregation's), so their source records were checked by count only."""
     from airflow_provider_eo.core.audit import audit_pipeline
 
     with reported(), opened(ref) as (pipeline, ledger):
@@ -37,7 +41,9 @@ def audit_cmd(ref: PipelineRef, as_json: JsonFlag = False) -> None:
         from airflow_provider_eo.render import print_audit
 
         print_audit(report)
-    raise typer.Exit(0 if report.ok else EXIT_AUDIT_FAILED)
+    if not report.ok:
+        raise typer.Exit(EXIT_AUDIT_FAILED)
+    raise typer.Exit(0 if report.per_record else EXIT_AUDIT_COUNT_ONLY)
 
 
 def doctor_cmd(
@@ -103,15 +109,17 @@ def doctor_cmd(
     from airflow_provider_eo.streaming.savepoint import load_sink
 
     sink = load_sink(ref)
-    query_location = None
-    if sink is not None and sink.checkpoint_location:  # the query's location, read here
-        from functools import partial
-
-        from airflow_provider_eo.streaming.checkpoint_location import read_location
-
-        query_location = partial(read_location, sink.checkpoint_location)
     with reported():
-        report = run_doctor(load(ref), staging_probe=probe, query_location=query_location)
+        pipeline = load(ref)
+        query_location = None
+        if sink is not None and sink.checkpoint_location:  # the query's location, read here
+            from functools import partial
+
+            from airflow_provider_eo.staging_fs import store_for
+            from airflow_provider_eo.streaming.checkpoint_location import read_location
+
+            query_location = partial(read_location, sink.checkpoint_location, store_for(pipeline))
+        report = run_doctor(pipeline, staging_probe=probe, query_location=query_location)
     if as_json:
         print(json.dumps(report.as_dict()))
     else:
@@ -164,6 +172,7 @@ def recover_cmd(
     listed and ended first, hanging ones included."""
     from airflow_provider_eo.core.recover import recover_pipeline
     from airflow_provider_eo.ledger import Actor
+    from airflow_provider_eo.spark.commit import SparkShardRunner
 
     with reported(), opened(ref) as (pipeline, ledger):
         result = recover_pipeline(
@@ -174,6 +183,7 @@ def recover_cmd(
             progress=lambda line: err.print(line),
             force_live=force_live,
             abort_hanging=abort_hanging,
+            runner=SparkShardRunner(pipeline),
         )
     emit(result.summary(), as_json)
     if not result.clean:

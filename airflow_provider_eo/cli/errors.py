@@ -2,7 +2,9 @@
 
 Exit codes: 0 done; 1 an error (the message says what happened and what to do next);
 2 a failed audit (``eo audit``); 3 a stopped pipeline (``eo plan`` / ``eo run-once``: not a
-failure, nothing new is planned until ``eo resume``). Usage errors are typer's own (2).
+failure, nothing new is planned until ``eo resume``); 4 an audit that found nothing wrong
+but checked some source records by count only (``eo audit``: output without source
+positions). Usage errors are typer's own (2).
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ EXIT_ERROR = 1
 EXIT_AUDIT_FAILED = 2
 #: ``eo plan`` / ``eo run-once`` on a stopped pipeline with nothing unfinished (``eo resume``).
 EXIT_STOPPED = 3
+#: ``eo audit`` found nothing duplicated or missing, but some committed output carries no
+#: source position (an aggregation), so its source records were checked by count only.
+EXIT_AUDIT_COUNT_ONLY = 4
 
 
 def fail(message: str, code: int = EXIT_ERROR) -> NoReturn:

@@ -18,9 +18,19 @@ the read, and the replanned range is then published twice. The steps, in this or
    the producer epoch, so the broker aborts whatever a paused committer left open and
    refuses its later ``send_offsets_to_transaction`` / ``commit_transaction`` (it fails
    fenced; none of its records become visible).
-3. Only now read the markers: nothing can commit any more, so what they show is final.
-   A shard that published the checkpoint makes the abort impossible (its output is in
-   the sink; replanning would publish it twice): refused, data at risk.
+3. Only now decide whether a shard published the checkpoint: nothing can commit any more,
+   so what the evidence shows is final. A shard published it when its commit marker shows
+   it, when the ledger records the shard COMMITTED (final: markers expire with the broker's
+   ``offsets.retention.minutes``, the row does not), or, for a shard recorded PENDING (a try
+   may have begun its transaction) whose marker is gone, when the sink's committed output
+   read back names the checkpoint; a read-back that fails proves nothing and refuses too.
+   A published shard makes the abort impossible (its output is in the sink; replanning
+   would publish it twice): refused, and the commit is finished instead. A shard recorded
+   COMMITTED is refused before anything is fenced (step 0).
+3a. A PREPARED checkpoint gets its abort marks (core/abort_marks.py): per shard, a
+   transaction of its id that reads the marker again and records the checkpoint as aborted,
+   so a spark-mode commit task whose ``init_transactions`` comes after the fence (queued,
+   retried) publishes nothing.
 4. ``ledger.abort`` under the lease: PLANNED/PREPARED -> ABORTED, refused if a committer took
    the lease over since step 1 (this process stalled past it); the range is replanned from
    its start. The lease is released.
@@ -31,24 +41,62 @@ Idempotent: aborting an ABORTED checkpoint does nothing; a COMMITTED one is refu
 from __future__ import annotations
 
 from airflow_provider_eo import names
+from airflow_provider_eo.core.abort_marks import mark_aborted
 from airflow_provider_eo.core.fencing import FENCE_LEASE_S, FenceLease, fence, fence_owner
-from airflow_provider_eo.core.markers import decide_marker
+from airflow_provider_eo.core.markers import NO_MARKER, decide_marker
 from airflow_provider_eo.core.shard import REAL_KAFKA, KafkaClients
-from airflow_provider_eo.errors import AbortRefused
+from airflow_provider_eo.errors import AbortRefused, CommitError
 from airflow_provider_eo.kafka.client_config import librdkafka_config
-from airflow_provider_eo.ledger import Actor, CheckpointRecord, CheckpointState, Ledger, ShardState
+from airflow_provider_eo.ledger import (
+    Actor,
+    CheckpointRecord,
+    CheckpointState,
+    CommitPlan,
+    Ledger,
+    ShardState,
+)
 from airflow_provider_eo.ledger.leases import FORCE_LIVE_HINT, CommitInProgress
 from airflow_provider_eo.pipeline import Pipeline
+
+
+def _plan_of(pipeline: Pipeline, cp: CheckpointRecord, clients: KafkaClients) -> CommitPlan:
+    """``cp``'s frozen commit plan, or (a checkpoint planned before plans were recorded) the
+    plan today's settings make."""
+    if cp.commit_plan is not None:
+        return cp.commit_plan
+    sink_partitions = clients.partition_count(librdkafka_config(pipeline.kafka), pipeline.sink_topic)
+    return names.commit_plan(pipeline, sink_partitions)
 
 
 def shard_ids(pipeline: Pipeline, cp: CheckpointRecord, clients: KafkaClients = REAL_KAFKA) -> list[str]:
     """The transactional id of every commit shard of ``cp``: from its frozen commit plan, or
     (a checkpoint planned before plans were recorded) the plan today's settings make."""
-    plan = cp.commit_plan
-    if plan is None:
-        sink_partitions = clients.partition_count(librdkafka_config(pipeline.kafka), pipeline.sink_topic)
-        plan = names.commit_plan(pipeline, sink_partitions)
+    plan = _plan_of(pipeline, cp, clients)
     return [names.plan_transactional_id(plan, pipeline.name, shard) for shard in range(plan.shards)]
+
+
+def committed_rows(cp: CheckpointRecord) -> list[int]:
+    """The shards of ``cp`` the ledger records COMMITTED: published for good (a row is written
+    COMMITTED only after the shard's transaction committed or its marker showed it)."""
+    return sorted(s.shard for s in cp.shards if s.state is ShardState.COMMITTED)
+
+
+def published_refusal(
+    pipeline: Pipeline, cp: CheckpointRecord, reason: str, evidence: dict[int, str]
+) -> AbortRefused:
+    """The refusal of an abort of ``cp`` some of whose shards are published (``evidence``:
+    shard -> what shows it), with the way forward."""
+    shards = "; ".join(f"shard {shard} ({why})" for shard, why in sorted(evidence.items()))
+    return AbortRefused(
+        f"pipeline {pipeline.name!r}, checkpoint {cp.checkpoint_id}: {reason}, but it cannot be "
+        f"aborted: part of it is already in the sink: {shards}. Aborting would replan its range "
+        "and publish those records a second time. Nothing was aborted; the checkpoint stays "
+        f"{cp.state.value}. Finish the commit instead: `eo commit MODULE:ATTR --checkpoint "
+        f"{cp.checkpoint_id}` (or `eo recover MODULE:ATTR`, which also fences what a dead "
+        "committer left open) publishes only the shards not yet published; a shard recorded "
+        "COMMITTED is never published again. If its staged output is gone, restore the staged "
+        "files from a backup first."
+    )
 
 
 def _pending_note(cp: CheckpointRecord) -> str:
@@ -113,6 +161,12 @@ def abort_checkpoint(
             f"{where}is COMMITTED: its output is published and cannot be aborted. To process "
             "its range again, restore the pipeline from a savepoint (a recorded lineage break)."
         )
+    # 0. A shard the ledger records COMMITTED is published for good: nothing to fence or read.
+    published = committed_rows(cp)
+    if published:
+        raise published_refusal(
+            pipeline, cp, reason, {shard: "recorded COMMITTED in the ledger" for shard in published}
+        )
     owner = fence_owner(actor)
     ids = shard_ids(pipeline, cp, clients)
     try:
@@ -124,6 +178,12 @@ def abort_checkpoint(
                 lease.renew()
                 # 3. The markers, read after the fence: nothing can commit it any more.
                 _refuse_if_published(pipeline, ledger, cp, len(ids), reason, clients)
+                # 3a. The abort marks (core/abort_marks.py): a spark-mode commit task that
+                # runs init_transactions after this fence reads them and publishes nothing
+                # (only a PREPARED checkpoint has commit tasks).
+                if cp.state is CheckpointState.PREPARED:
+                    identity = ledger.get_pipeline(pipeline.name).identity
+                    mark_aborted(pipeline, identity, cp, ids, renew=lease.renew, where=where, clients=clients)
                 # 4. ABORTED, unless a committer took the lease over meanwhile.
                 return ledger.abort(
                     pipeline.name, checkpoint_id, reason=reason, actor=actor, lease_owner=owner
@@ -146,26 +206,73 @@ def abort_checkpoint(
 def _refuse_if_published(
     pipeline: Pipeline, ledger: Ledger, cp: CheckpointRecord, shards: int, reason: str, clients: KafkaClients
 ) -> None:
-    """Refuse (data at risk) when a shard's marker shows ``cp``; a marker of another ledger's
-    pipeline identity is refused here too (never read as ours)."""
+    """Refuse (:class:`AbortRefused`) when a shard published ``cp``: its marker shows it, the
+    ledger records it COMMITTED, or (recorded PENDING, its marker gone) the sink's committed
+    output names it. A marker of another ledger's pipeline identity is refused here too
+    (never read as ours). Called after every shard id was fenced: what it finds is final."""
     identity = ledger.get_pipeline(pipeline.name).identity
-    plan = cp.commit_plan
-    group = plan.marker_group if plan is not None else names.marker_group(pipeline)
-    sink = plan.sink_topic if plan is not None else pipeline.sink_topic
+    plan = _plan_of(pipeline, cp, clients)
     config = librdkafka_config(pipeline.kafka)
-    published = []
+    rows = {s.shard: s.state for s in ledger.get(pipeline.name, cp.checkpoint_id).shards}
+    evidence: dict[int, str] = {}
     for shard in range(shards):
-        found = clients.committed_marks(config, group, [(sink, shard)])
-        mark = decide_marker(pipeline.name, group, sink, shard, found.get((sink, shard)), identity=identity)
-        if mark >= cp.checkpoint_id:
-            published.append(shard)
-    if published:
-        raise AbortRefused(
-            f"pipeline {pipeline.name!r}, checkpoint {cp.checkpoint_id}: {reason}, but shards "
-            f"{published} were already published, so the checkpoint cannot be aborted. Restore "
-            "the staged files from a backup and retry the commit; data of the other shards is "
-            "at risk."
+        found = clients.committed_marks(config, plan.marker_group, [(plan.sink_topic, shard)])
+        mark = decide_marker(
+            pipeline.name,
+            plan.marker_group,
+            plan.sink_topic,
+            shard,
+            found.get((plan.sink_topic, shard)),
+            identity=identity,
         )
+        if mark >= cp.checkpoint_id:
+            evidence[shard] = f"its commit marker shows checkpoint {mark}"
+        elif rows.get(shard) is ShardState.COMMITTED:
+            evidence[shard] = "recorded COMMITTED in the ledger"
+        elif (
+            # A try began the shard's transaction and the marker that would show whether it
+            # committed is gone (expired): the committed output decides, never the absence.
+            mark == NO_MARKER
+            and shard in rows
+            and _read_back(pipeline, cp, plan, shard, identity, reason, clients) >= cp.checkpoint_id
+        ):
+            evidence[shard] = "its committed output in the sink names this checkpoint"
+    if evidence:
+        raise published_refusal(pipeline, cp, reason, evidence)
 
 
-__all__ = ["abort_checkpoint", "shard_ids"]
+def _read_back(
+    pipeline: Pipeline,
+    cp: CheckpointRecord,
+    plan: CommitPlan,
+    shard: int,
+    identity: str,
+    reason: str,
+    clients: KafkaClients,
+) -> int:
+    """The highest checkpoint of this pipeline in the committed output of ``shard``'s sink
+    partitions (a shard's transaction is atomic over them); a read that fails refuses the
+    abort, since nothing then shows the shard unpublished."""
+    config = librdkafka_config(pipeline.kafka)
+    last = NO_MARKER
+    for partition in plan.partitions_of(shard):
+        try:
+            found = clients.last_published_checkpoint(
+                config, plan.sink_topic, partition, pipeline.name, identity
+            )
+        except CommitError as exc:
+            raise AbortRefused(
+                f"pipeline {pipeline.name!r}, checkpoint {cp.checkpoint_id}: {reason}, but shard "
+                f"{shard} began a transaction (recorded PENDING) and its commit marker is gone, so "
+                f"only the sink can show whether it published; it could not be read ({exc}). "
+                f"Nothing was aborted; the checkpoint stays {cp.state.value}. Retry the abort when "
+                "the sink is readable, or finish the commit instead (`eo commit MODULE:ATTR "
+                f"--checkpoint {cp.checkpoint_id}`)."
+            ) from exc
+        last = max(last, found)
+        if last >= cp.checkpoint_id:
+            break
+    return last
+
+
+__all__ = ["abort_checkpoint", "committed_rows", "published_refusal", "shard_ids"]

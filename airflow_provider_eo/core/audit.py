@@ -10,9 +10,17 @@ Two checks per committed checkpoint:
    source position, this pipeline and its ledger identity). Anything else is
    ``missing``. This
    does not trust our own manifests: a checkpoint committed with fewer records than it
-   read shows up here.
+   read shows up here. A source record accounted for twice (published by two
+   checkpoints, sent to the dead-letter topic twice, or sent there and published too) is
+   a duplicate.
 2. Against the staged output: every staged position (sink partition and index) is seen
    exactly once (``duplicates``), none is absent.
+
+A checkpoint whose output carries no source position (an aggregation: no output record
+stands for one source record; the prepare carries the position through every transform
+that keeps rows, see :mod:`airflow_provider_eo.spark.provenance`) cannot be checked record
+by record: its source records are neither dropped nor missing but ``unchecked``, and the
+report's outcome is "checked by count only" (the staged check above still holds).
 
 It checks the protocol (ledger against sink and source), so it lives with the protocol;
 the Kafka reading is :mod:`airflow_provider_eo.kafka.audit`'s and
@@ -23,6 +31,7 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter, defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +43,9 @@ from airflow_provider_eo.kafka.source_read import read_source_ranges
 from airflow_provider_eo.ledger import CheckpointRecord, CheckpointState, Ledger
 from airflow_provider_eo.ledger.errors import CheckpointNotFound
 from airflow_provider_eo.pipeline import Pipeline
+
+#: Source positions a report names per kind (duplicated, missing): the first ones, in order.
+EXAMPLES = 20
 
 
 @dataclass
@@ -53,6 +65,8 @@ class CheckpointAudit:
     dead_letters_recorded: int = 0  # what the prepare staged as dead letters (the ledger)
     source_missing: int = 0  # read, not published, not dropped, not a dead letter
     source_expired: int = 0  # planned offsets already deleted by retention: not checkable
+    unpositioned: int = 0  # output records carrying no source position (count-only check)
+    source_unchecked: int = 0  # source records only a count-only check covers
 
     @property
     def missing(self) -> int:
@@ -70,7 +84,11 @@ class AuditReport:
     checkpoints: list[CheckpointAudit] = field(default_factory=list)
     foreign: int = 0  # sink records without our provenance (written by someone else)
     unexpected: int = 0  # records of checkpoints the ledger does not show as COMMITTED
-    sources_duplicated: int = 0  # source offsets published by two different checkpoints
+    # Extra copies of source records: published by two checkpoints, a dead letter sent
+    # twice, or a dead letter whose record was published too.
+    sources_duplicated: int = 0
+    duplicated_sources: list[str] = field(default_factory=list)  # the first EXAMPLES of them
+    missing_sources: list[str] = field(default_factory=list)  # the first EXAMPLES missing
 
     @property
     def duplicates(self) -> int:
@@ -103,9 +121,34 @@ class AuditReport:
         return sum(c.source_expired for c in self.checkpoints)
 
     @property
+    def unpositioned(self) -> int:
+        """Output records carrying no source position, in checkpoints checked by count only."""
+        return sum(c.unpositioned for c in self.checkpoints)
+
+    @property
+    def source_unchecked(self) -> int:
+        """Source records of those checkpoints that no output record names."""
+        return sum(c.source_unchecked for c in self.checkpoints)
+
+    @property
     def ok(self) -> bool:
         """Nothing duplicated, nothing missing, nothing from an uncommitted checkpoint."""
         return self.duplicates == 0 and self.missing == 0 and self.unexpected == 0
+
+    @property
+    def per_record(self) -> bool:
+        """Every checked source record was accounted for one by one (no checkpoint was
+        checked by count only)."""
+        return self.unpositioned == 0 and self.source_unchecked == 0
+
+    @property
+    def outcome(self) -> str:
+        """``exactly once`` (every source record accounted for exactly once: published once,
+        dropped by the transform, or one dead letter), ``NOT exactly once``, or ``checked by
+        count only`` (nothing found wrong, but some output carries no source position)."""
+        if not self.ok:
+            return "NOT exactly once"
+        return "exactly once" if self.per_record else "checked by count only"
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-friendly form (``eo audit --json``)."""
@@ -113,6 +156,7 @@ class AuditReport:
             "pipeline": self.pipeline,
             "sink_topic": self.sink_topic,
             "ok": self.ok,
+            "outcome": self.outcome,
             "duplicates": self.duplicates,
             "missing": self.missing,
             "unexpected": self.unexpected,
@@ -121,6 +165,10 @@ class AuditReport:
             "dropped": self.dropped,
             "dead_letters": self.dead_letters,
             "source_expired": self.source_expired,
+            "unpositioned": self.unpositioned,
+            "source_unchecked": self.source_unchecked,
+            "duplicated_sources": self.duplicated_sources,
+            "missing_sources": self.missing_sources,
             "checkpoints": [{**c.__dict__, "missing": c.missing} for c in self.checkpoints],
         }
 
@@ -134,6 +182,8 @@ def audit_pipeline(pipeline: Pipeline, ledger: Ledger) -> AuditReport:
     checkpoints = {c.checkpoint_id: c for c in ledger.list_checkpoints(pipeline.name)}
     positions: dict[int, Counter[bytes]] = defaultdict(Counter)
     source_seen: dict[bytes, set[int]] = defaultdict(set)
+    unnamed: Counter[int] = Counter()  # per checkpoint, output records without a source position
+    named: dict[tuple[int, bytes], bytes] = {}  # (checkpoint, staged position) -> its source position
     try:
         ident: str | None = ledger.get_pipeline(pipeline.name).identity[: names.PROVENANCE_IDENTITY_CHARS]
     except CheckpointNotFound:  # not registered in this ledger: nothing is ours
@@ -149,17 +199,18 @@ def audit_pipeline(pipeline: Pipeline, ledger: Ledger) -> AuditReport:
         _ckpt, position, src = fields
         cid = parsed[0]
         positions[cid][position] += 1
+        named[(cid, position)] = src
         if src != b"-":
             source_seen[src].add(cid)
+        else:
+            unnamed[cid] += 1
     dead = _dead_letters(config, pipeline, ident) if any(c.dead_letters for c in checkpoints.values()) else {}
-    for src, cids in dead.items():  # a dead letter sent twice, or also published
-        if len(cids) > 1 or src in source_seen:
-            report.sources_duplicated += len(cids) - (0 if src in source_seen else 1)
     committed = [cp for _cid, cp in sorted(checkpoints.items()) if cp.state is CheckpointState.COMMITTED]
     rows = {
         cp.checkpoint_id: CheckpointAudit(cp.checkpoint_id, cp.state.value, expected=cp.records or 0)
         for cp in committed
     }
+    twice: list[bytes | None] = []  # source positions of staged positions seen more than once
     for cid, cp in sorted(checkpoints.items()):
         if cp.state is not CheckpointState.COMMITTED:
             if cid in positions:
@@ -169,15 +220,40 @@ def audit_pipeline(pipeline: Pipeline, ledger: Ledger) -> AuditReport:
         row = rows[cid]
         row.observed = sum(seen.values())
         row.duplicates = sum(n - 1 for n in seen.values() if n > 1)
+        for position, n in seen.items():  # an output record written twice: name what it stands for
+            if n > 1:
+                twice.append(named[(cid, position)] if named[(cid, position)] != b"-" else None)
         row.missing_staged = max(0, row.expected - len(seen))
         report.checkpoints.append(row)
     # A Structured Streaming query's output names no source records (its state aggregates
     # them): its batches are checked against what they staged only.
     planned_here = [cp for cp in committed if cp.query_id is None]
-    _check_against_source(config, planned_here, rows, source_seen, dead)
+    missing = _check_against_source(config, planned_here, rows, source_seen, dead, unnamed)
+    report.missing_sources = missing[:EXAMPLES]
     report.unexpected += sum(sum(c.values()) for cid, c in positions.items() if cid not in checkpoints)
-    report.sources_duplicated = sum(1 for cids in source_seen.values() if len(cids) > 1)
+    extra = duplicated_sources(source_seen, dead)
+    report.sources_duplicated = sum(extra.values())  # the staged duplicates are the rows'
+    shown = {*extra, *(src for src in twice if src is not None)}
+    report.duplicated_sources = [src.decode() for src in sorted(shown, key=_position_order)][:EXAMPLES]
     return report
+
+
+def duplicated_sources(
+    published: Mapping[bytes, set[int]], dead: Mapping[bytes, list[int]]
+) -> dict[bytes, int]:
+    """Source positions accounted for more than once, with their extra copies: a source
+    record is accounted for by each checkpoint whose output names it and by each copy of
+    it on the dead-letter topic; exactly once is one of these, once."""
+    copies = Counter({src: len(cids) for src, cids in published.items()})
+    for src, cids in dead.items():
+        copies[src] += len(cids)
+    return {src: n - 1 for src, n in copies.items() if n > 1}
+
+
+def _position_order(position: bytes) -> tuple[bytes, int, int]:
+    """``topic:partition:offset`` in source order (numbers as numbers)."""
+    topic, partition, offset = position.rsplit(b":", 2)
+    return topic, int(partition), int(offset)
 
 
 def _check_against_source(
@@ -186,10 +262,18 @@ def _check_against_source(
     rows: dict[int, CheckpointAudit],
     source_seen: dict[bytes, set[int]],
     dead: dict[bytes, list[int]],
-) -> None:
+    unnamed: Counter[int],
+) -> list[str]:
     """Fill each committed checkpoint's source columns: read its planned ranges back from
     the source and find every record's position among the published provenance, else on
-    the dead-letter topic."""
+    the dead-letter topic. Returns the positions known to be missing (in source order; a
+    checkpoint that also dropped records cannot tell which of its unnamed ones are gone).
+
+    The unnamed records of a checkpoint whose output carries no source position and whose
+    prepare could not count what the transform dropped (``records_dropped`` None,
+    ``records_created`` not: an aggregation) are ``source_unchecked``, neither dropped nor
+    missing. A checkpoint prepared before the prepare counted (both None) is checked as
+    if nothing was dropped."""
     by_partition: dict[tuple[str, int], list[tuple[int, int, CheckpointRecord]]] = defaultdict(list)
     for cp in committed:
         for r in cp.ranges:
@@ -200,7 +284,7 @@ def _check_against_source(
         for (t, p), spans in by_partition.items()
     ]
     read = read_source_ranges(config, hulls)
-    unseen: Counter[int] = Counter()
+    unseen: dict[int, list[str]] = defaultdict(list)
     for (topic, partition), spans in by_partition.items():
         got = read[(topic, partition)]
         offsets = [o for o, _ in got.records]
@@ -218,12 +302,21 @@ def _check_against_source(
                 elif position in dead:
                     row.dead_letters += 1
                 else:
-                    unseen[cp.checkpoint_id] += 1
+                    unseen[cp.checkpoint_id].append(position.decode())
+    missing: list[str] = []
     for cp in committed:
         row = rows[cp.checkpoint_id]
         row.dropped = cp.records_dropped
         row.dead_letters_recorded = cp.dead_letters or 0
-        row.source_missing = max(0, unseen[cp.checkpoint_id] - (cp.records_dropped or 0))
+        nobody = unseen[cp.checkpoint_id]
+        if cp.records_dropped is None and cp.records_created:
+            row.unpositioned = unnamed[cp.checkpoint_id]
+            row.source_unchecked = len(nobody)
+            continue
+        row.source_missing = max(0, len(nobody) - (cp.records_dropped or 0))
+        if row.source_missing and not cp.records_dropped:
+            missing += nobody
+    return sorted(missing, key=lambda p: _position_order(p.encode()))
 
 
 def _dead_letters(config: dict[str, Any], pipeline: Pipeline, ident: str | None) -> dict[bytes, list[int]]:

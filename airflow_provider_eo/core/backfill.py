@@ -26,6 +26,7 @@ from airflow_provider_eo.core.commit import commit_checkpoint
 from airflow_provider_eo.core.markers import check_marker_identity
 from airflow_provider_eo.core.plan import check_commit_plan, lost_ranges
 from airflow_provider_eo.core.prepare import Stager, prepare_checkpoint
+from airflow_provider_eo.core.shard import ShardRunner
 from airflow_provider_eo.errors import BackfillRefused, DataLossError, KafkaAdminError
 from airflow_provider_eo.kafka import admin
 from airflow_provider_eo.kafka.client_config import librdkafka_config
@@ -291,12 +292,16 @@ def run_backfill(
     actor: Actor | None = None,
     prepare: PrepareFn,
     progress: ProgressFn | None = None,
+    runner: ShardRunner | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> BackfillResult:
     """Backfill ``[start_ms, end_ms)`` to the end: resume the backfill pipeline's unfinished
     checkpoint (prepare it if PLANNED, commit it), else plan the next one; until nothing is
     left. ``prepare`` prepares a PLANNED checkpoint of the backfill pipeline
     (:func:`local_prepare` in this process, or a spark-submit); ``progress`` is called with
-    each checkpoint once it is COMMITTED.
+    each checkpoint once it is COMMITTED. A spark-mode pipeline's commits run through
+    ``runner`` (spark/commit.py's ``SparkShardRunner``); without one, or where it cannot
+    start Spark, in this process, and ``say`` (default: a log warning) gets a line saying so.
 
     Idempotent: a rerun after a kill at any point finishes the interrupted checkpoint and
     adds only what is missing; a rerun of a finished interval plans nothing.
@@ -323,7 +328,9 @@ def run_backfill(
         if cp.state is CheckpointState.PLANNED:
             prepare(derived, ledger, cp.checkpoint_id)
             steps.append(f"prepare:{cp.checkpoint_id}")
-        committed = commit_checkpoint(derived, ledger, cp.checkpoint_id, actor=actor)
+        committed = commit_checkpoint(
+            derived, ledger, cp.checkpoint_id, actor=actor, runner=runner, fallback=say or log.warning
+        )
         steps.append(f"commit:{cp.checkpoint_id}:{committed.published}")
         done.append(committed.checkpoint)
         log.info(

@@ -7,7 +7,10 @@ and calls ``foreachBatch(df, N)`` again with the same id; its commit log records
 after ``foreachBatch`` returned. That is Flink's checkpoint; this module is the other half,
 keyed by ``(query id, batch id)``:
 
-- N already COMMITTED (or below the newest batch the ledger knows): nothing to do.
+- N already COMMITTED (or below the newest batch the ledger knows) with the ranges the
+  ledger recorded for it: nothing to do. Other ranges (a checkpoint location that is not
+  the one that wrote the ledger's batches) are refused, never skipped: Spark would record
+  the batch done while records it covers were never published.
 - N PREPARED: commit the staged output already recorded, never the re-run's ``df`` (a
   nondeterministic query may differ on re-run, and part of the first run may be published).
 - N PLANNED (a run died before it staged): stage ``df`` for it.
@@ -22,6 +25,7 @@ is told to accept it, like a fresh ledger is.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,10 +50,12 @@ from airflow_provider_eo.pipeline import Pipeline
 __all__ = [
     "BatchOutOfStep",
     "BatchPosition",
+    "BatchRangesDiffer",
     "BatchStep",
     "QueryIdentityMismatch",
     "begin_batch",
     "decide",
+    "live_checkpoints",
     "newest_checkpoint",
 ]
 
@@ -66,6 +72,15 @@ class QueryIdentityMismatch(ConfigError):
 class BatchOutOfStep(EoError):
     """The query's batch and the ledger disagree in a way only a tampered or foreign
     checkpoint location explains; nothing was staged or published."""
+
+
+class BatchRangesDiffer(BatchOutOfStep):
+    """The query's offset log gives a batch other ranges than the ledger recorded for it
+    (or ranges past what the pipeline published, for a batch it holds no checkpoint of):
+    the checkpoint location is not the one that wrote the ledger's batches. Skipping the
+    batch would let Spark record it done with records never published; nothing was staged
+    or published. Restart the query from the location that wrote the ledger's batches, or
+    write this query under another pipeline name."""
 
 
 @dataclass(frozen=True)
@@ -93,13 +108,18 @@ class BatchStep:
     reason: str
 
 
-def newest_checkpoint(ledger: Ledger, pipeline: str) -> CheckpointRecord | None:
-    """The pipeline's newest checkpoint that was not aborted, or None."""
+def live_checkpoints(ledger: Ledger, pipeline: str) -> list[CheckpointRecord]:
+    """The pipeline's checkpoints that were not aborted."""
     try:
         checkpoints = ledger.list_checkpoints(pipeline)
     except CheckpointNotFound:
-        return None
-    live = [c for c in checkpoints if c.state is not CheckpointState.ABORTED]
+        return []
+    return [c for c in checkpoints if c.state is not CheckpointState.ABORTED]
+
+
+def newest_checkpoint(ledger: Ledger, pipeline: str) -> CheckpointRecord | None:
+    """The pipeline's newest checkpoint that was not aborted, or None."""
+    live = live_checkpoints(ledger, pipeline)
     return max(live, key=lambda c: c.checkpoint_id) if live else None
 
 
@@ -108,9 +128,19 @@ def _where(pipeline: str, pos: BatchPosition) -> str:
 
 
 def decide(
-    pipeline: str, newest: CheckpointRecord | None, pos: BatchPosition, *, allow_new_query: bool
+    pipeline: str,
+    newest: CheckpointRecord | None,
+    pos: BatchPosition,
+    *,
+    allow_new_query: bool,
+    recorded: CheckpointRecord | None = None,
 ) -> tuple[Action, str]:
-    """What batch ``pos`` calls for, given the ledger's newest live checkpoint (pure).
+    """What batch ``pos`` calls for, given the ledger's newest live checkpoint and the live
+    checkpoint ``recorded`` for this query's batch id, if any (pure).
+
+    A batch at or below the newest is skipped only as a replay: with the ranges the ledger
+    recorded for it, or (no checkpoint holds it, e.g. it was aborted) with ranges that end
+    within the newest checkpoint's. Anything else is :class:`BatchRangesDiffer`.
 
     ``commit_previous``: the newest checkpoint is an earlier batch still PREPARED (the query
     recorded that batch done without the sink finishing it: a checkpoint location restored
@@ -140,9 +170,41 @@ def decide(
                 f"is {newest.state.value}; finish it with the old query or abort it "
                 f"(`eo abort {pipeline} {newest.checkpoint_id}`) before the new query takes over"
             )
+        # The new query continues the pipeline's lineage only from the old one's ends (a
+        # query started from its source's earliest offsets would publish them again).
+        ends = {r.key: r.end for r in newest.ranges}
+        apart = tuple(r for r in _sorted(pos.ranges) if r.key in ends and r.start != ends[r.key])
+        if apart:
+            raise QueryIdentityMismatch(
+                f"{where}: allow_new_query continues pipeline {pipeline!r} where query "
+                f"{newest.query_id} ended (checkpoint {newest.checkpoint_id}, batch {newest.batch_id}: "
+                f"{_ranges(newest.ranges)}), but this query's batch starts elsewhere: "
+                f"{_ranges(apart)}. Nothing was published. Start the new query with the Kafka "
+                f"source option startingOffsets={_starting_offsets(newest.ranges)} (its first "
+                "batch then starts at those ends), or restart the old query from its checkpoint location."
+            )
         return "plan", f"a new query after checkpoint {newest.checkpoint_id} of query {newest.query_id}"
     assert newest.batch_id is not None
+    if pos.batch_id == newest.batch_id:
+        recorded = newest
+    # 1. A batch the ledger holds is a replay only with the ranges it was recorded with.
+    if recorded is not None and _sorted(recorded.ranges) != _sorted(pos.ranges):
+        raise BatchRangesDiffer(
+            f"{where}: checkpoint {recorded.checkpoint_id} ({recorded.state.value}) recorded this "
+            f"batch with ranges {_ranges(recorded.ranges)}, the query's offset log says "
+            f"{_ranges(pos.ranges)}: this checkpoint location is not the one that wrote the "
+            f"ledger's batches (restored from an older copy, or replaced). {_NOT_SKIPPED}"
+        )
     if pos.batch_id < newest.batch_id:
+        # 2. Below the newest with no checkpoint of its own (aborted): skipped only when every
+        #    range ends within what the newest checkpoint covers.
+        beyond = _past(newest.ranges, pos.ranges) if recorded is None else ()
+        if beyond:
+            raise BatchRangesDiffer(
+                f"{where}: no checkpoint holds this batch, and its ranges reach past the newest "
+                f"checkpoint {newest.checkpoint_id} (batch {newest.batch_id}, ranges "
+                f"{_ranges(newest.ranges)}): {_ranges(beyond)}. {_NOT_SKIPPED}"
+            )
         return "skip", (
             f"batch {pos.batch_id} is below batch {newest.batch_id} (checkpoint {newest.checkpoint_id}, "
             f"{newest.state.value}): its output was published before"
@@ -152,12 +214,6 @@ def decide(
             return "skip", f"checkpoint {newest.checkpoint_id} already COMMITTED"
         if newest.state is CheckpointState.PREPARED:
             return "commit", f"checkpoint {newest.checkpoint_id} PREPARED by an earlier run of the batch"
-        if _sorted(newest.ranges) != _sorted(pos.ranges):
-            raise BatchOutOfStep(
-                f"{where}: checkpoint {newest.checkpoint_id} recorded the batch with ranges "
-                f"{_ranges(newest.ranges)}, the query's offset log now says {_ranges(pos.ranges)}; was "
-                "the checkpoint location replaced? Nothing was published."
-            )
         return "stage", f"checkpoint {newest.checkpoint_id} PLANNED by an earlier run of the batch"
     if newest.state is CheckpointState.COMMITTED:
         return "plan", f"the batch after checkpoint {newest.checkpoint_id}"
@@ -174,8 +230,29 @@ def decide(
     )
 
 
+_NOT_SKIPPED = (
+    "Nothing was staged or published, and the batch is not skipped (Spark would record it "
+    "done unpublished). Restart the query from the checkpoint location that wrote the "
+    "ledger's batches, or write this query under another pipeline name."
+)
+
+
 def _sorted(ranges: tuple[RangeSpec, ...]) -> tuple[RangeSpec, ...]:
     return tuple(sorted(ranges, key=lambda r: r.key))
+
+
+def _starting_offsets(ranges: tuple[RangeSpec, ...]) -> str:
+    """The Kafka source's ``startingOffsets`` JSON that starts at ``ranges``' ends."""
+    out: dict[str, dict[str, int]] = {}
+    for r in _sorted(ranges):
+        out.setdefault(r.topic, {})[str(r.partition)] = r.end
+    return json.dumps(out, separators=(",", ":"))
+
+
+def _past(covered: tuple[RangeSpec, ...], ranges: tuple[RangeSpec, ...]) -> tuple[RangeSpec, ...]:
+    """The ``ranges`` that end past the ``covered`` ones' ends (or on a partition they lack)."""
+    ends = {r.key: r.end for r in covered}
+    return tuple(r for r in _sorted(ranges) if r.key not in ends or r.end > ends[r.key])
 
 
 def _ranges(ranges: tuple[RangeSpec, ...]) -> str:
@@ -200,8 +277,16 @@ def begin_batch(
     ledger.ensure_pipeline(pipeline.name, pipeline.fingerprint())
     prefix = ledger.pin_transactional_id_prefix(pipeline.name, pipeline.transactional_id_prefix)
     for _ in range(2):
-        newest = newest_checkpoint(ledger, pipeline.name)
-        action, reason = decide(pipeline.name, newest, pos, allow_new_query=allow_new_query)
+        live = live_checkpoints(ledger, pipeline.name)
+        newest = max(live, key=lambda c: c.checkpoint_id) if live else None
+        recorded = max(
+            (c for c in live if c.query_id == pos.query_id and c.batch_id == pos.batch_id),
+            key=lambda c: c.checkpoint_id,
+            default=None,
+        )
+        action, reason = decide(
+            pipeline.name, newest, pos, allow_new_query=allow_new_query, recorded=recorded
+        )
         if action == "commit_previous":
             assert newest is not None
             if commit_previous is None:

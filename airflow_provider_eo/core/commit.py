@@ -48,6 +48,7 @@ ledger rows, so a checkpoint half committed in one mode is finished by the other
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import socket
 import threading
@@ -58,7 +59,7 @@ from typing import Literal
 
 from confluent_kafka import KafkaException
 
-from airflow_provider_eo import names, staging
+from airflow_provider_eo import names, staging, staging_fs
 from airflow_provider_eo.connections import require_applied
 from airflow_provider_eo.core.abort import abort_checkpoint
 from airflow_provider_eo.core.fault_seam import fault_point
@@ -83,6 +84,7 @@ from airflow_provider_eo.core.sink_guard import (
 )
 from airflow_provider_eo.errors import (
     CommitError,
+    CommitLeaseLost,
     ConfigError,
     EoError,
     LedgerBehindSink,
@@ -91,8 +93,9 @@ from airflow_provider_eo.errors import (
     StagingNotVisible,
     StagingUnreadable,
 )
+from airflow_provider_eo.kafka.admin import KAFKA_MAX_MESSAGE_BYTES
 from airflow_provider_eo.kafka.client_config import librdkafka_config
-from airflow_provider_eo.kafka.publisher import PRODUCERS
+from airflow_provider_eo.kafka.publisher import PRODUCERS, with_dead_letter_limits
 from airflow_provider_eo.ledger import (
     Actor,
     CheckpointRecord,
@@ -100,9 +103,20 @@ from airflow_provider_eo.ledger import (
     CommitPlan,
     Ledger,
     PipelineRecord,
+    ShardState,
 )
-from airflow_provider_eo.ledger.errors import CheckpointConflict, CheckpointNotFound
+from airflow_provider_eo.ledger.errors import (
+    CheckpointConflict,
+    CheckpointNotFound,
+    CommitLeaseHeld,
+    LedgerUnavailable,
+)
 from airflow_provider_eo.pipeline import COMMIT_MODES, Pipeline
+from airflow_provider_eo.processes import process_gone
+
+log = logging.getLogger(__name__)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -186,11 +200,16 @@ def shard_committable(
     shard: int,
     *,
     topic_max_bytes: int | None,
+    dead_letter_max_bytes: int | None = None,
 ) -> ShardCommittable:
     """The frozen committable of one shard of ``cp``: the plan's transactional id, sink and
     marker group, the shard's staged files, and (the plan's last shard only) the pipeline
-    group's offsets at the checkpoint's ends and the checkpoint's dead letters."""
+    group's offsets at the checkpoint's ends and the checkpoint's dead letters, with its
+    producer sized for the dead-letter topic's ``dead_letter_max_bytes`` too."""
     last = shard == plan.shards - 1  # the plan's last shard also moves the pipeline's group
+    kafka = librdkafka_config(pipeline.kafka)
+    if last and manifest.dead_letters and dead_letter_max_bytes is not None:
+        kafka = with_dead_letter_limits(kafka, dead_letter_max_bytes)
     return ShardCommittable(
         pipeline=pipeline.name,
         identity=identity,
@@ -203,11 +222,12 @@ def shard_committable(
         marker_group=plan.marker_group,
         group_id=pipeline.group_id if last else None,
         group_offsets=tuple((r.topic, r.partition, r.end) for r in cp.ranges) if last else (),
-        kafka=tuple(sorted(librdkafka_config(pipeline.kafka).items())),
+        kafka=tuple(sorted(kafka.items())),
         transaction_timeout_ms=pipeline.transaction_timeout_ms,
         topic_max_bytes=topic_max_bytes,
         dead_letter_topic=manifest.dead_letter_topic if last else None,
         dead_letters=tuple(manifest.dead_letters) if last else (),
+        staging_store=staging_fs.store_for(pipeline),
     )
 
 
@@ -308,6 +328,38 @@ class LedgerShardHooks:
         self._record(state="COMMITTED", records=records, publish_s=seconds)
 
 
+def _lease_ttl(committables: list[ShardCommittable]) -> float:
+    """How long one take or renewal of the commit lease lasts: a shard's transaction is open at
+    most its timeout; twice that and 30 s more, so a live committer never loses it."""
+    return 2 * max(c.timeout_s for c in committables) + 30
+
+
+def take_commit_lease(ledger: Ledger, pipeline: str, checkpoint_id: int, *, owner: str, ttl_s: float) -> None:
+    """Hold the commit lease of ``checkpoint_id`` for ``owner`` before any shard is fenced.
+
+    Refused (:class:`CommitLeaseHeld`, naming the holder; nothing fenced or published) while
+    another committer holds it live. Taken over at once only from a holder that is certainly
+    gone: a committer process of this machine (same boot, same pid namespace) that no longer
+    runs (:func:`airflow_provider_eo.processes.process_gone`; e.g. the killed try before an
+    Airflow retry on the same host, a stream restarted after a crash). Anything else (another
+    host, a paused process) keeps its lease until it runs out, or an explicit
+    ``eo recover --force-live``. The take-over is recorded (the lease event's
+    ``previous_owner``); the shard's fence then aborts whatever the dead one left open."""
+    try:
+        ledger.acquire_commit_lease(pipeline, checkpoint_id, owner=owner, ttl_s=ttl_s)
+    except CommitLeaseHeld as held:
+        process = names.lease_owner_process(held.owner or "")
+        if process is None or not process_gone(process[1], process[2]):
+            raise
+        ledger.acquire_commit_lease(pipeline, checkpoint_id, owner=owner, ttl_s=ttl_s, replacing=held.owner)
+        log.warning(
+            "pipeline %r, checkpoint %s: took the commit lease over from %r, whose process is gone",
+            pipeline,
+            checkpoint_id,
+            held.owner,
+        )
+
+
 def _abort_if_unpublished(
     pipeline: Pipeline,
     ledger: Ledger,
@@ -318,7 +370,9 @@ def _abort_if_unpublished(
 ) -> None:
     """Abort ``cp`` after a verified staging mismatch, safely (core/abort.py: refused while a
     live committer holds the lease, every shard id fenced before the markers are read), and
-    raise :class:`StagingError` saying so."""
+    raise :class:`StagingError` saying so. Refused (:class:`AbortRefused`, the checkpoint stays
+    PREPARED) once a shard published it: recorded COMMITTED in the ledger, shown by its
+    marker, or, its marker gone, by the sink's committed output."""
     abort_checkpoint(pipeline, ledger, cp.checkpoint_id, reason=reason, actor=actor, clients=clients)
     raise StagingError(
         f"pipeline {pipeline.name!r}, checkpoint {cp.checkpoint_id}: {reason}. Nothing was "
@@ -326,11 +380,11 @@ def _abort_if_unpublished(
     )
 
 
-def _staged_partitions(cp: CheckpointRecord) -> int | None:
+def _staged_partitions(cp: CheckpointRecord, store: staging_fs.StagingStore | None = None) -> int | None:
     """The partition count a checkpoint's output was staged for (None when unreadable: the
     verification below then decides)."""
     try:
-        return staging.read_manifest(cp.staging_location or "").sink_partitions
+        return staging.read_manifest(cp.staging_location or "", store).sink_partitions
     except (StagingError, StagingUnreadable, OSError):
         return None
 
@@ -354,7 +408,9 @@ def cleanup_staging(
             return
     registered = registered or ledger.get_pipeline(pipeline.name)
     root = dataclasses.replace(pipeline, staging_dir=registered.staging_dir or pipeline.staging_dir)
-    staging.remove_checkpoint_attempts(names.checkpoint_dir(root, old), registered.identity, location)
+    staging.remove_checkpoint_attempts(
+        names.checkpoint_dir(root, old), registered.identity, location, staging_fs.store_for(pipeline)
+    )
 
 
 #: The note of a commit that found its checkpoint committed by another committer meanwhile.
@@ -374,11 +430,13 @@ def commit_checkpoint(
     clients: KafkaClients = REAL_KAFKA,
     commit_mode: str | None = None,
     runner: ShardRunner | None = None,
+    fallback: Callable[[str], None] | None = None,
 ) -> CommitResult:
     """Publish a PREPARED checkpoint exactly once and mark it COMMITTED.
 
     Idempotent: committing a COMMITTED checkpoint does nothing; a retry after any crash
-    publishes only the shards whose marker does not show the checkpoint yet.
+    publishes only the shards the ledger does not record COMMITTED and whose marker does not
+    show the checkpoint yet.
 
     A committer that finds the checkpoint committed by another committer while it ran (two
     Airflow tries, a stream and an ``eo commit``: the other one committed it, and perhaps
@@ -394,6 +452,9 @@ def commit_checkpoint(
     :param commit_mode: ``local``, ``spark`` or ``auto`` (default: the pipeline's).
     :param runner: where a spark-mode commit runs its shards (spark/commit.py's
         ``SparkShardRunner``); without one, ``auto`` commits locally and ``spark`` is refused.
+    :param fallback: commit ``spark`` locally instead when there is no runner or it cannot
+        run (``runner.unavailable()``), telling this callable why in one line (recovery and
+        backfill: the checkpoint must be finished whatever the mode).
     """
     started = time.monotonic()
     try:
@@ -406,6 +467,7 @@ def commit_checkpoint(
             clients=clients,
             commit_mode=commit_mode,
             runner=runner,
+            fallback=fallback,
         )
     except (LedgerBehindSink, CheckpointConflict, StagingNotVisible):
         now = ledger.get(pipeline.name, checkpoint_id)
@@ -424,6 +486,7 @@ def _commit_prepared(
     clients: KafkaClients,
     commit_mode: str | None,
     runner: ShardRunner | None,
+    fallback: Callable[[str], None] | None,
 ) -> CommitResult:
     """:func:`commit_checkpoint`'s steps."""
     require_applied(pipeline, where="the commit")
@@ -451,12 +514,14 @@ def _commit_prepared(
             pipeline,
             ledger,
             cp,
-            staged_partitions=_staged_partitions(cp) if cp.commit_plan is None else None,
+            staged_partitions=_staged_partitions(cp, staging_fs.store_for(pipeline))
+            if cp.commit_plan is None
+            else None,
             actor=actor,
         )
     sink_partitions = plan.sink_partitions
     shards = plan.shards
-    owner = owner or names.lease_owner(pipeline)
+    owner = owner or names.lease_owner(actor)
     identity = registered.identity
     # First (before the staged output is read: an older ledger's staging may be gone): a
     # shard whose marker is already past this checkpoint: only a ledger older than the
@@ -490,7 +555,8 @@ def _commit_prepared(
     }
     check_commit_markers(pipeline, registered, checkpoint_id, markers)
     try:
-        manifest = staging.read_manifest(cp.staging_location or "")
+        store = staging_fs.store_for(pipeline)
+        manifest = staging.read_manifest(cp.staging_location or "", store)
         if (
             manifest.checkpoint_id != checkpoint_id
             or manifest.records != (cp.records or 0)
@@ -506,7 +572,7 @@ def _commit_prepared(
                 f"the commit plan of sink topic {plan.sink_topic!r} has {sink_partitions} "
                 f"partitions, the staged output was partitioned for {manifest.sink_partitions}"
             )
-        staging.verify(cp.staging_location or "", manifest)
+        staging.verify(cp.staging_location or "", manifest, store)
     # StagingUnreadable (an I/O error) is not caught: the storage did not answer, the staged
     # output may be intact, so the commit fails retryably and nothing is aborted. Only a
     # verified mismatch (count, checksum, another checkpoint's manifest) aborts.
@@ -539,8 +605,22 @@ def _commit_prepared(
     topic_max = clients.topic_max_message_bytes(
         librdkafka_config(pipeline.kafka), pipeline.sink_topic, pipeline.sink_max_message_bytes
     )
+    dead_letter_max = None
+    if manifest.dead_letters and manifest.dead_letter_topic:
+        dead_letter_max = clients.topic_max_message_bytes(
+            librdkafka_config(pipeline.kafka), manifest.dead_letter_topic, KAFKA_MAX_MESSAGE_BYTES
+        )
     committables = [
-        shard_committable(pipeline, identity, cp, manifest, plan, shard, topic_max_bytes=topic_max)
+        shard_committable(
+            pipeline,
+            identity,
+            cp,
+            manifest,
+            plan,
+            shard,
+            topic_max_bytes=topic_max,
+            dead_letter_max_bytes=dead_letter_max,
+        )
         for shard in range(shards)
     ]
     mode = resolve_commit_mode(
@@ -551,6 +631,29 @@ def _commit_prepared(
         session_running=runner.session_running if runner is not None else False,
         executors_elsewhere=runner.executors_elsewhere if runner is not None else False,
     )
+    if mode == "spark" and fallback is not None:
+        why = "this caller has no Spark shard runner" if runner is None else runner.unavailable()
+        if why is not None:
+            fallback(
+                f"pipeline {pipeline.name!r}, checkpoint {checkpoint_id}: commit_mode 'spark', "
+                f"but {why}: committing its shards in this process instead (both modes keep the "
+                "same markers and ledger rows)"
+            )
+            mode = "local"
+    # A shard the ledger records COMMITTED is published for good (its row is written only
+    # after its transaction committed, or its marker showed it): never run again, whatever
+    # its marker (expired) or a read-back (the sink's retention) would show today.
+    done_rows = {row.shard for row in cp.shards if row.state is ShardState.COMMITTED}
+    publishers: list[Publisher] = [
+        Publisher(shard=c.shard, host=socket.gethostname(), pid=os.getpid(), records=0, skipped=True)
+        for c in committables
+        if c.shard in done_rows
+    ]
+    to_publish = [c for c in committables if c.shard not in done_rows]
+    if to_publish and mode == "local":
+        # Before the first shard's fence: a live committer of this checkpoint (another
+        # process) is refused here, before its transaction could be fenced.
+        take_commit_lease(ledger, pipeline.name, checkpoint_id, owner=owner, ttl_s=_lease_ttl(to_publish))
     if mode == "spark":
         if runner is None:
             raise ConfigError(
@@ -558,11 +661,11 @@ def _commit_prepared(
                 "needs Spark, and this caller gave no shard runner. Use `eo commit --commit-mode "
                 "spark`, EoCommitOperator(commit_mode='spark'), or commit_mode='local'."
             )
-        publishers = _publish_on_spark(ledger, cp, committables, owner=owner, runner=runner)
+        if to_publish:
+            publishers += _publish_on_spark(ledger, cp, to_publish, owner=owner, runner=runner)
     else:
-        publishers = []
         rows = {row.shard for row in cp.shards}
-        for committable in committables:
+        for committable in to_publish:
             hooks = LedgerShardHooks(ledger, committable, owner=owner, row_before=committable.shard in rows)
             # The shard's producer is kept for the next checkpoint after a clean commit.
             result = commit_shard(committable, hooks, clients, pool=PRODUCERS)
@@ -591,20 +694,76 @@ def _commit_prepared(
 
 class _LeaseKeeper(threading.Thread):
     """Renews the commit lease while a spark-mode commit's jobs run (the driver holds it for
-    all of its shards; a commit on another host waits for it, as in local mode)."""
+    all of its shards; a commit on another host waits for it, as in local mode).
 
-    def __init__(self, ledger: Ledger, pipeline: str, checkpoint_id: int, owner: str, ttl_s: float) -> None:
+    A renewal the ledger does not answer (:class:`LedgerUnavailable`) is retried until the
+    lease would lapse (:attr:`margin_s` before it, on this process's clock, counted from
+    before the last renewal that succeeded). Then, or at once when the lease was taken over
+    (an abort, another committer), the checkpoint's Spark jobs are cancelled, so no queued
+    task of them begins after the lease, and :attr:`lost` says why. A task that begins all
+    the same (this driver paused, a task already past Spark's scheduler) is refused by the
+    abort mark an abort leaves (core/abort_marks.py); the keeper only keeps that rare.
+    """
+
+    #: The clock the lease's age is measured with (unit tests may replace it).
+    clock: Callable[[], float] = staticmethod(time.monotonic)
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        pipeline: str,
+        checkpoint_id: int,
+        owner: str,
+        ttl_s: float,
+        *,
+        cancel: Callable[[], None],
+    ) -> None:
         super().__init__(name=f"eo-commit-lease-{pipeline}-{checkpoint_id}", daemon=True)
         self.args = (ledger, pipeline, checkpoint_id, owner, ttl_s)
+        self.cancel = cancel
         self.stop = threading.Event()
+        self.margin_s = ttl_s / 6
+        self.renewed = self.clock()  # the lease was taken right before the keeper starts
+        #: Why the lease was given up (None while it is held).
+        self.lost: str | None = None
 
     def run(self) -> None:
         ledger, pipeline, checkpoint_id, owner, ttl_s = self.args
-        while not self.stop.wait(ttl_s / 3):
+        wait = ttl_s / 3
+        while not self.stop.wait(wait):
+            asked = self.clock()
             try:
                 ledger.acquire_commit_lease(pipeline, checkpoint_id, owner=owner, ttl_s=ttl_s)
-            except EoError:
-                return  # taken over (we were paused past the lease): the fence decides now
+            except LedgerUnavailable as exc:
+                left = self.renewed + ttl_s - self.clock()
+                if left <= self.margin_s:
+                    self._lose(
+                        f"the ledger did not answer for {ttl_s - left:.0f} s, so the lease could "
+                        f"not be renewed before it lapses (last error: {exc})"
+                    )
+                    return
+                # Retry sooner, so a short outage does not cost the lease.
+                wait = max(ttl_s / 60, min(ttl_s / 3, (left - self.margin_s) / 3))
+                log.warning(
+                    "pipeline %r, checkpoint %s: commit lease not renewed, retrying: %s",
+                    pipeline,
+                    checkpoint_id,
+                    exc,
+                )
+                continue
+            except EoError as exc:
+                self._lose(f"the lease was taken over or the checkpoint moved on ({exc})")
+                return
+            self.renewed, wait = asked, ttl_s / 3
+
+    def _lose(self, why: str) -> None:
+        self.lost = why
+        if self.stop.is_set():
+            return  # the jobs are over: nothing to cancel
+        try:
+            self.cancel()
+        except Exception as exc:  # the tasks are still refused by the abort marks
+            log.warning("commit jobs not cancelled: %s", exc)
 
 
 def _raise_shard_failure(c: ShardCommittable, outcome: ShardFailure | BaseException) -> None:
@@ -644,8 +803,9 @@ def _publish_on_spark(
     COMMITTED row as its outcome arrives."""
     name, cid = committables[0].pipeline, cp.checkpoint_id
     rows = {row.shard: row for row in ledger.get(name, cid).shards}
-    ttl = 2 * max(c.timeout_s for c in committables) + 30
-    ledger.acquire_commit_lease(name, cid, owner=owner, ttl_s=ttl)
+    ttl = _lease_ttl(committables)
+    taken = _LeaseKeeper.clock()  # the lease's age counts from before it was asked for
+    take_commit_lease(ledger, name, cid, owner=owner, ttl_s=ttl)
 
     def row(c: ShardCommittable, state: str, records: int, publish_s: float | None = None) -> None:
         ledger.record_shard(
@@ -672,12 +832,23 @@ def _publish_on_spark(
             row(c, "COMMITTED", c.records if outcome.skipped else outcome.records, outcome.publish_s)
             publishers.append(outcome)
 
-    keeper = _LeaseKeeper(ledger, name, cid, owner, ttl)
+    keeper = _LeaseKeeper(ledger, name, cid, owner, ttl, cancel=lambda: runner.cancel(name, cid))
+    keeper.renewed = taken
     keeper.start()
     try:
         for phase in (committables[:-1], committables[-1:]):
             tasks = [ShardTask(c, row_before=c.shard in rows) for c in phase]
-            outcomes = runner.run(tasks, record)
+            outcomes = runner.run(tasks, record) if keeper.lost is None else []
+            if keeper.lost is not None:
+                done = sorted(p.shard for p in publishers)
+                raise CommitLeaseLost(
+                    f"pipeline {name!r}, checkpoint {cid}: this commit gave up its commit lease "
+                    f"({keeper.lost}); its Spark jobs were cancelled, so no queued commit task "
+                    f"begins. Shards committed: {done or 'none'} (their markers show it); "
+                    "nothing of an unfinished shard is visible. Retry the commit once the ledger "
+                    "answers (the markers prevent duplicates); if an abort took it over, its "
+                    "range is replanned."
+                )
             for shard, outcome in outcomes:
                 if not isinstance(outcome, Publisher):
                     _raise_shard_failure(by_shard[shard], outcome)

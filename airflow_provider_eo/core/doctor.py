@@ -872,19 +872,25 @@ def _marker_members(config: Mapping[str, Any], group: str) -> list[str]:
     return [f"{m.client_id}@{m.host}" for m in desc.members]
 
 
-def _staging_probe(staging_dir: str) -> str | None:
-    """Write and remove a probe file under ``staging_dir``; the error text, else None."""
-    from airflow_provider_eo import staging
+def _staging_probe(pipeline: Pipeline) -> str | None:
+    """Write and remove a probe file under the pipeline's ``staging_dir``, opened as the
+    prepare and the commit open it (:mod:`airflow_provider_eo.staging_fs`); the error text
+    (naming where the S3 credentials came from), else None."""
+    from airflow_provider_eo import staging_fs
 
+    store = staging_fs.store_for(pipeline)
     try:
-        fs, root = staging._fs(staging_dir)
+        fs, root = store.open(pipeline.staging_dir)
         fs.create_dir(root, recursive=True)
         probe = f"{root.rstrip('/')}/.eo-doctor-{uuid.uuid4().hex}"
         with fs.open_output_stream(probe) as f:
             f.write(b"eo doctor\n")
         fs.delete_file(probe)
     except Exception as exc:  # any filesystem error is the finding
-        return f"{type(exc).__name__}: {exc}"
+        where = ""
+        if pipeline.staging_dir.split("://", 1)[0].lower() in staging_fs.S3_SCHEMES:
+            where = f" ({store.s3_for(pipeline.staging_dir.split('://', 1)[1].split('/', 1)[0]).describe()})"
+        return f"{type(exc).__name__}: {exc}{where}"
     return None
 
 
@@ -1111,7 +1117,7 @@ def run_doctor(
     # 3. Staging and Spark.
     if not spark:
         return DoctorReport(pipeline.name, tuple(findings))
-    findings.append(judge_staging(pipeline.staging_dir, _staging_probe(pipeline.staging_dir)))
+    findings.append(judge_staging(pipeline.staging_dir, _staging_probe(pipeline)))
     if staging_probe is not None:
         from airflow_provider_eo import staging
 

@@ -18,13 +18,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from airflow_provider_eo import names, staging
+from airflow_provider_eo import names, staging, staging_fs
 from airflow_provider_eo.connections import require_applied
 from airflow_provider_eo.core.fault_seam import fault_point
 from airflow_provider_eo.core.plan import data_loss_error, frozen_commit_plan, lost_ranges
-from airflow_provider_eo.errors import PrepareError, StagingError
+from airflow_provider_eo.errors import DeadLetterTooLarge, PrepareError, StagingError
 from airflow_provider_eo.kafka import admin
 from airflow_provider_eo.kafka.client_config import librdkafka_config
+from airflow_provider_eo.kafka.publisher import dead_letter_headers, record_batch_size
 from airflow_provider_eo.ledger import (
     Actor,
     CheckpointConflict,
@@ -42,6 +43,7 @@ __all__ = [
     "StageRequest",
     "StageResult",
     "Stager",
+    "check_dead_letters_fit",
     "check_staged_visible",
     "new_attempt",
     "prepare_checkpoint",
@@ -73,6 +75,11 @@ class StageRequest:
     max_message_bytes: int
     path: str
     where: str
+
+    @property
+    def store(self) -> staging_fs.StagingStore:
+        """How :attr:`path` is opened in this process (:func:`~airflow_provider_eo.staging_fs.store_for`)."""
+        return staging_fs.store_for(self.pipeline)
 
 
 @dataclass(frozen=True)
@@ -142,8 +149,12 @@ class StageResult:
 
     @property
     def dropped(self) -> int | None:
-        """Source records the transform dropped (read, but no output record names them)."""
-        if self.sources_kept is None:
+        """Source records the transform dropped (read, but no output record names them).
+
+        ``None`` when not counted, and when the output has records of which none carries a
+        source position (an aggregation's): whether a source record was dropped or went into
+        an output record cannot be told then, and it is never counted as dropped."""
+        if self.sources_kept is None or (self.sources_kept == 0 and self.created > 0):
             return None
         return max(0, self.records_read - self.sources_kept - self.dead_letter_count)
 
@@ -188,6 +199,41 @@ def check_staged_visible(request: StageRequest, staged: StageResult) -> None:
         "path everywhere, or hdfs://, s3a://, gs://, abfss://); a local folder works only with a "
         "local master. Nothing was published; the checkpoint stays PLANNED."
     )
+
+
+def check_dead_letters_fit(request: StageRequest, staged: StageResult, *, identity: str, limit: int) -> None:
+    """Refuse a stage with a dead letter the dead-letter topic cannot take: each is sent as
+    the whole source record with its ``eo.dlq.*`` headers, and one over the topic's
+    ``max.message.bytes`` (``limit``) would fail the commit on every retry.
+
+    :raises DeadLetterTooLarge: naming the record's source position, its size, both topics'
+        limits and what to do.
+    """
+    if not staged.dead_letters:
+        return
+    pipeline = request.pipeline
+    for batch in staging.iter_batches(request.path, list(staged.dead_letters), store=request.store):
+        for row in batch.to_pylist():
+            headers = dead_letter_headers(
+                row, pipeline=pipeline.name, checkpoint_id=request.checkpoint_id, identity=identity
+            )
+            size = record_batch_size(row["key"], row["value"], headers)
+            if size <= limit:
+                continue
+            topic = pipeline.dead_letter_topic
+            error = str(row["error"])
+            error = error if len(error) <= 300 else f"{error[:300]}..."
+            raise DeadLetterTooLarge(
+                f"{request.where}: source record {row['src_topic']}[{row['src_partition']}] offset "
+                f"{row['src_offset']} makes a dead letter of {size} bytes (the whole source record "
+                f"with its eo.dlq.* headers), but the dead-letter topic {topic!r} takes at most "
+                f"max.message.bytes={limit} (the sink topic {pipeline.sink_topic!r}: "
+                f"max.message.bytes={request.max_message_bytes}); it became a dead letter because "
+                f"{error}. Nothing was published; the checkpoint stays PLANNED. Raise the "
+                f"max.message.bytes of {topic!r} to at least {size} (kafka-configs --alter "
+                f"--entity-type topics --entity-name {topic} --add-config max.message.bytes=...), "
+                "or fix the transform so the record is published or dropped, then retry the prepare."
+            )
 
 
 class Stager(Protocol):
@@ -290,6 +336,8 @@ def prepare_checkpoint(
     # The staging location is resolved once and pinned in the ledger: a relative staging_dir
     # in a process started elsewhere stages (and the commit reads) where the first one did.
     location, relative = staging.resolve_location(pipeline.staging_dir)
+    store = staging_fs.store_for(pipeline)
+    staging.check_reachable(pipeline.name, location, store)
     pinned = ledger.pin_staging_dir(pipeline.name, location, relative=relative)
     path = names.attempt_dir(dataclasses.replace(pipeline, staging_dir=pinned), checkpoint_id, attempt)
 
@@ -307,10 +355,18 @@ def prepare_checkpoint(
         where=where,
     )
     staged = stager.stage(request)
+    identity = ledger.get_pipeline(pipeline.name).identity
     try:
         check_staged_visible(request, staged)
-    except StagingError:
-        staging.remove(path)
+        if staged.dead_letters and pipeline.dead_letter_topic is not None:
+            # The dead-letter topic's own limit (the sink's says nothing about it); the
+            # broker's default when describing the topic is refused.
+            limit = admin.topic_max_message_bytes(
+                config, pipeline.dead_letter_topic, admin.KAFKA_MAX_MESSAGE_BYTES
+            )
+            check_dead_letters_fit(request, staged, identity=identity, limit=limit)
+    except (StagingError, DeadLetterTooLarge):
+        staging.remove(path, store)
         raise
     fault_point("prepare.after_write")
 
@@ -326,11 +382,11 @@ def prepare_checkpoint(
         ranges=staged.manifest_ranges(),
         dropped=staged.dropped,
         created=staged.created,
-        identity=ledger.get_pipeline(pipeline.name).identity,
+        identity=identity,
         dead_letters=list(staged.dead_letters),
         dead_letter_topic=pipeline.dead_letter_topic if staged.dead_letters else None,
     )
-    staging.write_manifest(path, manifest)
+    staging.write_manifest(path, manifest, store)
     fault_point("prepare.before_ledger")
 
     # 4. PLANNED -> PREPARED naming this attempt; a losing attempt's folder is garbage.
@@ -352,7 +408,7 @@ def prepare_checkpoint(
             dead_letters=staged.dead_letter_count,
         )
     except CheckpointConflict:
-        staging.remove(path)
+        staging.remove(path, store)
         cp = ledger.get(pipeline.name, checkpoint_id)
         return PrepareResult(
             cp,

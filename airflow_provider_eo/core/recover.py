@@ -12,7 +12,9 @@ timeout aborts it. One of ours is left by a committer that died with its transac
    every id and by a heartbeat, and released at the end. A committer that died leaves its
    lease running until it expires: wait for it, or, only when it is known to be dead, pass
    ``force_live`` (``eo recover --force-live``; a live committer would be fenced).
-1. The unfinished checkpoint, when PREPARED, is committed under that lease:
+1. The unfinished checkpoint, when PREPARED, is committed under that lease, in its commit
+   mode (a spark-mode pipeline through the caller's Spark runner; locally, with a line saying
+   so, where there is none or Spark cannot start):
    :func:`commit_checkpoint` fences each shard's transactional id (``init_transactions``
    aborts what the dead committer left open) and publishes only what the commit markers do
    not show yet — so nothing is published twice.
@@ -41,7 +43,7 @@ from airflow_provider_eo import names
 from airflow_provider_eo.core.commit import commit_checkpoint
 from airflow_provider_eo.core.fencing import FENCE_LEASE_S, FenceLease, fence, fence_owner
 from airflow_provider_eo.core.hanging import HangingResult
-from airflow_provider_eo.core.shard import REAL_KAFKA, KafkaClients
+from airflow_provider_eo.core.shard import REAL_KAFKA, KafkaClients, ShardRunner
 from airflow_provider_eo.errors import RecoverError
 from airflow_provider_eo.kafka.client_config import librdkafka_config
 from airflow_provider_eo.kafka.transactions import JavaAdmin
@@ -95,6 +97,7 @@ def recover_pipeline(
     lease_ttl_s: float = FENCE_LEASE_S,
     abort_hanging: bool = False,
     admin: JavaAdmin | None = None,
+    runner: ShardRunner | None = None,
 ) -> RecoverResult:
     """Fence the pipeline's transactional ids, commit its PREPARED checkpoint by the
     markers, and report what stays open on the sink (see the module docstring).
@@ -110,6 +113,10 @@ def recover_pipeline(
     :param abort_hanging: first list the open transactions with Kafka's Java admin client
         and end ours (see the module docstring); ``admin`` is the tool (default: this
         installation's).
+    :param runner: where a spark-mode pipeline's shards run (spark/commit.py's
+        ``SparkShardRunner``); without one, or where it cannot start Spark, the checkpoint is
+        committed in this process and ``progress`` gets a line saying so (both modes keep the
+        same markers and ledger rows).
     """
     say = progress or (lambda _line: None)
     where = f"pipeline {pipeline.name!r}: "
@@ -133,7 +140,14 @@ def recover_pipeline(
             unfinished = ledger.unfinished(pipeline.name)
             if unfinished is not None and unfinished.state is CheckpointState.PREPARED:
                 commit = commit_checkpoint(
-                    pipeline, ledger, unfinished.checkpoint_id, actor=actor, owner=owner, clients=clients
+                    pipeline,
+                    ledger,
+                    unfinished.checkpoint_id,
+                    actor=actor,
+                    owner=owner,
+                    clients=clients,
+                    runner=runner,
+                    fallback=say,
                 )
                 result.committed, result.published = unfinished.checkpoint_id, commit.published
                 plan = commit.checkpoint.commit_plan

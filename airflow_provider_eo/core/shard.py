@@ -39,7 +39,7 @@ from typing import Any, Protocol
 import pyarrow as pa
 from confluent_kafka import KafkaException
 
-from airflow_provider_eo import names, staging
+from airflow_provider_eo import names, staging, staging_fs
 from airflow_provider_eo.core.fault_seam import fault_point, fault_triggered
 from airflow_provider_eo.core.markers import NO_MARKER, decide_marker
 from airflow_provider_eo.errors import (
@@ -232,6 +232,9 @@ class ShardCommittable:
     # their topic.
     dead_letter_topic: str | None = None
     dead_letters: tuple[staging.StagedFile, ...] = ()
+    # How the staged files are opened (S3 settings and credentials: never logged); the
+    # same on an executor as in the committing process.
+    staging_store: staging_fs.StagingStore | None = None
 
     @property
     def config(self) -> dict[str, Any]:
@@ -264,7 +267,7 @@ class ShardCommittable:
 
     def batches(self, partition: int) -> Iterator[pa.RecordBatch]:
         """The staged rows of one sink partition, as Arrow batches (bounded memory)."""
-        return staging.iter_batches(self.staging_location, self.files_of(partition))
+        return staging.iter_batches(self.staging_location, self.files_of(partition), store=self.staging_store)
 
 
 class ShardHooks(Protocol):
@@ -363,6 +366,13 @@ class ShardRunner(Protocol):
         """Commit ``tasks`` in parallel; ``on_outcome`` (called in the caller's thread) gets
         each shard's outcome as it arrives. Returns every shard's outcome, or the exception
         of a shard whose run failed as a whole (its process lost too often)."""
+
+    def unavailable(self) -> str | None:
+        """Why no shard can run there now (None: it can); a caller may then commit locally."""
+
+    def cancel(self, pipeline: str, checkpoint_id: int) -> None:
+        """Stop the checkpoint's shards: none that has not started begins (called from
+        another thread while :meth:`run` waits, when the commit lost its lease)."""
 
 
 def pool_key(committable: ShardCommittable, clients: KafkaClients) -> Hashable:
@@ -502,7 +512,7 @@ class ShardTransaction:
             produce_dead_letters(
                 self.producer,
                 c.dead_letter_topic,
-                staging.iter_batches(c.staging_location, list(c.dead_letters)),
+                staging.iter_batches(c.staging_location, list(c.dead_letters), store=c.staging_store),
                 pipeline=c.pipeline,
                 checkpoint_id=c.checkpoint_id,
                 identity=c.identity,

@@ -21,12 +21,18 @@ _T = TypeVar("_T")
 
 
 def read_connections(
-    pipeline: Pipeline, *, kafka_conn_id: str | None = None, ledger_conn_id: str | None = None
+    pipeline: Pipeline,
+    *,
+    kafka_conn_id: str | None = None,
+    ledger_conn_id: str | None = None,
+    aws_conn_id: str | None = None,
 ) -> ConnectionSettings:
     """The settings of the connections ``pipeline`` reads: ``kafka_conn_id`` /
-    ``ledger_conn_id`` when given (an operator's arguments), else the pipeline's own."""
+    ``ledger_conn_id`` / ``aws_conn_id`` when given (an operator's arguments), else the
+    pipeline's own."""
     kafka_id = kafka_conn_id or pipeline.kafka_conn_id
     ledger_id = ledger_conn_id or pipeline.ledger_conn_id
+    aws_id = aws_conn_id or pipeline.aws_conn_id
     kafka: dict[str, object] = {}
     url: str | None = None
     if kafka_id:
@@ -38,17 +44,60 @@ def read_connections(
         from airflow_provider_eo.hooks.ledger import LedgerHook
 
         url = _lookup(pipeline, ledger_id, lambda: LedgerHook(ledger_id, create=False).get_url())
+    aws: dict[str, object] = {}
+    if aws_id:
+        aws = _lookup(pipeline, aws_id, lambda: aws_staging_settings(pipeline, aws_id))
     return ConnectionSettings(
-        kafka_conn_id=kafka_id or None, kafka=kafka, ledger_conn_id=ledger_id or None, ledger_url=url
+        kafka_conn_id=kafka_id or None,
+        kafka=kafka,
+        ledger_conn_id=ledger_id or None,
+        ledger_url=url,
+        aws_conn_id=aws_id or None,
+        aws=aws,
     )
 
 
+def aws_staging_settings(pipeline: Pipeline, conn_id: str) -> dict[str, object]:
+    """The S3 settings of the Airflow ``aws`` connection ``conn_id``, read with the Amazon
+    provider's hook (so role assumption, profiles and its ``extra`` work as in Airflow):
+    credentials, region, the S3 endpoint and path-style addressing
+    (``extra: {"service_config": {"s3": {"addressing_style": "path"}}}``)."""
+    try:
+        from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
+    except ImportError as exc:
+        raise ConfigError(
+            f"pipeline {pipeline.name!r}: aws_conn_id={conn_id!r} needs the Amazon provider "
+            "(pip install apache-airflow-providers-amazon); or give the staging credentials in "
+            "the AWS_* environment instead"
+        ) from exc
+    hook = AwsBaseHook(aws_conn_id=conn_id, client_type="s3")
+    wrapper = hook.conn_config
+    creds = hook.get_credentials()
+    s3_config = (getattr(wrapper, "service_config", None) or {}).get("s3") or {}
+    endpoint = s3_config.get("endpoint_url") or getattr(wrapper, "endpoint_url", None)
+    style = s3_config.get("addressing_style")
+    return {
+        "access_key": creds.access_key,
+        "secret_key": creds.secret_key,
+        "session_token": creds.token,
+        "region": getattr(wrapper, "region_name", None),
+        "endpoint": endpoint,
+        "path_style": None if style is None else str(style == "path").lower(),
+    }
+
+
 def resolve_connections(
-    pipeline: Pipeline, *, kafka_conn_id: str | None = None, ledger_conn_id: str | None = None
+    pipeline: Pipeline,
+    *,
+    kafka_conn_id: str | None = None,
+    ledger_conn_id: str | None = None,
+    aws_conn_id: str | None = None,
 ) -> tuple[Pipeline, ConnectionSettings]:
     """``pipeline`` with its connections applied (see :func:`read_connections`), and the
     settings read (to hand to a Spark driver)."""
-    settings = read_connections(pipeline, kafka_conn_id=kafka_conn_id, ledger_conn_id=ledger_conn_id)
+    settings = read_connections(
+        pipeline, kafka_conn_id=kafka_conn_id, ledger_conn_id=ledger_conn_id, aws_conn_id=aws_conn_id
+    )
     return apply_settings(pipeline, settings), settings
 
 

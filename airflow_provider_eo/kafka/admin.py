@@ -136,6 +136,10 @@ def partition_count(config: Mapping[str, Any], topic: str) -> int:
     return len(partitions_of(config, [topic])[topic])
 
 
+#: The broker's default ``max.message.bytes`` of a topic (``message.max.bytes``).
+KAFKA_MAX_MESSAGE_BYTES = 1_048_588
+
+
 def topic_max_message_bytes(config: Mapping[str, Any], topic: str, default: int) -> int:
     """The topic's ``max.message.bytes``: the largest record batch the broker accepts on it.
 

@@ -662,15 +662,7 @@ def produce_dead_letters(
     produced = 0
     for batch in batches:
         for row in batch.to_pylist():
-            hdrs = [(h["key"], h["value"]) for h in row["headers"] or []] + [
-                (names.HEADER_DLQ_ERROR, str(row["error"]).encode()),
-                (names.HEADER_DLQ_TOPIC, str(row["src_topic"]).encode()),
-                (names.HEADER_DLQ_PARTITION, str(row["src_partition"]).encode()),
-                (names.HEADER_DLQ_OFFSET, str(row["src_offset"]).encode()),
-                (names.HEADER_DLQ_PIPELINE, pipeline.encode()),
-                (names.HEADER_DLQ_CHECKPOINT, str(checkpoint_id).encode()),
-                (names.HEADER_DLQ_IDENTITY, identity[: names.PROVENANCE_IDENTITY_CHARS].encode()),
-            ]
+            hdrs = dead_letter_headers(row, pipeline=pipeline, checkpoint_id=checkpoint_id, identity=identity)
             try:
                 produce(producer, topic, value=row["value"], key=row["key"], headers=hdrs)
             except KafkaException as exc:
@@ -680,3 +672,52 @@ def produce_dead_letters(
                 sent.records += 1
         serve("poll", producer.poll, 0, where=where)
     return produced
+
+
+def dead_letter_headers(
+    row: Mapping[str, Any], *, pipeline: str, checkpoint_id: int, identity: str
+) -> list[tuple[str, bytes | None]]:
+    """A dead letter's headers: the source record's own, then the ``eo.dlq.*`` ones that say
+    why and where from. ``row``: a staged dead letter (``headers``, ``error``, ``src_*``)."""
+    return [(h["key"], h["value"]) for h in row["headers"] or []] + [
+        (names.HEADER_DLQ_ERROR, str(row["error"]).encode()),
+        (names.HEADER_DLQ_TOPIC, str(row["src_topic"]).encode()),
+        (names.HEADER_DLQ_PARTITION, str(row["src_partition"]).encode()),
+        (names.HEADER_DLQ_OFFSET, str(row["src_offset"]).encode()),
+        (names.HEADER_DLQ_PIPELINE, pipeline.encode()),
+        (names.HEADER_DLQ_CHECKPOINT, str(checkpoint_id).encode()),
+        (names.HEADER_DLQ_IDENTITY, identity[: names.PROVENANCE_IDENTITY_CHARS].encode()),
+    ]
+
+
+# A record batch's header (61 bytes) and one record's length, attributes, timestamp and
+# offset deltas, key and value lengths and header count as varints, at their widest.
+RECORD_BATCH_FRAMING_BYTES = 61 + 5 + 1 + 10 + 5 + 5 + 5 + 5
+# Each header's key and value lengths as varints, at their widest.
+HEADER_FRAMING_BYTES = 10
+
+
+def record_batch_size(key: bytes | None, value: bytes | None, headers: Iterable[tuple[str, Any]]) -> int:
+    """The bytes of an uncompressed record batch holding only this record, at most: what the
+    broker compares with the topic's ``max.message.bytes`` when the record is sent alone
+    (librdkafka's local ``message.max.bytes`` check counts the same parts)."""
+    size = RECORD_BATCH_FRAMING_BYTES + len(key or b"") + len(value or b"")
+    for name, data in headers:
+        size += HEADER_FRAMING_BYTES + len(name.encode()) + len(data or b"")
+    return size
+
+
+def with_dead_letter_limits(config: Mapping[str, Any], dead_letter_max_bytes: int) -> dict[str, Any]:
+    """``config`` for a producer that also sends dead letters to a topic whose
+    ``max.message.bytes`` is ``dead_letter_max_bytes``: ``message.max.bytes`` at least that
+    (a dead letter is a whole source record, possibly larger than the sink allows: the
+    sink's limit alone made librdkafka refuse it locally on every retry) and ``batch.size``
+    below it (a batch of dead letters must fit the dead-letter topic). :func:`new_producer`
+    then applies the sink topic's limits over these the same way."""
+    batch = int(config.get("batch.size", LIBRDKAFKA_BATCH_SIZE))
+    message_max = int(config.get("message.max.bytes", LIBRDKAFKA_MESSAGE_MAX_BYTES))
+    return {
+        **config,
+        "batch.size": max(1, min(batch, dead_letter_max_bytes - BATCH_FRAMING_BYTES)),
+        "message.max.bytes": max(message_max, dead_letter_max_bytes + BATCH_FRAMING_BYTES),
+    }

@@ -125,13 +125,22 @@ def database_now(s: Session) -> dt.datetime:
 
 
 def acquire_commit_lease(
-    db: Database, pipeline: str, checkpoint_id: int, *, owner: str, ttl_s: float
+    db: Database,
+    pipeline: str,
+    checkpoint_id: int,
+    *,
+    owner: str,
+    ttl_s: float,
+    replacing: str | None = None,
 ) -> CheckpointRecord:
     """Become the only committer of a PREPARED checkpoint until ``now + ttl_s``.
 
     A compare-and-set: succeeds when nobody holds the lease, when ``owner`` already
-    holds it (renewal), or when the holder's lease expired (take-over). Otherwise
-    :class:`CommitLeaseHeld`. Times are the database's clock, never this worker's. The
+    holds it (renewal), when the holder's lease expired (take-over), or when it is held by
+    exactly ``replacing`` (a holder the caller knows to be gone: its process no longer
+    runs). Otherwise :class:`CommitLeaseHeld` naming the holder. Each committer process has
+    its own owner (:func:`airflow_provider_eo.names.lease_owner`), so a second committer is
+    refused while the first's lease is live. Times are the database's clock, never this worker's. The
     lease keeps healthy committers from fencing each other; it is not what stops a
     duplicate (a pause beats any lease): the pinned transactional-id prefix is, since
     it lets Kafka fence every earlier committer.
@@ -159,6 +168,7 @@ def acquire_commit_lease(
                     Checkpoint.commit_owner == owner,
                     Checkpoint.commit_lease_until.is_(None),
                     Checkpoint.commit_lease_until < now,
+                    *([Checkpoint.commit_owner == replacing] if replacing else []),
                 ),
             )
             .values(commit_owner=owner, commit_lease_until=now + dt.timedelta(seconds=ttl_s))
@@ -171,26 +181,26 @@ def acquire_commit_lease(
             until = row.commit_lease_until
             left = (until - now).total_seconds() if until else 0.0
             raise CommitLeaseHeld(
-                f"checkpoint {checkpoint_id} of pipeline '{pipeline}' is being committed by "
+                f"pipeline '{pipeline}', checkpoint {checkpoint_id} is being committed by "
                 f"{row.commit_owner!r} (lease until {until.isoformat() if until else '?'}, "
-                f"{left:.1f}s left): do not publish; wait for that committer to finish or "
-                "for its lease to expire, then retry",
+                f"{left:.1f}s left); this committer published nothing and fenced nothing. If "
+                "that committer is alive, let it finish. If it died (a killed task or stream "
+                "on another host), its lease runs out then: retry after it. Only if it is "
+                "known to be dead (its process gone, not paused or slow), `eo recover "
+                "MODULE:ATTR --force-live` takes its lease and finishes the commit now; a live "
+                "committer would be fenced and its commit would fail.",
                 owner=row.commit_owner,
             )
         if previous_owner != owner:
-            add_event(
-                s,
-                pid,
-                checkpoint_id,
-                "lease",
-                details={
-                    "owner": owner,
-                    "ttl_s": ttl_s,
-                    "previous_owner": previous_owner,
-                    "previous_until": previous_until.isoformat() if previous_until else None,
-                },
-                at=now,
-            )
+            details: dict[str, Any] = {
+                "owner": owner,
+                "ttl_s": ttl_s,
+                "previous_owner": previous_owner,
+                "previous_until": previous_until.isoformat() if previous_until else None,
+            }
+            if replacing is not None and previous_owner == replacing:
+                details["previous_owner_gone"] = True
+            add_event(s, pid, checkpoint_id, "lease", details=details, at=now)
         return checkpoint_record_of(s, pipeline, row)
 
 

@@ -20,7 +20,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, String, cast, or_, select, update
 from sqlalchemy.orm import Session
 
-from airflow_provider_eo.errors import PipelineStopped
+from airflow_provider_eo.errors import AbortRefused, PipelineStopped
 from airflow_provider_eo.ledger.engine import Database, rowcount, utcnow
 from airflow_provider_eo.ledger.errors import CheckpointConflict, InvariantViolation
 from airflow_provider_eo.ledger.events import add_event
@@ -515,6 +515,36 @@ def mark_committed(
         return checkpoint_record_of(s, pipeline, row)
 
 
+def _refuse_published(
+    s: Session, pipeline: str, pid: int, row: Checkpoint, later: Sequence[Checkpoint]
+) -> None:
+    """Refuse the abort when a checkpoint it would abort has a commit shard recorded COMMITTED:
+    that shard's transaction committed, so its records are in the sink and a replanned range
+    would publish them again. The row is final evidence (a commit marker expires)."""
+    ids = [row.checkpoint_id, *(r.checkpoint_id for r in later)]
+    published = s.execute(
+        select(CommitShard.checkpoint_id, CommitShard.shard)
+        .where(
+            CommitShard.pipeline_id == pid,
+            CommitShard.checkpoint_id.in_(ids),
+            CommitShard.state == ShardState.COMMITTED,
+        )
+        .order_by(CommitShard.checkpoint_id, CommitShard.shard)
+    ).all()
+    if not published:
+        return
+    first = published[0].checkpoint_id
+    shards = [shard for cp, shard in published if cp == first]
+    state = row.state.value if first == row.checkpoint_id else "unfinished"
+    raise AbortRefused(
+        f"pipeline {pipeline!r}, checkpoint {first}: shards {shards} are recorded COMMITTED, so "
+        "their output is in the sink and the checkpoint cannot be aborted (its range would be "
+        f"published again). Nothing was aborted; it stays {state}. Finish its commit instead "
+        f"(`eo commit MODULE:ATTR --checkpoint {first}`): it publishes only the shards not yet "
+        "published."
+    )
+
+
 def record_aborted(
     s: Session,
     db: Database,
@@ -532,9 +562,11 @@ def record_aborted(
     :func:`airflow_provider_eo.ledger.leases.abort`, calls it).
 
     Idempotent: an ABORTED checkpoint is returned as it is. A COMMITTED one cannot be aborted
-    (CheckpointConflict). Later unfinished checkpoints are aborted with it (their ranges
-    continue this one's, so they could never commit without a gap), and each partition's head
-    goes back to where the earliest aborted checkpoint started reading it.
+    (CheckpointConflict), nor one with a commit shard recorded COMMITTED (:class:`AbortRefused`:
+    that shard's output is in the sink, whatever its commit marker shows). Later unfinished
+    checkpoints are aborted with it (their ranges continue this one's, so they could never
+    commit without a gap), and each partition's head goes back to where the earliest aborted
+    checkpoint started reading it.
 
     :param guard: called with every row about to be aborted before anything is written;
         raises to refuse (the caller's lease check). Called again with a fresh row when a
@@ -561,6 +593,7 @@ def record_aborted(
     )
     for each in (row, *later):
         guard(each)
+    _refuse_published(s, pipeline, p.id, row, later)
     now = utcnow()
     targets = [(row.checkpoint_id, row.state)] + [(r.checkpoint_id, r.state) for r in later]
     for cp, source in targets:

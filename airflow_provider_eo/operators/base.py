@@ -34,6 +34,10 @@ def mask_pipeline_secrets(pipeline: Pipeline) -> None:
     for key, value in pipeline.kafka.items():
         if value and is_secret_kafka_setting(key):
             mask_secret(str(value))
+    for key in ("secret_key", "session_token"):  # the AWS connection's staging credentials
+        value = (pipeline.aws_settings or {}).get(key)
+        if value:
+            mask_secret(str(value))
 
 
 def resolve_pipeline_settings(

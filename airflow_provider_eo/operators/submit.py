@@ -237,8 +237,29 @@ def configure_submit(
         # inherit on every cluster manager (the Spark provider turns ``env_vars`` into Spark
         # conf on YARN and Kubernetes). Only the path travels; end_submit takes it back.
         os.environ[names.CONNECTIONS_FILE_ENV] = str(handoff)
+        # Hadoop's S3A in the driver's JVM reads credentials from its environment, not from
+        # Python: an AWS connection's staging credentials go there, for this submit only
+        # (unless this worker's own AWS_* environment gives them: it comes first).
+        aws_env = aws_jvm_environment(overrides)
+        os.environ.update(aws_env)
+        task._eo_aws_env = list(aws_env)
     task.env_vars = env
     return False
+
+
+def aws_jvm_environment(overrides: ConnectionSettings) -> dict[str, str]:
+    """The ``AWS_*`` variables a client-mode driver's JVM needs for the AWS connection's
+    staging credentials; empty without one, or when this process's environment already has
+    credentials (which come first: :mod:`airflow_provider_eo.staging_fs`)."""
+    aws = overrides.aws
+    if not (aws.get("access_key") and aws.get("secret_key")):
+        return {}
+    if os.environ.get("AWS_ACCESS_KEY_ID") and os.environ.get("AWS_SECRET_ACCESS_KEY"):
+        return {}
+    env = {"AWS_ACCESS_KEY_ID": str(aws["access_key"]), "AWS_SECRET_ACCESS_KEY": str(aws["secret_key"])}
+    if aws.get("session_token"):
+        env["AWS_SESSION_TOKEN"] = str(aws["session_token"])
+    return env
 
 
 def end_submit(task: SparkSubmitOperator) -> None:
@@ -247,6 +268,9 @@ def end_submit(task: SparkSubmitOperator) -> None:
     remove_handoff(getattr(task, "_eo_handoff", None))
     task._eo_handoff = None
     os.environ.pop(names.CONNECTIONS_FILE_ENV, None)
+    for key in getattr(task, "_eo_aws_env", None) or ():
+        os.environ.pop(key, None)
+    task._eo_aws_env = []
 
 
 def submit_prepare(

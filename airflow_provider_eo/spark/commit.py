@@ -29,10 +29,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from airflow_provider_eo import names
+from airflow_provider_eo.core.abort_marks import refuse_if_aborted
+from airflow_provider_eo.core.fault_seam import fault_point
 from airflow_provider_eo.core.shard import (
     REAL_KAFKA,
     KafkaClients,
     Publisher,
+    ShardCommittable,
     ShardFailure,
     ShardTask,
     commit_shard,
@@ -46,9 +49,16 @@ if TYPE_CHECKING:
 
 
 class _TaskHooks:
-    """:class:`~airflow_provider_eo.core.shard.ShardHooks` inside a Spark task: no ledger."""
+    """:class:`~airflow_provider_eo.core.shard.ShardHooks` inside a Spark task: no ledger.
+    Before each ``begin_transaction`` (after the round's ``init_transactions``) the shard's
+    abort mark is read: a task that begins after an abort fenced the shard refuses
+    (core/abort_marks.py), since the driver's lease may have lapsed long before it started."""
 
-    def __init__(self, row_before: bool, retried: bool) -> None:
+    def __init__(
+        self, committable: ShardCommittable, clients: KafkaClients, *, row_before: bool, retried: bool
+    ) -> None:
+        self.committable = committable
+        self.clients = clients
         self.row_before = row_before
         self.retried = retried
         self.began: float | None = None
@@ -58,6 +68,7 @@ class _TaskHooks:
         return self.row_before or self.retried
 
     def before_begin(self) -> None:
+        refuse_if_aborted(self.committable, self.clients)
         self.began = time.monotonic()
 
     def committed(self, records: int) -> None:
@@ -117,7 +128,8 @@ def run_shard_task(
     host, pid = socket.gethostname(), os.getpid()
     for task in tasks:
         c = task.committable
-        hooks = _TaskHooks(task.row_before, retried=attempt > 0)
+        fault_point("commit.task_start")
+        hooks = _TaskHooks(c, clients, row_before=task.row_before, retried=attempt > 0)
         try:
             result = commit_shard(c, hooks, clients)
         except Exception as exc:
@@ -264,6 +276,22 @@ class SparkShardRunner:
     ) -> list[tuple[int, Publisher | ShardFailure | BaseException]]:
         """:func:`run_shard_jobs` in :attr:`spark`."""
         return run_shard_jobs(self.spark, tasks, on_outcome=on_outcome)
+
+    def unavailable(self) -> str | None:
+        """Why no commit task can run here (None: the session is running or starts now)."""
+        try:
+            self.spark  # noqa: B018 (starts the session: the question is whether it can)
+        except Exception as exc:  # pyspark missing, no Java, the master refused the app
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            return f"Spark could not be started ({type(exc).__name__}: {first[:300]})"
+        return None
+
+    def cancel(self, pipeline: str, checkpoint_id: int) -> None:
+        """Cancel the commit jobs of ``checkpoint_id`` (their job group): no queued task of
+        them starts, running ones are killed (a Python worker within
+        ``spark.python.task.killTimeout``). Safe from any thread."""
+        if self._spark is not None:
+            self._spark.sparkContext.cancelJobGroup(names.commit_app_name(pipeline, checkpoint_id))
 
 
 __all__ = ["SparkShardRunner", "run_shard_job", "run_shard_jobs", "run_shard_task"]

@@ -46,10 +46,10 @@ class FrameStager:
         try:
             write.write_staged(staged, f"{path}/data", sink_partitions, source_order=False)
         except BaseException:
-            staging.remove(path)
+            staging.remove(path, request.store)
             raise
         seen = limits.get
-        files = staging.describe_attempt(path)
+        files = staging.describe_attempt(path, request.store)
         if files:
             shape.refuse_over_limits(
                 spark,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import uuid
 
-from airflow_provider_eo import names, staging
+from airflow_provider_eo import names, staging, staging_fs
 from airflow_provider_eo.pipeline import Pipeline
 
 __all__ = ["PROBE_ROWS", "staging_probe"]
@@ -26,7 +26,12 @@ def staging_probe(pipeline: Pipeline, location: str) -> tuple[int, int]:
 
     from airflow_provider_eo.spark.session import get_spark
 
-    spark = get_spark(f"{names.prepare_app_name(pipeline.name)}-doctor", pipeline.spark_conf)
+    spark = get_spark(
+        f"{names.prepare_app_name(pipeline.name)}-doctor",
+        staging_fs.spark_settings(pipeline),
+        env=staging_fs.jvm_environment(pipeline),
+    )
+    store = staging_fs.store_for(pipeline)
     path = f"{location.rstrip('/')}/.eo-doctor-{uuid.uuid4().hex[:12]}"
     tasks = max(2, spark.sparkContext.defaultParallelism)
     counted = Observation(f"eo-doctor-{uuid.uuid4().hex[:8]}")
@@ -36,7 +41,7 @@ def staging_probe(pipeline: Pipeline, location: str) -> tuple[int, int]:
             f"{path}/data"
         )
         written = int(counted.get.get("rows") or 0)
-        seen = sum(f.records for files in staging.describe_attempt(path).values() for f in files)
+        seen = sum(f.records for files in staging.describe_attempt(path, store).values() for f in files)
     finally:
-        staging.remove(path)
+        staging.remove(path, store)
     return written, seen

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -92,11 +92,32 @@ def session_settings(conf: Mapping[str, str] | None, *, under_submit: bool) -> d
     return {k: v for k, v in wanted.items() if k not in given}
 
 
-def get_spark(app_name: str = "eo", conf: Mapping[str, str] | None = None) -> SparkSession:
+def _start_with_env(builder: Any, env: Mapping[str, str]) -> SparkSession:
+    """``builder.getOrCreate()`` with ``env`` in this process's environment only while it
+    runs (a JVM launched by PySpark inherits it; the values are taken back right after)."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return builder.getOrCreate()
+    finally:
+        for key, old in saved.items():
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
+
+
+def get_spark(
+    app_name: str = "eo", conf: Mapping[str, str] | None = None, *, env: Mapping[str, str] | None = None
+) -> SparkSession:
     """A SparkSession with the Kafka connector jars; reuses the active one when it exists.
 
     Under spark-submit the submit's settings (``--conf``, the operator's ``conf``) are never
     overridden; eo's local defaults apply only when it starts Spark itself on a local master.
+
+    :param env: environment variables for the JVM started here (the staging store's
+        credentials from an Airflow connection: :func:`~airflow_provider_eo.staging_fs.jvm_environment`);
+        set only while the JVM starts, never in Spark conf. Unused when a JVM already runs.
     """
     from pyspark.sql import SparkSession
 
@@ -117,6 +138,6 @@ def get_spark(app_name: str = "eo", conf: Mapping[str, str] | None = None) -> Sp
         settings["spark.jars"] = connector_jars_csv()
     for key, value in settings.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    spark = _start_with_env(builder, env or {})
     spark.sparkContext.setLogLevel(os.environ.get("EO_SPARK_LOG_LEVEL", "WARN"))
     return spark

@@ -21,7 +21,7 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_eo import staging
+from airflow_provider_eo import staging, staging_fs
 from airflow_provider_eo.errors import PrepareError
 from airflow_provider_eo.pipeline import Pipeline
 from airflow_provider_eo.spark.expressions import per_jvm
@@ -355,5 +355,5 @@ def refuse_over_limits(
         where=where,
     )
     if refused is not None:
-        staging.remove(path)
+        staging.remove(path, staging_fs.store_for(pipeline))
         raise refused

@@ -14,11 +14,11 @@ import itertools
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_eo import names, staging
+from airflow_provider_eo import names, staging, staging_fs
 from airflow_provider_eo.core.prepare import StageRequest, StageResult
 from airflow_provider_eo.errors import PrepareError, TransformError
 from airflow_provider_eo.pipeline import Pipeline
-from airflow_provider_eo.spark import dead_letters, shape, source, write
+from airflow_provider_eo.spark import dead_letters, provenance, shape, source, write
 from airflow_provider_eo.spark.transform import Transform, apply_transform, job_failure, load_transform
 
 if TYPE_CHECKING:
@@ -63,7 +63,8 @@ class SparkStager:
 
             self._spark = get_spark(
                 self.app_name or names.prepare_app_name(pipeline.name),
-                pipeline.spark_conf if self.conf is None else self.conf,
+                staging_fs.spark_settings(pipeline, self.conf),
+                env=staging_fs.jvm_environment(pipeline),
             )
             self._ship_user_code(self._spark, pipeline)
         return self._spark
@@ -131,7 +132,7 @@ class SparkStager:
                         "it does not fail on one record. Nothing was published; fix the "
                         "transform and retry the prepare."
                     )
-                staging.remove(f"{path}/data")
+                staging.remove(f"{path}/data", request.store)
             assert outcome is not None
             if not exclude:
                 return outcome
@@ -143,11 +144,11 @@ class SparkStager:
                     "published; retry the prepare."
                 )
         except BaseException:
-            staging.remove(path)
+            staging.remove(path, request.store)
             raise
         return dataclasses.replace(
             outcome,
-            dead_letters=tuple(staging.describe_dead_letters(path)),
+            dead_letters=tuple(staging.describe_dead_letters(path, request.store)),
             dead_letters_written=count,
         )
 
@@ -180,6 +181,9 @@ class SparkStager:
 
         # 2. The user's transform.
         out = apply_transform(transform, frame, ref=pipeline.transform, where=where)
+        # The source position, carried through a transform that did not keep it (a select
+        # of key and value) wherever its operators keep rows (not an aggregation's).
+        out = provenance.carry_provenance(out, frame)
 
         # 3. Shape: columns, sink partition, limits counted during the write.
         staged = shape.staged_frame(out, sink_partitions, where, frame)
@@ -201,12 +205,12 @@ class SparkStager:
             found = dead_letters.failing_record(exc, **search)
             if found is not None:
                 return dict([found])
-            staging.remove(path)
+            staging.remove(path, request.store)
             raise job_failure(exc, where=where, **search) from exc
         # The counts Spark took while writing, whatever this process can list: a staging
         # folder the driver does not share lists nothing, and core.prepare refuses that.
         seen = limits.get
-        files = staging.describe_attempt(path)
+        files = staging.describe_attempt(path, request.store)
         sources_kept: int | None = 0
         if files:
             if seen.get("oversize") and pipeline.dead_letters_enabled:
@@ -232,7 +236,7 @@ class SparkStager:
             if total <= created:
                 sources_kept = 0
             elif total <= pipeline.spark_commit_min_records:
-                sources_kept = staging.source_positions(path, files)
+                sources_kept = staging.source_positions(path, files, request.store)
             else:
                 sources_kept = shape.sources_kept(spark.read.parquet(f"{path}/data"))
         return StageResult(

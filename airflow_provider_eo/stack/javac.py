@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from airflow_provider_eo.stack.errors import StackError
@@ -61,12 +62,22 @@ def udf_jar() -> Path | None:
             file=sys.stderr,
         )
         return None
+    return build_jar(out, SOURCES, [api[0]], javac=javac, jar=jar)
+
+
+def build_jar(out: Path, sources: Sequence[Path], classpath: Sequence[Path], *, javac: str, jar: str) -> Path:
+    """Compile ``sources`` against ``classpath`` (Java 17) into the jar ``out``, replaced
+    atomically (a concurrent build just wins or loses the rename).
+
+    :raises StackError: javac or jar failed; the message holds their output.
+    """
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         classes = Path(tmp) / "classes"
         built = Path(tmp) / out.name
+        cp = os.pathsep.join(str(p) for p in classpath)
         for cmd in (
-            [javac, "--release", "17", "-nowarn", "-cp", str(api[0]), "-d", str(classes), *map(str, SOURCES)],
+            [javac, "--release", "17", "-nowarn", "-cp", cp, "-d", str(classes), *map(str, sources)],
             [jar, "cf", str(built), "-C", str(classes), "."],
         ):
             proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -75,5 +86,5 @@ def udf_jar() -> Path | None:
                     f"building {out.name} failed ({Path(cmd[0]).name} exit {proc.returncode}):\n"
                     f"{proc.stdout}{proc.stderr}"
                 )
-        os.replace(built, out)  # atomic: a concurrent build just wins or loses the rename
+        os.replace(built, out)
     return out

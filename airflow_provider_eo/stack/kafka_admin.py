@@ -14,12 +14,11 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import subprocess
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 from airflow_provider_eo.stack.errors import StackError
+from airflow_provider_eo.stack.javac import build_jar
 from airflow_provider_eo.stack.paths import state_dir
 
 JAVA_ROOT = Path(__file__).resolve().parents[1] / "kafka" / "java"
@@ -137,23 +136,7 @@ def tool_jar(clients: Sequence[Path]) -> Path:
             "jar on PATH) is here to build it: install a JDK 17+ (Debian: apt-get install -y "
             "openjdk-17-jdk-headless) or run `eo setup jars` where one is."
         )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-        classes = Path(tmp) / "classes"
-        built = Path(tmp) / out.name
-        classpath = os.pathsep.join(str(p) for p in clients)
-        for cmd in (
-            [javac, "--release", "17", "-nowarn", "-cp", classpath, "-d", str(classes), *map(str, SOURCES)],
-            [jar, "cf", str(built), "-C", str(classes), "."],
-        ):
-            proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-            if proc.returncode != 0:
-                raise StackError(
-                    f"building {out.name} failed ({Path(cmd[0]).name} exit {proc.returncode}):\n"
-                    f"{proc.stdout}{proc.stderr}"
-                )
-        os.replace(built, out)  # atomic: a concurrent build just wins or loses the rename
-    return out
+    return build_jar(out, SOURCES, clients, javac=javac, jar=jar)
 
 
 def admin_classpath() -> list[Path]:

@@ -115,3 +115,26 @@ def spark_kafka_jars(spark_version: str | None = None) -> list[Path]:
     return _copy_dependencies(
         "spark-kafka", out, {"spark.version": version}, f"spark-sql-kafka-0-10 {version}"
     )
+
+
+def spark_hadoop_version() -> str:
+    """The Hadoop version pyspark ships (from its ``jars/hadoop-client-api-<version>.jar``):
+    Hadoop's S3A connector must match it exactly."""
+    import pyspark
+
+    jars = Path(pyspark.__file__).resolve().parent / "jars"
+    for jar in sorted(jars.glob("hadoop-client-api-*.jar")):
+        return jar.name[len("hadoop-client-api-") : -len(".jar")]
+    raise StackError(
+        f"no hadoop-client-api-*.jar in {jars}: this pyspark ships no Hadoop (a 'without hadoop' "
+        "build); put Hadoop's S3A connector (hadoop-aws) of your Hadoop on Spark's classpath yourself"
+    )
+
+
+def hadoop_aws_jars(hadoop_version: str | None = None) -> list[Path]:
+    """Hadoop's S3A connector (``org.apache.hadoop:hadoop-aws``) at pyspark's Hadoop version,
+    with the AWS SDK bundle it was released with, fetched once: what Spark needs to stage
+    under ``s3a://`` when its image does not have it already."""
+    version = hadoop_version or spark_hadoop_version()
+    out = state_dir() / "jars" / f"hadoop-aws-{version}"
+    return _copy_dependencies("hadoop-aws", out, {"hadoop.version": version}, f"hadoop-aws {version}")

@@ -2,8 +2,9 @@
 ``eo`` commands run without a Spark session): the query's id, the batches of its offset and
 commit logs, and a copy of the location as of one batch Spark committed.
 
-Paths are local folders or URIs pyarrow's filesystems understand (``s3://``, ``gs://``,
-``hdfs://``; ``s3a://`` is read as ``s3://``).
+Paths are local folders or URIs, opened through the staging filesystem layer
+(:mod:`airflow_provider_eo.staging_fs`: ``s3a://``/``s3://``, ``gs://``, ``abfss://``,
+``hdfs://``), with the pipeline's S3 settings when the caller gives its store.
 
 What a copy at batch N holds (what Spark needs to restart the query after N):
 
@@ -31,6 +32,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from airflow_provider_eo.errors import ConfigError
+from airflow_provider_eo.staging_fs import StagingStore, with_store
 
 __all__ = [
     "CheckpointCopy",
@@ -76,15 +78,15 @@ class CheckpointCopy:
     bytes: int
 
 
-def _fs(location: str) -> tuple[pafs.FileSystem, str]:
+def _fs(location: str, store: StagingStore | None = None) -> tuple[pafs.FileSystem, str]:
     if "://" in location:
-        uri = "s3://" + location[len("s3a://") :] if location.startswith("s3a://") else location
         try:
-            return pafs.FileSystem.from_uri(uri.rstrip("/"))
-        except (pa.ArrowInvalid, OSError, ValueError) as exc:
+            fs, path = with_store(store).open(location.rstrip("/"))
+            return fs, path.rstrip("/")
+        except (pa.ArrowInvalid, OSError, ValueError, ConfigError) as exc:
             raise CheckpointLocationError(
                 f"checkpoint location {location!r}: cannot open it here ({exc}); give a local folder "
-                "or an s3://, gs:// or hdfs:// URI this process can read"
+                "or an s3a://, gs://, abfss:// or hdfs:// URI this process can read"
             ) from exc
     return pafs.LocalFileSystem(), os.path.abspath(location).rstrip("/")
 
@@ -105,9 +107,10 @@ def _batches(fs: pafs.FileSystem, folder: str) -> list[int]:
     return sorted(int(i.base_name) for i in infos if i.type == pafs.FileType.File and i.base_name.isdigit())
 
 
-def read_location(location: str) -> QueryLocation:
-    """The query id and the newest batches of ``location``'s offset and commit logs."""
-    fs, root = _fs(location)
+def read_location(location: str, store: StagingStore | None = None) -> QueryLocation:
+    """The query id and the newest batches of ``location``'s offset and commit logs
+    (``store``: the pipeline's S3 settings, see :mod:`airflow_provider_eo.staging_fs`)."""
+    fs, root = _fs(location, store)
     text = _read_text(fs, f"{root}/metadata")
     ident: str | None = None
     if text is not None:
@@ -150,12 +153,14 @@ def keep_in_copy(relative: str, batch_id: int) -> bool:
     return True
 
 
-def copy_at_batch(location: str, destination: str, batch_id: int) -> CheckpointCopy:
+def copy_at_batch(
+    location: str, destination: str, batch_id: int, store: StagingStore | None = None
+) -> CheckpointCopy:
     """Copy ``location`` as of batch ``batch_id`` (which Spark must have committed there) to
     ``destination`` (absent or an empty folder). Safe while the query runs; a partial copy is
     removed when anything fails."""
-    src_fs, src = _fs(location)
-    dst_fs, dst = _fs(destination)
+    src_fs, src = _fs(location, store)
+    dst_fs, dst = _fs(destination, store)
     where = f"checkpoint location {location!r}"
     facts = read_location(location)
     if facts.query_id is None:
@@ -212,8 +217,8 @@ def copy_at_batch(location: str, destination: str, batch_id: int) -> CheckpointC
     )
 
 
-def remove_copy(destination: str) -> None:
+def remove_copy(destination: str, store: StagingStore | None = None) -> None:
     """Remove a copy (nothing when it is not there)."""
-    fs, dst = _fs(destination)
+    fs, dst = _fs(destination, store)
     if fs.get_file_info(dst).type == pafs.FileType.Directory:
         fs.delete_dir(dst)

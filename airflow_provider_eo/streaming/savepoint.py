@@ -24,6 +24,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
+from airflow_provider_eo import staging_fs
 from airflow_provider_eo.core.savepoint import take_savepoint, who
 from airflow_provider_eo.errors import ConfigError
 from airflow_provider_eo.ledger import Actor, CheckpointRecord, CheckpointState, InvariantViolation, Ledger
@@ -115,7 +116,8 @@ def take_query_savepoint(
             f"another name, or delete it first with `eo savepoint delete MODULE:ATTR {name}`."
         )
     query = str(max(batches, key=lambda c: c.checkpoint_id).query_id)
-    found = read_location(checkpoint_location)
+    store = staging_fs.store_for(pipeline)
+    found = read_location(checkpoint_location, store)
     if found.query_id != query:
         raise CheckpointLocationError(
             f"pipeline {pipeline.name!r}: checkpoint location {checkpoint_location!r} belongs to query "
@@ -139,7 +141,7 @@ def take_query_savepoint(
         )
     at = max(candidates, key=lambda c: c.checkpoint_id)
     assert at.batch_id is not None
-    copy = copy_at_batch(checkpoint_location, copy_to, at.batch_id)
+    copy = copy_at_batch(checkpoint_location, copy_to, at.batch_id, store)
     said = f"query checkpoint copy at batch {at.batch_id}: {copy_to}"
     try:
         sp = ledger.savepoint_at_checkpoint(
@@ -151,11 +153,11 @@ def take_query_savepoint(
             actor=actor,
         )
     except BaseException:
-        remove_copy(copy_to)
+        remove_copy(copy_to, store)
         raise
     if sp.checkpoint_id != at.checkpoint_id:  # a restore started a lineage after the batch
         ledger.delete_savepoint(pipeline.name, name, actor=actor)
-        remove_copy(copy_to)
+        remove_copy(copy_to, store)
         raise InvariantViolation(
             f"pipeline {pipeline.name!r}: batch {at.batch_id} (checkpoint {at.checkpoint_id}) is not in "
             "the pipeline's current lineage; nothing was kept"

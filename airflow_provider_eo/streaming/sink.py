@@ -150,7 +150,7 @@ class KafkaExactlyOnceSink:
         self._resolved: Pipeline | None = None
         self._settings: ConnectionSettings | None = None
         self._ledger: Ledger | None = None
-        self._query_id: str | None = None
+        self._listening = False
 
     @property
     def pipeline(self) -> Pipeline | None:
@@ -204,9 +204,22 @@ class KafkaExactlyOnceSink:
                 f"sink {self.name!r}: give the query's checkpoint location (start(df, "
                 "checkpoint_location=...) or KafkaExactlyOnceSink(checkpoint_location=...))"
             )
+        if self.query is not None and self.query.isActive:
+            raise ConfigError(
+                f"sink {self.name!r}: query {self.query.id} still writes through this sink; stop it "
+                "(query.stop()) before starting another (one query per pipeline name)"
+            )
+        self._end_run_if_terminated()
         self.checkpoint_location = checkpoint_location
+        location = checkpoint_location
+
+        def foreach_batch(frame: DataFrame, batch_id: int) -> None:
+            # Bound to this query's location: its offset log and its id are read per batch.
+            with self._in_batch:
+                self._batch(frame, batch_id, location)
+
         writer = (
-            df.writeStream.foreachBatch(self.foreach_batch)
+            df.writeStream.foreachBatch(foreach_batch)
             .outputMode(output_mode)
             .option("checkpointLocation", checkpoint_location)
         )
@@ -225,6 +238,9 @@ class KafkaExactlyOnceSink:
         whatever ends it, even when nobody waits for it)."""
         from pyspark.sql.streaming.listener import StreamingQueryListener
 
+        if self._listening:
+            return
+        self._listening = True
         sink = self
 
         class _Ended(StreamingQueryListener):
@@ -238,9 +254,10 @@ class KafkaExactlyOnceSink:
                 pass
 
             def onQueryTerminated(self, event: Any) -> None:
-                if sink.query is not None and str(event.id) == str(sink.query.id) and sink._run is not None:
-                    sink._run.end(event.exception)
+                run = sink._run
+                if sink.query is not None and str(event.id) == str(sink.query.id) and run is not None:
                     sink._run = None
+                    run.end(event.exception)
 
         spark.streams.addListener(_Ended())
 
@@ -248,35 +265,41 @@ class KafkaExactlyOnceSink:
         """End the query's run in the ledger when the query has terminated (its listener does
         so too, asynchronously: call this before the process exits), and close the ledger
         connections."""
-        run, query = self._run, self.query
-        if run is not None and query is not None and not query.isActive:
-            error = query.exception()
-            run.end(str(error) if error is not None else None)
-            self._run = None
+        self._end_run_if_terminated()
         if self._ledger is not None:
             self._ledger.close()
+
+    def _end_run_if_terminated(self) -> None:
+        """End the run of the sink's query in the ledger when that query has terminated."""
+        run, query = self._run, self.query
+        if run is None or query is None or query.isActive:
+            return
+        self._run = None
+        error = query.exception()
+        run.end(str(error) if error is not None else None)
 
     # -- one micro-batch -----------------------------------------------------------------------
 
     def foreach_batch(self, df: DataFrame, batch_id: int) -> None:
         """``foreachBatch``: publish batch ``batch_id``'s output exactly once (see the module)."""
         with self._in_batch:
-            self._batch(df, batch_id)
+            self._batch(df, batch_id, self.checkpoint_location)
 
-    def _batch(self, df: DataFrame, batch_id: int) -> None:
+    def _batch(self, df: DataFrame, batch_id: int, location: str | None) -> None:
         from airflow_provider_eo.spark.frame_stager import FrameStager
         from airflow_provider_eo.spark.offset_log import batch_offsets, query_id
 
-        if self.checkpoint_location is None:
+        if location is None:
             raise ConfigError(
                 f"sink {self.name!r}: start the query with KafkaExactlyOnceSink.start(df, "
                 "checkpoint_location=...) so the sink can read the query's offset log"
             )
         spark = df.sparkSession
-        if self._query_id is None:
-            self._query_id = query_id(spark, self.checkpoint_location)
-        where = f"pipeline {self.name!r}, query {self._query_id}, batch {batch_id}"
-        offsets = batch_offsets(spark, self.checkpoint_location, int(batch_id), where=where)
+        # Read at every batch, never kept: a start from another location (or a location
+        # deleted and made again) is another query, with its own id and batch ids from 0.
+        current_query = query_id(spark, location)
+        where = f"pipeline {self.name!r}, query {current_query}, batch {batch_id}"
+        offsets = batch_offsets(spark, location, int(batch_id), where=where)
         if not offsets.ends:
             raise ConfigError(
                 f"{where}: the query reads no Kafka source; the sink records a batch by its Kafka ranges"
@@ -288,7 +311,7 @@ class KafkaExactlyOnceSink:
         if self._run is None:
             ledger.ensure_pipeline(pipeline.name, pipeline.fingerprint())
             self._run = _QueryRun.begin(ledger, pipeline, self, actor)
-        position = BatchPosition(self._query_id, int(batch_id), ranges)
+        position = BatchPosition(current_query, int(batch_id), ranges)
 
         def commit(checkpoint_id: int) -> None:
             self._commit(pipeline, ledger, checkpoint_id, actor, spark)

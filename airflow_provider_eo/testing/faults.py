@@ -28,6 +28,7 @@ STEPS = frozenset(
     {
         "prepare.after_write",  # staged files written, manifest not yet
         "prepare.before_ledger",  # manifest written, ledger still PLANNED
+        "commit.task_start",  # a spark-mode commit task started, its shard not begun
         "commit.after_begin",  # a transaction is open, some records produced
         "commit.before_commit_txn",  # everything produced, commit_transaction not called
         "commit.before_end_txn",  # marker and group offsets sent, commit_transaction next

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import socket
 
 import pytest
 
 from airflow_provider_eo import names
+from airflow_provider_eo.ledger import Actor
 from airflow_provider_eo.pipeline import Pipeline
 
 
@@ -31,12 +33,45 @@ def test_transactional_id_is_stable_per_shard_and_namespaced_by_prefix() -> None
     assert names.plan_transactional_id(default, "orders", 0) == "eo.orders.0"
 
 
-def test_lease_owner_is_the_transactional_namespace() -> None:
-    p = _pipeline(transactional_id_prefix="acme")
-    assert names.lease_owner(p) == "acme.orders"
-    plan = names.commit_plan(p, 2)
-    assert names.plan_transactional_id(plan, "orders", 1).startswith(names.lease_owner(p) + ".")
-    assert names.lease_owner(_pipeline()) != names.lease_owner(p)
+def test_lease_owner_is_one_per_process_and_airflow_try() -> None:
+    here = names.lease_owner()
+    assert here.startswith(names.LEASE_OWNER_PREFIX) and here == names.lease_owner()  # stable
+    host, pid, tag = names.lease_owner_process(here) or ("", 0, "")
+    assert (host, pid) == (socket.gethostname(), os.getpid()) and tag
+    try1 = names.lease_owner(Actor(dag_id="d", run_id="r", task_id="commit", try_number=1))
+    try2 = names.lease_owner(Actor(dag_id="d", run_id="r", task_id="commit", try_number=2))
+    assert try1.startswith("commit:d/r/commit#1@") and len({here, try1, try2}) == 3
+    # the actor's own host and pid (an Airflow worker's, handed to a Spark driver) are not
+    # this process's: the owner names the process that commits
+    assert names.lease_owner(Actor(hostname="worker", pid=1)) == here
+    assert len(names.lease_owner(Actor(dag_id="d" * 400))) == 250  # the ledger's column
+    assert names.lease_owner_process(names.lease_owner(Actor(dag_id="d" * 400)))[1] == os.getpid()  # type: ignore[index]
+    assert names.lease_owner_process("eo.orders") is None  # an older release's owner
+    assert names.lease_owner_process("fence:@host:12") is None
+
+
+def test_a_gone_process_is_told_apart_from_a_live_one() -> None:
+    import subprocess
+    import sys
+
+    from airflow_provider_eo import processes
+
+    tag = processes.process_tag()
+    assert not processes.process_gone(os.getpid(), tag)
+    assert processes.process_gone(os.getpid(), tag.rsplit(".", 1)[0] + ".1")  # the pid, reused
+    child = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import os; from airflow_provider_eo import processes as p; print(os.getpid(), p.process_tag())",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    pid, child_tag = child.stdout.split()
+    assert processes.process_gone(int(pid), child_tag)  # it exited
+    assert not processes.process_gone(int(pid), "otherboot0000.1.1")  # cannot be judged: not gone
 
 
 def test_marker_group_is_per_pipeline() -> None:

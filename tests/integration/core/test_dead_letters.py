@@ -13,10 +13,12 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Producer
+from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 from eo_harness import EO
 
 from airflow_provider_eo import names
-from airflow_provider_eo.errors import TransformError
+from airflow_provider_eo.errors import PrepareError, TransformError
+from airflow_provider_eo.kafka.admin import admin_client
 from airflow_provider_eo.kafka.audit import read_sink
 from airflow_provider_eo.ledger import CheckpointState
 
@@ -33,10 +35,12 @@ SPECIAL = {
 PER_PARTITION = 40
 
 
-def _feed(h: Any, special: dict[tuple[int, int], bytes] = SPECIAL) -> dict[tuple[int, int], bytes]:
+def _feed(
+    h: Any, special: dict[tuple[int, int], bytes] = SPECIAL, producer_config: dict[str, Any] | None = None
+) -> dict[tuple[int, int], bytes]:
     """40 records into each of the source's 2 partitions (offsets 0..39), ``special`` included."""
     topic = h.pipeline.source_topics[0]
-    producer = Producer(h.config)
+    producer = Producer({**h.config, **(producer_config or {})})
     sent = {}
     for p in (0, 1):
         for i in range(PER_PARTITION):
@@ -158,3 +162,108 @@ def test_killed_commit_never_sends_a_dead_letter_twice(
     h.commit(planned.checkpoint_id)
     assert len(read_sink(h.config, h.pipeline.dead_letter_topic)) == 1
     h.assert_exactly_once(expected_records=79)
+
+
+# A poison record larger than a small sink allows: its dead letter is the whole source record.
+HUGE_POISON = b"POISON-huge-" + b"p" * 6000
+
+
+def test_a_dead_letter_over_the_dead_letter_topics_limit_is_refused_at_prepare(
+    harness: Callable[..., Any], make_topic: Callable[..., str]
+) -> None:
+    h = harness(
+        source_partitions=2,
+        sink_partitions=2,
+        transform="eo_test_transforms:poison_or_big",
+        sink_config={"max.message.bytes": "3000"},
+        dead_letter_topic=make_topic("dlq", partitions=2, **{"max.message.bytes": "4000"}),
+        max_dead_letters_per_checkpoint=5,
+    )
+    _feed(h, {(0, 7): HUGE_POISON})
+    topic = h.pipeline.source_topics[0]
+    cp = h.plan()
+    with pytest.raises(PrepareError) as refused:
+        h.prepare(cp.checkpoint_id)
+    message = str(refused.value)
+    # The record's source position, its size, both limits and what to do.
+    assert f"{topic}[0] offset 7" in message, message
+    assert re.search(r"dead letter of \d{4,} bytes", message), message
+    assert "max.message.bytes=4000" in message and "max.message.bytes=3000" in message, message
+    assert f"Raise the max.message.bytes of {h.pipeline.dead_letter_topic!r}" in message, message
+    # Nothing wedges at commit: the checkpoint never got there, nothing was published.
+    assert h.ledger.get(h.pipeline.name, cp.checkpoint_id).state is CheckpointState.PLANNED
+    assert read_sink(h.config, h.pipeline.sink_topic) == []
+    assert read_sink(h.config, h.pipeline.dead_letter_topic) == []
+    assert list(Path(h.pipeline.staging_dir).rglob("*.parquet")) == []
+
+
+def test_a_dead_letter_larger_than_the_sink_allows_goes_to_a_roomier_dead_letter_topic(
+    harness: Callable[..., Any], make_topic: Callable[..., str]
+) -> None:
+    # A poison record of 1.5 MB: over the sink's limit and over librdkafka's default
+    # message.max.bytes (1,000,000), which the commit's producer kept unless the sink's
+    # limit was larger; within the dead-letter topic's 4 MB.
+    big = 4_000_000
+    h = harness(
+        source_partitions=2,
+        sink_partitions=2,
+        commit_shards=2,
+        transform="eo_test_transforms:poison_or_big",
+        sink_config={"max.message.bytes": "3000"},
+        dead_letter_topic=make_topic("dlq", partitions=2, **{"max.message.bytes": str(big)}),
+        max_dead_letters_per_checkpoint=5,
+    )
+    source = h.pipeline.source_topics[0]
+    entry = ConfigEntry("max.message.bytes", str(big), incremental_operation=AlterConfigOpType.SET)
+    for future in (
+        admin_client(h.config)
+        .incremental_alter_configs([ConfigResource(ResourceType.TOPIC, source, incremental_configs=[entry])])
+        .values()
+    ):
+        future.result(timeout=30)
+    huge = b"POISON-huge-" + b"p" * 1_500_000
+    sent = _feed(h, {(0, 7): huge}, producer_config={"message.max.bytes": big + 10_000})
+    (result,) = h.drain()
+    cp = h.ledger.get(h.pipeline.name, result.checkpoint.checkpoint_id)
+    assert cp.state is CheckpointState.COMMITTED
+    assert (cp.records_read, cp.dead_letters, cp.records) == (80, 1, 79)
+    # Counted against the source: every other record once in the sink, the poison one once
+    # (whole) on the dead-letter topic.
+    published = sorted(bytes(m.value()) for m in h.sink_records())
+    assert published == sorted(v for pos, v in sent.items() if pos != (0, 7))
+    dead = read_sink(h.config, h.pipeline.dead_letter_topic)
+    assert [bytes(m.value()) for m in dead] == [huge]
+    assert _headers(dead[0])[names.HEADER_DLQ_OFFSET] == b"7"
+    h.assert_exactly_once(expected_records=79)
+
+
+def test_a_dead_letter_sent_twice_fails_the_audit(
+    harness: Callable[..., Any], make_topic: Callable[..., str]
+) -> None:
+    """A dead letter is one of the ways a source record is accounted for: a second copy on
+    the dead-letter topic (here copied there again, headers and all) is a duplicate, and
+    `eo audit` says so and exits 2, naming the source record."""
+    h = _dead_letter_harness(harness, make_topic, budget=5)
+    _feed(h, {(0, 5): b"POISON-a", (1, 0): b"POISON-b", (1, 17): b"POISON-c"})
+    h.drain()
+    assert h.cli("audit").returncode == 0
+    dead = read_sink(h.config, h.pipeline.dead_letter_topic)
+    assert len(dead) == 3
+    copied = next(m for m in dead if _headers(m)[names.HEADER_DLQ_OFFSET] == b"17")
+    producer = Producer(h.config)
+    producer.produce(
+        h.pipeline.dead_letter_topic,
+        key=copied.key(),
+        value=copied.value(),
+        partition=copied.partition(),
+        headers=list(copied.headers() or []),
+    )
+    assert producer.flush(30) == 0
+
+    report = h.audit()
+    assert (report.duplicates, report.missing, report.dead_letters) == (1, 0, 3), report.as_dict()
+    topic = h.pipeline.source_topics[0]
+    assert report.duplicated_sources == [f"{topic}:1:17"], report.as_dict()
+    cli = h.cli("audit")
+    assert cli.returncode == 2, (cli.stdout, cli.stderr)
+    assert '"duplicates": 1' in cli.stdout

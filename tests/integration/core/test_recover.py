@@ -106,7 +106,9 @@ def test_recover_commits_a_prepared_checkpoint_whose_committer_died(harness: Cal
     assert rc == 1 and f"checkpoint {planned.checkpoint_id} is being committed by " in err, err
     assert _open_partitions(h)  # nothing was fenced
     # What its lease running out does.
-    h.ledger.release_commit_lease(h.pipeline.name, planned.checkpoint_id, owner=names.lease_owner(h.pipeline))
+    holder = h.ledger.get(h.pipeline.name, planned.checkpoint_id).commit_owner
+    assert holder is not None and (names.lease_owner_process(holder) or ("", 0))[1] == committer.pid
+    h.ledger.release_commit_lease(h.pipeline.name, planned.checkpoint_id, owner=holder)
 
     rc, summary, err = _recover(h)
     assert rc == 0, err
@@ -132,3 +134,27 @@ def test_recover_reports_a_foreign_open_transaction(harness: Callable[..., Any])
     assert "not this pipeline's" in err and f"find-hanging --topic {h.pipeline.sink_topic}" in err
     # Nothing of ours changed (the foreign transaction stays open, so no read_committed audit).
     assert summary["committed"] is None and h.ledger.unfinished(h.pipeline.name) is None
+
+
+def test_recover_commits_a_spark_mode_pipeline_through_spark(harness: Callable[..., Any]) -> None:
+    """A ``commit_mode="spark"`` pipeline whose committer died inside its transaction (every
+    record sent): ``eo recover`` commits the PREPARED checkpoint in Spark tasks (a local
+    session in the recover process), each source record once."""
+    h = harness(commit_mode="spark", commit_shards=3)
+    h.produce(40)
+    # The committer that dies: an `eo commit --commit-mode local` (a spark-mode task would
+    # stop its Python worker, not the committer).
+    planned, committer = h.with_(commit_mode="local").paused_commit()
+    kill_child(committer)
+    assert _open_partitions(h)
+    assert h.ledger.get(h.pipeline.name, planned.checkpoint_id).state is CheckpointState.PREPARED
+
+    rc, summary, err = _recover(h, "--force-live")  # the dead committer's lease still runs
+    assert rc == 0, err
+    assert summary["committed"] == planned.checkpoint_id and summary["published"] == 40, summary
+    assert not summary["open_after"]
+    assert "committing its shards in this process" not in err, err
+    done = h.ledger.get(h.pipeline.name, planned.checkpoint_id)
+    assert done.state is CheckpointState.COMMITTED
+    h.assert_exactly_once(expected_records=40)
+    assert len(h.sink_records()) == 40  # read_committed, against the 40 source records

@@ -18,7 +18,7 @@ from airflow_provider_eo import names
 from airflow_provider_eo.errors import StagingError
 from airflow_provider_eo.kafka import admin
 from airflow_provider_eo.kafka.audit import high_watermarks
-from airflow_provider_eo.ledger import CheckpointState
+from airflow_provider_eo.ledger import CheckpointState, CommitLeaseHeld
 from airflow_provider_eo.ledger.pipelines import TransactionalIdPrefixMismatch
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
@@ -87,6 +87,10 @@ def test_zombie_committer_is_fenced(harness: Callable[..., Any]) -> None:
     h.produce(50)
     planned, zombie = h.paused_commit()
     try:
+        # While its lease runs, the paused committer is a live one: refused, nothing fenced.
+        with pytest.raises(CommitLeaseHeld, match="is being committed by 'commit:"):
+            h.commit(planned.checkpoint_id)
+        h.expire_lease(planned.checkpoint_id)  # paused, it cannot renew: its lease runs out
         result = h.commit(planned.checkpoint_id)  # init_transactions fences the zombie
         assert result.published == 50
     finally:
@@ -108,6 +112,7 @@ def test_committer_paused_past_transaction_timeout(harness: Callable[..., Any]) 
         lso, hw = _sink_lso_and_hw(h)
         assert sum(hw.values()) == 40 and sum(lso.values()) == 0
         wait_for(lambda: (lambda lh: lh[0] == lh[1])(_sink_lso_and_hw(h)), "the broker to abort")
+        h.expire_lease(planned.checkpoint_id)  # paused, it cannot renew its lease
     finally:
         os.kill(paused.pid, signal.SIGCONT)
     paused.communicate(timeout=120)
@@ -122,9 +127,9 @@ def test_committer_with_another_transactional_id_is_refused(harness: Callable[..
     h.produce(30)
     planned = h.plan()
     h.prepare(planned.checkpoint_id)
-    # a live committer holds the lease (its transactional ids: eo.<pipeline>.N)
+    # a live committer (this process) holds the lease (its transactional ids: eo.<pipeline>.N)
     h.ledger.acquire_commit_lease(
-        h.pipeline.name, planned.checkpoint_id, owner=f"eo.{h.pipeline.name}", ttl_s=300
+        h.pipeline.name, planned.checkpoint_id, owner=names.lease_owner(), ttl_s=300
     )
     other = h.with_(transactional_id_prefix="other")
     lso_before, _ = _sink_lso_and_hw(h)

@@ -5,13 +5,17 @@ are accounted for, and so are records the transform creates."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import Producer
+from eo_harness import EO
 
-from airflow_provider_eo import staging
+from airflow_provider_eo import names, staging
 from airflow_provider_eo.core.prepare import StageRequest, StageResult, prepare_checkpoint
 from airflow_provider_eo.spark.stager import SparkStager
 
@@ -108,3 +112,115 @@ def test_a_lost_record_is_missing_even_when_the_transform_drops_others(harness: 
     report = h.audit()
     assert (report.source_records, report.dropped) == (100, 0)
     assert report.missing == 10 and not report.ok, report.as_dict()
+
+
+@pytest.mark.parametrize("transform", ["readme_clean", "select_udf", "select_pandas_udf", "join_static"])
+def test_transforms_that_drop_the_provenance_column_are_audited_per_record(
+    harness: Callable[..., Any], transform: str
+) -> None:
+    """The usual transform keeps only the columns it names: the provenance column is carried
+    through it anyway, so every source record is named by its output record (none is called
+    dropped) and the audit is the per-record one (exit 0)."""
+    h = harness(source_partitions=2, sink_partitions=3, transform=f"eo_test_transforms:{transform}")
+    h.produce(300)
+    h.drain()
+    report = h.assert_exactly_once(expected_records=300)
+    published = sum(c.source_published for c in report.checkpoints)
+    assert (report.source_records, report.dropped, published) == (300, 0, 300), report.as_dict()
+    assert report.unpositioned == 0 and report.per_record, report.as_dict()
+    assert all(cp.records_created == 0 for cp in h.ledger.list_checkpoints(h.pipeline.name))
+    cli = h.cli("audit")
+    assert cli.returncode == 0, (cli.stdout, cli.stderr)
+
+
+class LosingStager:
+    """Stages with Spark, then takes the first record of one staged file out (as if it had
+    vanished between the write and the commit) and reports the files as they now are: the
+    manifest and the commit agree with the files, only the source does not."""
+
+    def __init__(self, spark: Any) -> None:
+        self.inner = SparkStager(spark)
+        self.lost: tuple[str, int, int] | None = None
+
+    def start(self, pipeline: Any) -> None:
+        self.inner.start(pipeline)
+
+    def stage(self, request: StageRequest) -> StageResult:
+        import pyarrow.parquet as pq
+
+        written = self.inner.stage(request)
+        partition, files = next((p, fs) for p, fs in sorted(written.files.items()) if fs)
+        path = f"{request.path}/{files[0].path}"
+        table = pq.read_table(path)
+        first = table.slice(0, 1).to_pylist()[0]
+        self.lost = (first["src_topic"], first["src_partition"], first["src_offset"])
+        pq.write_table(table.slice(1), path)
+        rows = dict(written.rows_written or {})
+        rows[partition] -= 1
+        return dataclasses.replace(written, files=staging.describe_attempt(request.path), rows_written=rows)
+
+
+def test_a_lost_or_duplicated_record_of_a_select_is_named_by_its_source_offset(
+    harness: Callable[..., Any],
+) -> None:
+    """With the provenance carried through `select("key", udf(value))`, the audit checks each
+    source record: one record lost after the write is missing, one output record written
+    twice is a duplicate, and both are named by their source position."""
+    h = harness(source_partitions=2, sink_partitions=2, transform="eo_test_transforms:select_udf")
+    h.produce(200)
+    cp = h.plan()
+    stager = LosingStager(h.spark)
+    prepared = prepare_checkpoint(h.pipeline, h.ledger, cp.checkpoint_id, stager=stager)
+    assert (prepared.records_read, prepared.records) == (200, 199)
+    h.commit(cp.checkpoint_id)
+    assert stager.lost is not None
+    lost = "{}:{}:{}".format(*stager.lost)
+
+    report = h.audit()
+    assert (report.missing, report.duplicates, report.dropped) == (1, 0, 0), report.as_dict()
+    assert report.missing_sources == [lost], report.as_dict()
+
+    # One output record written into the sink once more, its provenance header and all.
+    copied = h.sink_records()[0]
+    producer = Producer(h.config)
+    producer.produce(
+        h.pipeline.sink_topic,
+        key=copied.key(),
+        value=copied.value(),
+        partition=copied.partition(),
+        headers=list(copied.headers() or []),
+    )
+    assert producer.flush(30) == 0
+    source = dict(copied.headers() or [])[names.HEADER_PROVENANCE]
+    fields = names.parse_provenance(source)
+    assert fields is not None
+    report = h.audit()
+    assert (report.missing, report.duplicates) == (1, 1), report.as_dict()
+    assert report.duplicated_sources == [fields[2].decode()], report.as_dict()
+    cli = h.cli("audit")
+    assert cli.returncode == 2, (cli.stdout, cli.stderr)
+
+
+def test_an_aggregation_is_checked_by_count_only_and_says_so(harness: Callable[..., Any]) -> None:
+    """An aggregation's output records stand for no one source record: the audit never calls
+    the source records dropped, says how many output records carry no source position and
+    that they were checked by count only, and exits 4 (not 0: no record was checked one by
+    one; not 2: nothing was found duplicated or missing)."""
+    h = harness(source_partitions=2, sink_partitions=2, transform="eo_test_transforms:count_per_key")
+    h.produce(210, keys=7)
+    h.drain()
+    report = h.assert_exactly_once()
+    observed = sum(c.observed for c in report.checkpoints)
+    assert observed >= 7
+    assert (report.source_records, report.dropped) == (210, 0), report.as_dict()
+    assert report.unpositioned == observed, report.as_dict()
+    assert report.source_unchecked == 210 and not report.per_record, report.as_dict()
+    for cp in h.ledger.list_checkpoints(h.pipeline.name):
+        assert cp.records_dropped is None and cp.records_created == cp.records
+    cli = h.cli("audit")
+    assert cli.returncode == 4, (cli.stdout, cli.stderr)
+    env = {**os.environ, "EO_TEST_PIPELINE_JSON": h.pipeline.to_json(), "COLUMNS": "200"}
+    text = subprocess.run(
+        [EO, "audit", "eo_test_pipelines:from_env"], env=env, capture_output=True, text=True, check=False
+    ).stdout
+    assert f"{observed} output records carry no source position: checked by count only" in text, text

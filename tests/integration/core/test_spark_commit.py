@@ -7,12 +7,22 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
-from eo_faultlib import assert_group_offsets_match_ledger, group_offsets, marker
+from eo_faultlib import (
+    assert_group_offsets_match_ledger,
+    group_offsets,
+    kill_child,
+    marker,
+    resume_and_reap,
+    zombie_pid,
+)
 from eo_harness import parse_json_line
 
+from airflow_provider_eo import names
+from airflow_provider_eo.core.abort import abort_checkpoint
 from airflow_provider_eo.core.commit import commit_checkpoint
 from airflow_provider_eo.core.shard import Publisher, ShardFailure, ShardTask
 from airflow_provider_eo.errors import ConfigError
@@ -191,3 +201,85 @@ def test_stream_commits_through_spark_jobs_in_its_own_session(harness: Callable[
     assert all(p.pid != os.getpid() for p in published)
     assert sum(p.records for p in published) == RECORDS
     h.assert_exactly_once(expected_records=RECORDS)
+
+
+def test_a_task_delayed_past_the_lease_and_an_abort_publishes_nothing(
+    harness: Callable[..., Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`eo commit --commit-mode spark` whose commit task is held up before its shard began
+    (queued behind others, a slow executor); its driver dies, so the lease is no longer kept;
+    `eo abort --force-live` fences, finds no marker and ABORTS. Then the task goes on: its
+    init_transactions comes after the abort's fence, so only the abort mark can stop it. The
+    range is replanned and committed: the sink holds every source record once."""
+    h = harness(source_partitions=2, sink_partitions=3, commit_shards=1)
+    h.produce(RECORDS, keys=13)
+    planned = h.plan()
+    h.prepare(planned.checkpoint_id)
+    cid = planned.checkpoint_id
+    flag = tmp_path / "delayed-task"
+    monkeypatch.setenv("EO_FAULT_ONCE", str(flag))  # the child's env is a copy of this one
+    child = h.cli("commit", "--commit-mode", "spark", fault="commit.task_start", action="zombie", wait=False)
+    task = None
+    try:
+        task = zombie_pid(flag, child=child)  # the commit task, stopped before its shard
+        kill_child(child)  # the driver dies: nothing renews the lease, nothing cancels
+        assert h.ledger.get(h.pipeline.name, cid).state is CheckpointState.PREPARED
+        aborted = abort_checkpoint(h.pipeline, h.ledger, cid, reason="commit stuck", force_live=True)
+        assert aborted.state is CheckpointState.ABORTED
+        resume_and_reap(task)  # the task goes on after the abort: init, mark read, refused
+        task = None
+    finally:
+        if task is not None:
+            resume_and_reap(task)
+        kill_child(child)
+    assert h.sink_records() == []  # read_committed: the late task published nothing
+    # The range is replanned and committed in Spark tasks: every source record once.
+    replanned = h.plan()
+    assert replanned.checkpoint_id > cid and replanned.records in (None, RECORDS)
+    h.prepare(replanned.checkpoint_id)
+    done = commit_checkpoint(
+        h.pipeline,
+        h.ledger,
+        replanned.checkpoint_id,
+        commit_mode="spark",
+        runner=SparkShardRunner(h.pipeline, h.spark),
+    )
+    assert done.checkpoint.state is CheckpointState.COMMITTED and done.published == RECORDS
+    assert len(h.sink_records()) == RECORDS
+    h.assert_exactly_once(expected_records=RECORDS)
+
+
+def test_cancel_stops_the_checkpoints_commit_jobs_and_no_other(harness: Callable[..., Any]) -> None:
+    """What the lease keeper calls when the lease is lost: Spark cancels the jobs of that
+    checkpoint's job group (a running Python task is killed, long before it would end) and
+    leaves another checkpoint's alone."""
+    import threading
+    import time
+
+    h = harness()
+    runner = SparkShardRunner(h.pipeline, h.spark)
+    sc = h.spark.sparkContext
+    ended: dict[int, str] = {}
+
+    def job(checkpoint_id: int, seconds: float) -> None:
+        sc.setJobGroup(names.commit_app_name(h.pipeline.name, checkpoint_id), f"checkpoint {checkpoint_id}")
+        try:
+            sc.parallelize([seconds], 1).map(lambda s: time.sleep(s) or s).collect()
+            ended[checkpoint_id] = "done"
+        except Exception as exc:
+            ended[checkpoint_id] = f"failed: {exc}"
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=job, args=(7, 120.0)), threading.Thread(target=job, args=(8, 8.0))]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 120
+    while not sc.statusTracker().getActiveJobsIds() or len(sc.statusTracker().getActiveJobsIds()) < 2:
+        assert time.monotonic() < deadline, "the two jobs never ran"
+        time.sleep(0.1)
+    runner.cancel(h.pipeline.name, 7)
+    for t in threads:
+        t.join(150)
+    assert ended[8] == "done", ended
+    assert ended[7].startswith("failed") and "cancel" in ended[7].lower(), ended
+    assert time.monotonic() - started < 100  # killed, not waited for

@@ -224,3 +224,46 @@ def test_cli_run_once_ships_a_python_udf_transform_to_the_cluster(
     values = [r.value().decode() for r in read_sink(h.config, h.pipeline.sink_topic)]
     assert len(values) == records and all(v.startswith("udf:") for v in values)
     h.assert_exactly_once(expected_records=records)
+
+
+def test_a_commit_task_delayed_past_its_driver_and_an_abort_publishes_nothing(
+    harness: Callable[..., Any], cluster: StandaloneCluster, tmp_path: Path
+) -> None:
+    """On executors: the first commit task stops before its shard began; the driver is
+    killed (the lease is no longer kept, no job is cancelled) and `eo abort --force-live`
+    fences, finds no marker and ABORTS; then the task goes on. Its init_transactions comes
+    after the abort's fence: the abort mark stops it. The replanned range is committed on the
+    cluster: every source record once."""
+    from airflow_provider_eo.core.abort import abort_checkpoint
+
+    records = 6000
+    h, cid = _prepared(harness, records)
+    flag = tmp_path / "delayed-task"
+    faulty = _on_cluster(
+        h, cluster, EO_FAULT="commit.task_start", EO_FAULT_ACTION="zombie", EO_FAULT_ONCE=str(flag)
+    )
+    child = faulty.cli("commit", "--commit-mode", "spark", wait=False)
+    task = None
+    try:
+        task = zombie_pid(flag, child=child)
+        child.send_signal(signal.SIGKILL)  # the driver, mid-job: shard 1 (the last) never starts
+        child.proc.wait(30)
+        aborted = abort_checkpoint(h.pipeline, h.ledger, cid, reason="commit stuck", force_live=True)
+        assert aborted.state is CheckpointState.ABORTED
+        resume_and_reap(task)  # fences nothing the abort needs; reads the abort mark; refuses
+        task = None
+    finally:
+        if task is not None:
+            resume_and_reap(task)
+        if child.poll() is None:
+            child.send_signal(signal.SIGKILL)
+            child.proc.wait(30)
+    assert marker(h.pipeline, 0) < cid and marker(h.pipeline, 1) < cid
+    replanned = h.plan()
+    assert replanned.checkpoint_id > cid
+    h.prepare(replanned.checkpoint_id)
+    proc = _on_cluster(h, cluster).cli("commit", "--commit-mode", "spark", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert parse_json_line(proc.stdout)["state"] == "COMMITTED"
+    _assert_group_not_past_ledger(h)
+    h.assert_exactly_once(expected_records=records)

@@ -139,7 +139,6 @@ def test_stream_under_continuous_input_survives_sigkills_and_stops_on_sigterm(
     rng = random.Random()
     feed = Feed(h)
     feed.start()
-    owner = names.lease_owner(h.pipeline)
     kills: list[tuple[str, InFlight | None]] = []
 
     def killed_at(step: str, hit: int) -> InFlight | None:
@@ -151,19 +150,24 @@ def test_stream_under_continuous_input_survives_sigkills_and_stops_on_sigterm(
         _out, err = child.communicate(timeout=60)
         assert child.returncode == -signal.SIGKILL, err.decode()[-3000:]
         assert f"injected fault at {step}: kill" in err.decode(), err.decode()[-3000:]
-        return commit_in_flight(h)
+        site = commit_in_flight(h)
+        # the lease is the killed run's own (its process); the restarted run, on this host,
+        # takes it over at once since that process is gone
+        process = names.lease_owner_process(site.owner or "") if site is not None else None
+        assert site is None or (process is not None and process[1] == child.pid), (site, child.pid)
+        return site
 
     try:
         # 1. Inside the commit: the transaction is open and records were produced.
         site = killed_at("commit.after_begin", hit=3)
         kills.append(("commit.after_begin", site))
-        assert site is not None and site.owner == owner, site
+        assert site is not None, site
         assert site.shard_states == ("PENDING",) and site.visible == 0 < site.records, site
         # 2. Kafka committed the checkpoint's transaction, the ledger has not: its output is
         #    visible while the ledger still says PREPARED (hit 1 is the resumed checkpoint).
         site = killed_at("commit.after_commit_txn", hit=2)
         kills.append(("commit.after_commit_txn", site))
-        assert site is not None and site.owner == owner, site
+        assert site is not None, site
         assert site.visible == site.records > 0, site
         # 3. A random moment after a commit.
         child = h.cli("stream", "--interval", "2", wait=False)

@@ -36,10 +36,14 @@ def shuffled_randomly(df: Any) -> Any:
 
 
 def shuffled_without_provenance(df: Any) -> Any:
-    """Only the value survives (no key, no provenance); random shuffle as above."""
+    """Only the value survives (no key, no provenance: the rows pass through mapInPandas,
+    which the provenance column cannot cross); random shuffle as above."""
     from pyspark.sql import functions as F
 
-    return df.select("value").repartition(5, F.rand())
+    def same(batches: Any) -> Any:
+        yield from batches
+
+    return df.select("value").mapInPandas(same, "value binary").repartition(5, F.rand())
 
 
 @pytest.fixture()

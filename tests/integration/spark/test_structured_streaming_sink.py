@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -263,3 +264,82 @@ def test_drop_duplicates_within_watermark_killed_mid_commit(
     got = query.sink_values()
     assert Counter(got) == Counter(set(values)), Counter(got) - Counter(set(values))
     query.check_group_and_audit()
+
+
+def test_start_again_with_another_checkpoint_location_loses_nothing(
+    tmp_path: Path, kafka_config: dict[str, Any], make_topic: Callable[..., str], spark: Any
+) -> None:
+    """One sink object, its query started again in the same process from a new checkpoint
+    location (a new query id, batch ids from 0 again): the new query is refused with the
+    error that says so, or publishes each source record once; never recorded done unpublished.
+    """
+    from pyspark.errors import StreamingQueryException
+
+    from airflow_provider_eo.streaming import KafkaExactlyOnceSink
+
+    source = make_topic("ss-src", partitions=2)
+    sink_topic = make_topic("ss-out", partitions=2)
+    name = f"ss-again-{uuid.uuid4().hex[:6]}"
+    sink = KafkaExactlyOnceSink(
+        name=name,
+        kafka={"bootstrap.servers": kafka_config["bootstrap.servers"]},
+        sink_topic=sink_topic,
+        ledger_url=f"sqlite:///{tmp_path / 'ledger.db'}",
+        staging_dir=str(tmp_path / "staging"),
+        commit_mode="local",
+        heartbeat_s=1.0,
+    )
+
+    def produce(values: range) -> None:
+        producer = Producer(kafka_config)
+        for i in values:
+            producer.produce(source, key=f"k{i % 5}", value=f"v{i}", partition=i % 2)
+        assert producer.flush(30) == 0
+
+    def run(location: str, starting: str = "earliest") -> StreamingQueryException | None:
+        frame = (
+            spark.readStream.format("kafka")
+            .option("kafka.bootstrap.servers", kafka_config["bootstrap.servers"])
+            .option("subscribe", source)
+            .option("startingOffsets", starting)
+            .load()
+            .select("key", "value")
+        )
+        query = sink.start(frame, str(tmp_path / location), output_mode="append", available_now=True)
+        try:
+            query.awaitTermination()
+        except StreamingQueryException as exc:
+            return exc
+        return None
+
+    def sink_values() -> Counter[str]:
+        return Counter(m.value().decode() for m in read_sink(kafka_config, sink_topic))
+
+    produce(range(40))
+    assert run("ckpt-a") is None
+    assert sink_values() == Counter(f"v{i}" for i in range(40))
+    produce(range(40, 80))
+    refused = run("ckpt-b")
+    if refused is not None:
+        # The refusal names the two queries and what to do; the old location resumes.
+        assert "QueryIdentityMismatch" in str(refused) and "another checkpoint location" in str(refused), (
+            refused
+        )
+        assert run("ckpt-a") is None
+    # Counted against the source: every record once, whichever way the new query went.
+    expected, got = Counter(f"v{i}" for i in range(80)), sink_values()
+    assert got == expected, f"missing {sorted(expected - got)}, duplicated {sorted(got - expected)}"
+
+    # Told to take a new query in (allow_new_query): one that starts from the source's
+    # earliest offsets is refused with the offsets to start from; started there, it continues
+    # the pipeline, each record once.
+    sink.allow_new_query = True
+    produce(range(80, 100))
+    refused = run("ckpt-c")
+    assert refused is not None and "startingOffsets=" in str(refused), refused
+    starting = re.search(r"startingOffsets=(\{.*?\}\})", str(refused))
+    assert starting is not None and json.loads(starting.group(1)) == {source: {"0": 40, "1": 40}}, refused
+    assert run("ckpt-d", starting.group(1)) is None
+    expected, got = Counter(f"v{i}" for i in range(100)), sink_values()
+    assert got == expected, f"missing {sorted(expected - got)}, duplicated {sorted(got - expected)}"
+    sink.close()

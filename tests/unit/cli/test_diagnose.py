@@ -94,6 +94,8 @@ def test_abort_with_force_live_takes_the_lease_fences_and_aborts(
     assert [tid for tid, call in broker.calls if call == "init_transactions"] == [
         "eo.orders.0",
         "eo.orders.1",
+        "eo.orders.0",  # the abort marks
+        "eo.orders.1",
     ]
 
 

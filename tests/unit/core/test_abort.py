@@ -47,7 +47,10 @@ def test_aborts_after_fencing_every_shard_then_reading_the_markers(
     cp = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=2)
     done = abort_checkpoint(pipeline, ledger, cp.checkpoint_id, reason="test", clients=FakeClients(broker))
     assert done.state is CheckpointState.ABORTED and done.abort_reason == "test"
-    assert fenced_then_read(broker) == ["fence eo.orders.0", "fence eo.orders.1", "read", "read"]
+    # Then, per shard, the abort mark: fenced again, the marker and the mark read, the mark sent.
+    marks = [c for tid in IDS for c in (f"fence {tid}", "read", "read")]
+    assert fenced_then_read(broker) == ["fence eo.orders.0", "fence eo.orders.1", "read", "read", *marks]
+    assert broker.count("commit_transaction") == 2 and broker.values(OUT) == []
 
 
 def test_a_paused_committers_transaction_is_fenced_and_never_visible(
@@ -116,7 +119,7 @@ def test_the_abort_holds_the_lease_so_no_committer_begins(
     abort_checkpoint(
         pipeline, ledger, cp.checkpoint_id, reason="test", actor=actor, clients=FakeClients(broker)
     )
-    assert owners == [fence_owner(actor)] * 2
+    assert owners == [fence_owner(actor)] * 4  # the fence, then the abort marks
 
 
 def test_refused_when_a_marker_shows_a_shard_published(
@@ -125,7 +128,7 @@ def test_refused_when_a_marker_shows_a_shard_published(
     cp = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=2)
     identity = ledger.get_pipeline("orders").identity
     broker.marks[(names.marker_group(pipeline), OUT, 1)] = (cp.checkpoint_id, names.marker_metadata(identity))
-    with pytest.raises(AbortRefused, match=r"test, but shards \[1\] were already published"):
+    with pytest.raises(AbortRefused, match=r"test, but it cannot be aborted: .*shard 1 \(its commit marker"):
         abort_checkpoint(pipeline, ledger, cp.checkpoint_id, reason="test", clients=FakeClients(broker))
     assert ledger.get("orders", cp.checkpoint_id).state is CheckpointState.PREPARED
     # the markers were read only after every id was fenced: what they show is final
@@ -216,6 +219,8 @@ def test_without_a_frozen_plan_the_ids_come_from_todays_settings(
     abort_checkpoint(wide, ledger, cp.checkpoint_id, reason="test", clients=FakeClients(broker))
     assert [line for line in fenced_then_read(broker) if line.startswith("fence")] == [
         "fence eo.orders.0",
+        "fence eo.orders.1",
+        "fence eo.orders.0",  # the abort marks
         "fence eo.orders.1",
     ]
 

@@ -44,7 +44,7 @@ OUT = "out"
 SHARDS = 2
 SINK_PARTITIONS = 2
 OUTPUT = {0: [b"a0"], 1: [b"b0", b"b1"]}
-COMMITTER = "eo.orders"  # every committer's lease owner (names.lease_owner)
+COMMITTER = "commit:eo_orders/run/commit#1@worker:4242~"  # another process's committer
 
 
 class Crash(BaseException):
@@ -261,7 +261,7 @@ def test_a_committer_that_took_the_lease_over_after_the_marker_read_stops_the_ab
             pass
 
     clients = MarkerHook(broker, stall_then_commit, at=SHARDS)  # after the last marker read
-    with pytest.raises(AbortRefused, match=f"{COMMITTER!r}"):
+    with pytest.raises(AbortRefused, match=f"{names.lease_owner()!r}"):  # this process's committer
         abort_checkpoint(pipeline, ledger, cp.checkpoint_id, reason="test", clients=clients)
     assert ledger.get("orders", cp.checkpoint_id).state is CheckpointState.PREPARED
     assert published_of(broker, ledger) == {cp.checkpoint_id: (CheckpointState.PREPARED, 3)}
@@ -297,7 +297,7 @@ def test_the_abort_lease_is_renewed_between_shard_ids(
 
     broker.on_call["init_transactions"] = slow_fence
     abort_checkpoint(pipeline, ledger, cp.checkpoint_id, reason="test", clients=FakeClients(broker))
-    assert outcomes == ["refused"]
+    assert outcomes == ["refused", "refused"]  # fencing it, then leaving its abort mark
     assert ledger.get("orders", cp.checkpoint_id).state is CheckpointState.ABORTED
 
 
@@ -309,7 +309,7 @@ def test_the_abort_lease_is_renewed_during_a_long_init_transactions(
     outcomes: list[str] = []
 
     def hangs_past_the_lease(producer: FakeProducer) -> None:
-        if producer.transactional_id != "eo.orders.1":
+        if producer.transactional_id != "eo.orders.1" or outcomes:  # its fence, not its abort mark
             return
         clock.append(dt.timedelta(minutes=10))
         deadline = time.monotonic() + 10
@@ -453,3 +453,31 @@ def test_recover_holds_the_pipeline_while_it_fences_its_other_ids(
     # Released afterwards.
     committer_tries(ledger, second.checkpoint_id, outcomes)
     assert outcomes == ["refused", "leased"]
+
+
+def test_a_commit_started_while_the_abort_fences_is_refused_before_its_own_fence(
+    pipeline: Pipeline, ledger: Ledger, broker: FakeBroker
+) -> None:
+    """An abort is fencing when a committer of the same checkpoint starts: the committer's
+    lease (taken before its first fence) is refused by the abort's, so it fences nothing (an
+    ``init_transactions`` of its own after the abort's fence would give it a producer the
+    abort did not fence) and publishes nothing; the abort goes through."""
+    cp = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=2)
+    seen: list[str] = []
+
+    def committer_starts(producer: FakeProducer) -> None:
+        if seen:
+            return
+        seen.append("started")
+        inits = broker.count("init_transactions")
+        with pytest.raises(CommitLeaseHeld, match="is being committed by 'fence:"):
+            commit_checkpoint(pipeline, ledger, cp.checkpoint_id, clients=FakeClients(broker))
+        seen.append(f"fenced {broker.count('init_transactions') - inits}")
+
+    broker.on_call["init_transactions"] = committer_starts
+    done = abort_checkpoint(pipeline, ledger, cp.checkpoint_id, reason="test", clients=FakeClients(broker))
+    assert done.state is CheckpointState.ABORTED
+    assert seen == ["started", "fenced 0"]
+    # The only transactions begun are the abort's marks, one per shard; nothing in the sink.
+    assert broker.committed == [] and broker.count("begin_transaction") == 2
+    assert all(broker.values(OUT, p) == [] for p in range(2))

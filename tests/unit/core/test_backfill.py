@@ -98,3 +98,44 @@ def test_instants() -> None:
 def test_result_summary() -> None:
     r = BackfillResult("orders", "orders.bf.x", (), 0, "x", 0, 86_400_000)
     assert r.summary()["checkpoints"] == [] and r.summary()["end"] == "1970-01-02T00:00:00Z"
+
+
+def test_a_spark_mode_backfill_commits_through_the_runner_or_says_it_commits_here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """run_backfill hands its commits the caller's Spark runner and a fallback line (the
+    commit's own decision: tests/unit/core/test_recover.py runs it against the fake Kafka);
+    without ``say`` the line is a log warning."""
+    import logging
+    from types import SimpleNamespace
+
+    from airflow_provider_eo.core import backfill
+    from airflow_provider_eo.ledger import CheckpointState
+
+    live = _live(tmp_path, commit_mode="spark")
+    prepared = SimpleNamespace(checkpoint_id=1, state=CheckpointState.PREPARED, records=3)
+    plans = [prepared, None]
+    monkeypatch.setattr(backfill, "plan_backfill", lambda *a, **k: plans.pop(0))
+    calls: list[dict[str, object]] = []
+
+    def commit(pipeline: Pipeline, ledger: object, checkpoint_id: int, **kw: object) -> object:
+        calls.append(kw)
+        fallback = kw["fallback"]
+        assert callable(fallback)
+        fallback("pipeline 'orders.bf.out-bf', checkpoint 1: commit_mode 'spark', but ...")
+        return SimpleNamespace(checkpoint=prepared, published=3)
+
+    monkeypatch.setattr(backfill, "commit_checkpoint", commit)
+    runner = object()
+    with caplog.at_level(logging.WARNING, logger=backfill.__name__):
+        backfill.run_backfill(
+            live,
+            None,  # type: ignore[arg-type]
+            0,
+            1,
+            sink_topic="out-bf",
+            prepare=lambda *a: None,
+            runner=runner,  # type: ignore[arg-type]
+        )
+    assert calls and calls[0]["runner"] is runner
+    assert "commit_mode 'spark', but" in caplog.text

@@ -9,6 +9,8 @@ consumer sees).
 from __future__ import annotations
 
 import dataclasses
+import re
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +30,7 @@ from airflow_provider_eo.core import shard as shard_module
 from airflow_provider_eo.core.commit import commit_checkpoint
 from airflow_provider_eo.errors import NotPrepared, StagingError
 from airflow_provider_eo.kafka import admin
-from airflow_provider_eo.ledger import CheckpointState, CommitLeaseHeld, Ledger, RangeSpec, ShardState
+from airflow_provider_eo.ledger import Actor, CheckpointState, CommitLeaseHeld, Ledger, RangeSpec, ShardState
 from airflow_provider_eo.pipeline import Pipeline
 
 OUT = "out"
@@ -252,12 +254,52 @@ def test_injected_ambiguous_commit_is_decided_by_the_marker(
 
 
 def test_a_live_committers_lease_is_respected(pipeline: Pipeline, ledger: Ledger, broker: FakeBroker) -> None:
+    """Two committers of one checkpoint with the owners production gives them: ``eo commit``
+    is inside shard 0's transaction when an Airflow task's commit of the same checkpoint
+    starts. The task is refused before it fences anything, naming the committer that holds
+    the lease; that one is not disturbed and publishes everything once."""
     cp = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=3)
-    ledger.acquire_commit_lease("orders", cp.checkpoint_id, owner="other", ttl_s=300)
-    with pytest.raises(CommitLeaseHeld):
-        commit_checkpoint(pipeline, ledger, cp.checkpoint_id, owner="me", clients=FakeClients(broker))
-    assert broker.count("begin_transaction") == 0 and broker.committed == []
+    task = Actor.here(dag_id="eo_orders", run_id="manual__1", task_id="commit", try_number=1)
+    second: list[str] = []
+
+    def task_commits_meanwhile(producer: FakeProducer) -> None:
+        if second:
+            return
+        second.append("started")
+        inits = broker.count("init_transactions")
+        with pytest.raises(CommitLeaseHeld) as refused:
+            commit_checkpoint(pipeline, ledger, cp.checkpoint_id, actor=task, clients=FakeClients(broker))
+        second.append(str(refused.value))
+        assert broker.count("init_transactions") == inits  # nothing fenced
+
+    broker.on_call["begin_transaction"] = task_commits_meanwhile
+    result = commit_checkpoint(
+        pipeline, ledger, cp.checkpoint_id, actor=Actor.here(), clients=FakeClients(broker)
+    )
+    assert result.checkpoint.state is CheckpointState.COMMITTED
+    everything_once(broker)
+    holder = names.lease_owner(Actor.here())
+    assert f"is being committed by {holder!r}" in second[1]
+    assert "--force-live" in second[1]
+
+
+def test_two_tries_of_one_task_do_not_share_the_lease(
+    pipeline: Pipeline, ledger: Ledger, broker: FakeBroker
+) -> None:
+    """An Airflow try holds the lease (alive: this process); its next try is another committer
+    and is refused while that lease is live, even in the same process."""
+    cp = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=3)
+    first = Actor.here(dag_id="eo_orders", run_id="manual__1", task_id="commit", try_number=1)
+    second = Actor.here(dag_id="eo_orders", run_id="manual__1", task_id="commit", try_number=2)
+    assert names.lease_owner(first) != names.lease_owner(second)
+    ledger.acquire_commit_lease("orders", cp.checkpoint_id, owner=names.lease_owner(first), ttl_s=300)
+    with pytest.raises(CommitLeaseHeld, match=r"eo_orders/manual__1/commit#1@"):
+        commit_checkpoint(pipeline, ledger, cp.checkpoint_id, actor=second, clients=FakeClients(broker))
+    assert broker.count("init_transactions") == broker.count("begin_transaction") == 0  # nothing fenced
     assert not ledger.get("orders", cp.checkpoint_id).shards
+    # the same try (the same committer) goes on under its own lease
+    commit_checkpoint(pipeline, ledger, cp.checkpoint_id, actor=first, clients=FakeClients(broker))
+    everything_once(broker)
 
 
 def test_a_corrupt_staged_file_aborts_the_checkpoint_safely(
@@ -269,13 +311,14 @@ def test_a_corrupt_staged_file_aborts_the_checkpoint_safely(
     with pytest.raises(StagingError, match=r"failed verification.*the checkpoint is ABORTED"):
         commit_checkpoint(pipeline, ledger, cp.checkpoint_id, clients=FakeClients(broker))
     assert ledger.get("orders", cp.checkpoint_id).state is CheckpointState.ABORTED
-    # the abort fenced every shard id before it read the markers; nothing was produced
+    # the abort fenced every shard id before it read the markers (then once more for its
+    # abort marks); nothing was produced
     assert (
         broker.count("init_transactions", "eo.orders.0")
         == broker.count("init_transactions", "eo.orders.1")
-        == 1
+        == 2
     )
-    assert broker.count("begin_transaction") == 0 and broker.committed == []
+    assert broker.count("produce") == 0 and broker.committed == []
 
 
 def test_the_transactional_id_prefix_is_the_pinned_one(
@@ -529,3 +572,44 @@ def test_a_slow_second_committer_of_a_checkpoint_committed_meanwhile_is_told_so(
     assert result.summary()["note"] == result.note
     for p, values in OUTPUT.items():  # both checkpoints once each, nothing of this committer
         assert broker.values(OUT, p) == values * 2
+
+
+def test_the_lease_of_a_committer_whose_process_is_gone_is_taken_over_at_once(
+    pipeline: Pipeline, ledger: Ledger, broker: FakeBroker
+) -> None:
+    """Another process of this machine holds the lease (e.g. an Airflow try, or a stream): while
+    it runs, a commit here is refused naming it; once it was killed, the next commit (the
+    task's retry on the same host, the restarted stream) takes the lease over at once instead
+    of waiting for it to run out, and records from whom."""
+    import signal
+    import subprocess
+    import sys
+
+    cp = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=3)
+    code = (
+        "import time\n"
+        "from airflow_provider_eo import names\n"
+        "from airflow_provider_eo.ledger import Ledger\n"
+        f"with Ledger({ledger.url!r}) as ledger:\n"
+        f"    ledger.acquire_commit_lease('orders', {cp.checkpoint_id},\n"
+        "                                owner=names.lease_owner(), ttl_s=300)\n"
+        "print(names.lease_owner(), flush=True)\n"
+        "time.sleep(300)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        holder = child.stdout.readline().strip()
+        assert holder.startswith(f"commit:@{socket.gethostname()}:{child.pid}~"), holder
+        with pytest.raises(CommitLeaseHeld, match=f"is being committed by {re.escape(repr(holder))}"):
+            commit_checkpoint(pipeline, ledger, cp.checkpoint_id, clients=FakeClients(broker))
+        assert broker.count("init_transactions") == 0
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=60)
+    result = commit_checkpoint(pipeline, ledger, cp.checkpoint_id, clients=FakeClients(broker))
+    assert result.checkpoint.state is CheckpointState.COMMITTED
+    everything_once(broker)
+    taken = [e for e in ledger.events("orders", cp.checkpoint_id) if e.kind == "lease"][-1]
+    assert taken.details["previous_owner"] == holder and taken.details["previous_owner_gone"] is True
+    assert taken.details["owner"] == names.lease_owner()

@@ -13,9 +13,16 @@ import pytest
 from eo_fake_kafka import FakeBroker, FakeClients, make_committable, write_staged
 
 from airflow_provider_eo import names, staging
-from airflow_provider_eo.core.prepare import RangeRead, StageRequest, StageResult, check_staged_visible
+from airflow_provider_eo.core.prepare import (
+    RangeRead,
+    StageRequest,
+    StageResult,
+    check_dead_letters_fit,
+    check_staged_visible,
+)
 from airflow_provider_eo.core.shard import ShardCommittable, commit_shard
-from airflow_provider_eo.errors import StagingError, TransformError
+from airflow_provider_eo.errors import DeadLetterTooLarge, StagingError, TransformError
+from airflow_provider_eo.kafka.publisher import dead_letter_headers, record_batch_size
 from airflow_provider_eo.ledger import RangeSpec
 from airflow_provider_eo.pipeline import Pipeline, PipelineConfigError
 from airflow_provider_eo.spark.dead_letters import admit
@@ -117,6 +124,46 @@ def test_dead_letters_are_not_dropped_records_and_must_be_visible(tmp_path: Path
     unseen = dataclasses.replace(result, dead_letters=(), dead_letters_written=2)
     with pytest.raises(StagingError, match="wrote 2 dead letters but this process sees 0"):
         check_staged_visible(request, unseen)
+
+
+def test_a_dead_letter_over_the_dead_letter_topics_limit_is_refused_naming_it(tmp_path: Path) -> None:
+    root = tmp_path / "attempt"
+    dead = tuple(_dead_file(root, [(0, 1, b"small", "e"), (1, 7, b"P" * 5000, "ValueError: bad")]))
+    staged = StageResult(files={}, reads=(), app_id=None, dead_letters=dead, dead_letters_written=2)
+    request = StageRequest(
+        pipeline=_pipeline(dead_letter_topic=DLQ, max_dead_letters_per_checkpoint=5),
+        checkpoint_id=4,
+        attempt="a1",
+        ranges=(),
+        time_filter=None,
+        sink_partitions=1,
+        max_message_bytes=3000,
+        path=str(root),
+        where="pipeline 'orders', checkpoint 4",
+    )
+    (row,) = [r for r in pq.read_table(root / dead[0].path).to_pylist() if r["src_offset"] == 7]
+    size = record_batch_size(
+        row["key"],
+        row["value"],
+        dead_letter_headers(row, pipeline="orders", checkpoint_id=4, identity="id-1"),
+    )
+    assert 5000 < size < 5000 + 400  # the record, its headers and the framing, nothing more
+    check_dead_letters_fit(request, staged, identity="id-1", limit=size)  # exactly the limit: sent
+    with pytest.raises(DeadLetterTooLarge) as refused:
+        check_dead_letters_fit(request, staged, identity="id-1", limit=size - 1)
+    message = str(refused.value)
+    for part in (
+        "pipeline 'orders', checkpoint 4",
+        "src[1] offset 7",
+        f"dead letter of {size} bytes",
+        f"dead-letter topic '{DLQ}' takes at most max.message.bytes={size - 1}",
+        "sink topic 'sink': max.message.bytes=3000",
+        "ValueError: bad",
+        "stays PLANNED",
+        f"at least {size}",
+    ):
+        assert part in message, message
+    check_dead_letters_fit(request, dataclasses.replace(staged, dead_letters=()), identity="i", limit=1)
 
 
 def _committable(tmp_path: Path, *, last: bool) -> ShardCommittable:

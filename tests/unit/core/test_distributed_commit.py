@@ -8,17 +8,28 @@ Exactly-once is counted on the fake broker's committed output."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+from confluent_kafka import KafkaException
 from eo_fake_kafka import FakeBroker, FakeClients, prepared_checkpoint
 
 from airflow_provider_eo import names
-from airflow_provider_eo.core.commit import commit_checkpoint, resolve_commit_mode
-from airflow_provider_eo.core.shard import Publisher, ShardFailure, ShardTask
-from airflow_provider_eo.errors import CommitError, CommitFenced
+from airflow_provider_eo.core.abort import abort_checkpoint
+from airflow_provider_eo.core.commit import _LeaseKeeper, commit_checkpoint, resolve_commit_mode
+from airflow_provider_eo.core.shard import Publisher, ShardCommittable, ShardFailure, ShardTask
+from airflow_provider_eo.errors import (
+    AbortRefused,
+    CheckpointAborted,
+    CommitError,
+    CommitFenced,
+    CommitLeaseLost,
+    EoError,
+)
 from airflow_provider_eo.ledger import CheckpointState, Ledger, ShardState
+from airflow_provider_eo.ledger.errors import CommitLeaseHeld, LedgerUnavailable
 from airflow_provider_eo.pipeline import Pipeline, PipelineConfigError
 from airflow_provider_eo.spark import commit as spark_commit
 
@@ -53,6 +64,13 @@ class InProcessRunner:
         self.phases: list[list[int]] = []
         self.rows_at_start: list[dict[int, str]] = []
         self.marks_at_start: list[int] = []
+        self.cancelled: list[tuple[str, int]] = []
+
+    def unavailable(self) -> str | None:
+        return None
+
+    def cancel(self, pipeline: str, checkpoint_id: int) -> None:
+        self.cancelled.append((pipeline, checkpoint_id))
 
     def run(
         self, tasks: list[ShardTask], on_outcome: Callable[[Publisher | ShardFailure], None]
@@ -287,7 +305,6 @@ def test_commit_mode_is_validated_and_travels(pipeline: Pipeline) -> None:
     spark = dataclasses.replace(pipeline, commit_mode="spark", spark_commit_min_records=5)
     back = Pipeline.from_json(spark.to_json())
     assert (back.commit_mode, back.spark_commit_min_records) == ("spark", 5)
-    assert names.lease_owner(back) == names.lease_owner(pipeline)
 
 
 def test_this_host_is_recognised_whatever_spark_calls_it() -> None:
@@ -299,3 +316,395 @@ def test_this_host_is_recognised_whatever_spark_calls_it() -> None:
     assert spark_commit._on_this_host("localhost", "127.0.0.1")
     assert spark_commit._on_this_host(socket.gethostname(), "localhost")
     assert not spark_commit._on_this_host("no-such-host.invalid", "localhost")
+
+
+# -- a commit task that begins after an abort's fence ------------------------------------------
+
+
+class LateTasksRunner(InProcessRunner):
+    """Spark starts the commit tasks late (few cores, many shards): meanwhile the driver's
+    lease lapsed and ``eo abort`` took the checkpoint over: fenced every shard, found no
+    marker, ABORTED. Only then does each task run (its ``init_transactions`` after the
+    abort's fence)."""
+
+    def run(
+        self, tasks: list[ShardTask], on_outcome: Callable[[Publisher | ShardFailure], None]
+    ) -> list[tuple[int, Publisher | ShardFailure | BaseException]]:
+        if self.ledger.get(self.pipeline.name, 1).state is CheckpointState.PREPARED:
+            abort_checkpoint(
+                self.pipeline, self.ledger, 1, reason="stuck commit", force_live=True, clients=self.clients
+            )
+        return super().run(tasks, on_outcome)
+
+
+def test_a_task_that_begins_after_an_abort_publishes_nothing(
+    pipeline: Pipeline, ledger: Ledger, broker: FakeBroker, task_attempt: Any
+) -> None:
+    cp = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=SINK_PARTITIONS)
+    clients = FakeClients(broker)
+    runner = LateTasksRunner(clients, ledger, pipeline)
+    error: BaseException | None = None
+    try:
+        commit_checkpoint(
+            pipeline, ledger, cp.checkpoint_id, clients=clients, commit_mode="spark", runner=runner
+        )
+    except EoError as exc:
+        error = exc
+    # The abort's range is replanned: anything a late task publishes would appear twice.
+    assert {p: broker.values(OUT, p) for p in range(SINK_PARTITIONS)} == {0: [], 1: [], 2: []}
+    assert isinstance(error, CheckpointAborted), error
+    assert "an abort of this checkpoint fenced transactional id 'eo.orders.0'" in str(error)
+    assert "(in the commit task on " in str(error)
+    assert ledger.get(pipeline.name, cp.checkpoint_id).state is CheckpointState.ABORTED
+    assert broker.mark(pipeline.group_id, "in", 0) == -1
+    # A Spark retry of the task (a later attempt, another executor) is refused the same way.
+    task_attempt(1)
+    c = _committable(pipeline, ledger, cp.checkpoint_id, 0)
+    (retried,) = list(spark_commit.run_shard_task([ShardTask(c, row_before=True)], clients))
+    assert isinstance(retried, ShardFailure) and retried.error == "CheckpointAborted"
+    assert broker.values(OUT) == []
+
+
+def _committable(pipeline: Pipeline, ledger: Ledger, checkpoint_id: int, shard: int) -> ShardCommittable:
+    from airflow_provider_eo import staging
+    from airflow_provider_eo.core.commit import shard_committable
+
+    cp = ledger.get(pipeline.name, checkpoint_id)
+    assert cp.commit_plan is not None
+    manifest = staging.read_manifest(cp.staging_location or "")
+    identity = ledger.get_pipeline(pipeline.name).identity
+    return shard_committable(pipeline, identity, cp, manifest, cp.commit_plan, shard, topic_max_bytes=None)
+
+
+def test_the_abort_marks_do_not_stop_the_replanned_checkpoint(
+    pipeline: Pipeline, ledger: Ledger, broker: FakeBroker, task_attempt: Any
+) -> None:
+    """Checkpoint 1 aborted (marked), its range replanned as checkpoint 2: committed in spark
+    mode once; a second abort adds its id to the marks, a commit moves every mark past."""
+    clients = FakeClients(broker)
+    first = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=SINK_PARTITIONS)
+    abort_checkpoint(pipeline, ledger, first.checkpoint_id, reason="bad staging", clients=clients)
+    group = names.aborted_group(pipeline.name)
+    identity = ledger.get_pipeline(pipeline.name).identity
+    assert {s: broker.marks[(group, OUT, s)] for s in range(SHARDS)} == {
+        s: (1, f"eoab1:{identity}:1") for s in range(SHARDS)
+    }
+    second = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=SINK_PARTITIONS)
+    abort_checkpoint(pipeline, ledger, second.checkpoint_id, reason="bad staging", clients=clients)
+    assert broker.marks[(group, OUT, 0)] == (2, f"eoab1:{identity}:1-2")
+    third = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=SINK_PARTITIONS)
+    runner = InProcessRunner(clients, ledger, pipeline)
+    done = commit_checkpoint(
+        pipeline, ledger, third.checkpoint_id, clients=clients, commit_mode="spark", runner=runner
+    )
+    assert done.checkpoint.state is CheckpointState.COMMITTED
+    for p, values in OUTPUT.items():
+        assert broker.values(OUT, p) == values
+    # The next abort keeps only ids above the shard's marker (3): the older ones are moot.
+    fourth = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=SINK_PARTITIONS, start=10)
+    abort_checkpoint(pipeline, ledger, fourth.checkpoint_id, reason="bad staging", clients=clients)
+    assert broker.marks[(group, OUT, 0)] == (4, f"eoab1:{identity}:4")
+
+
+def _before_mark_commit(broker: FakeBroker, transactional_id: str, then: Callable[[], None]) -> list[str]:
+    """Run ``then`` once, when the abort's mark transaction of ``transactional_id`` is about to
+    commit (the first commit_transaction of that id carrying an offset of the abort group)."""
+    fired: list[str] = []
+
+    def hook(producer: Any) -> None:
+        if producer.transactional_id == transactional_id and not fired and producer.pending_marks:
+            fired.append("fired")
+            then()
+
+    broker.on_call["commit_transaction"] = hook
+    return fired
+
+
+def test_a_task_that_publishes_while_the_abort_marks_makes_the_abort_refuse(
+    pipeline: Pipeline, ledger: Ledger, broker: FakeBroker, task_attempt: Any
+) -> None:
+    """A late task runs its whole shard (the last, 2) between the abort's mark init and the
+    mark's commit (its init fenced the abort's producer): the abort's redo reads the task's
+    marker after its own init and refuses, taking back the marks it left on shards 0 and 1.
+    Published once, never replanned; a retry of the commit (spark mode) finishes."""
+    cp = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=SINK_PARTITIONS)
+    clients = FakeClients(broker)
+    c = _committable(pipeline, ledger, cp.checkpoint_id, 2)
+    late: list[Publisher | ShardFailure] = []
+    fired = _before_mark_commit(
+        broker,
+        c.transactional_id,
+        lambda: late.extend(spark_commit.run_shard_task([ShardTask(c, row_before=False)], clients)),
+    )
+    with pytest.raises(AbortRefused, match=r"shard 2 was published \(its commit marker shows checkpoint 1\)"):
+        abort_checkpoint(pipeline, ledger, cp.checkpoint_id, reason="stuck", clients=clients)
+    assert fired and isinstance(late[0], Publisher) and not late[0].skipped
+    assert ledger.get(pipeline.name, cp.checkpoint_id).state is CheckpointState.PREPARED
+    identity = ledger.get_pipeline(pipeline.name).identity
+    group = names.aborted_group(pipeline.name)
+    taken_back = (0, f"eoab1:{identity}:")  # no id left
+    assert {s: broker.marks[(group, OUT, s)] for s in (0, 1)} == {0: taken_back, 1: taken_back}
+    done = commit_checkpoint(
+        pipeline,
+        ledger,
+        cp.checkpoint_id,
+        clients=clients,
+        commit_mode="spark",
+        runner=InProcessRunner(clients, ledger, pipeline),
+    )
+    assert done.checkpoint.state is CheckpointState.COMMITTED
+    for p, values in OUTPUT.items():
+        assert broker.values(OUT, p) == values
+
+
+def test_a_task_that_inits_while_the_abort_marks_is_fenced_by_the_abort_redo(
+    pipeline: Pipeline, ledger: Ledger, broker: FakeBroker, task_attempt: Any
+) -> None:
+    """A late task's init_transactions falls between the abort's mark init and its commit,
+    and it reads no mark (none committed yet), then pauses: the abort's mark commit fails
+    fenced, its redo fences the task in turn and marks; the task's transaction never shows."""
+    cp = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=SINK_PARTITIONS)
+    clients = FakeClients(broker)
+    c = _committable(pipeline, ledger, cp.checkpoint_id, 0)
+    paused: list[Any] = []
+
+    def task_inits() -> None:
+        producer = clients.producer({}, c.transactional_id, 10_000, None, None)
+        producer.init_transactions(10)
+        spark_commit.refuse_if_aborted(c, clients)  # no mark yet: the task would go on
+        paused.append(producer)
+
+    fired = _before_mark_commit(broker, c.transactional_id, task_inits)
+    done = abort_checkpoint(pipeline, ledger, cp.checkpoint_id, reason="stuck", clients=clients)
+    assert fired and done.state is CheckpointState.ABORTED
+    identity = ledger.get_pipeline(pipeline.name).identity
+    assert broker.marks[(names.aborted_group(pipeline.name), OUT, 0)] == (1, f"eoab1:{identity}:1")
+    (task,) = paused
+    with pytest.raises(KafkaException):  # the task goes on: fenced by the abort's redo
+        task.begin_transaction()
+        task.produce(OUT, b"late", None, 0)
+        task.commit_transaction(10)
+    assert broker.values(OUT) == []
+
+
+# -- the driver's lease keeper --------------------------------------------------------------
+
+
+class FlakyLedger:
+    """A ledger whose lease renewals fail as told (``errors``: one per renewal, None lets it
+    through; then ``after`` for every further one), everything else the real ledger's."""
+
+    def __init__(
+        self, ledger: Ledger, errors: list[BaseException | None], after: BaseException | None = None
+    ):
+        self.ledger = ledger
+        self.errors = errors
+        self.after = after
+        self.renewals: list[float] = []
+
+    def acquire_commit_lease(self, pipeline: str, checkpoint_id: int, *, owner: str, ttl_s: float) -> Any:
+        self.renewals.append(time.monotonic())
+        error = self.errors.pop(0) if self.errors else self.after
+        if error is not None:
+            raise error
+        return self.ledger.acquire_commit_lease(pipeline, checkpoint_id, owner=owner, ttl_s=ttl_s)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.ledger, name)
+
+
+def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def _keeper(ledger: Any, ttl_s: float, cancelled: list[float]) -> _LeaseKeeper:
+    keeper = _LeaseKeeper(
+        ledger, "orders", 1, "driver", ttl_s, cancel=lambda: cancelled.append(time.monotonic())
+    )
+    keeper.start()
+    return keeper
+
+
+def test_the_keeper_rides_out_a_ledger_blip(pipeline: Pipeline, ledger: Ledger, broker: FakeBroker) -> None:
+    cp = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=SINK_PARTITIONS)
+    ledger.acquire_commit_lease(pipeline.name, cp.checkpoint_id, owner="driver", ttl_s=30)
+    blip = LedgerUnavailable("database is locked")
+    flaky = FlakyLedger(ledger, [None, blip, blip, None, None])
+    cancelled: list[float] = []
+    keeper = _keeper(flaky, 1.2, cancelled)
+    try:
+        _wait_for(lambda: len(flaky.renewals) >= 5, "five renewals")
+    finally:
+        keeper.stop.set()
+        keeper.join(5)
+    assert keeper.lost is None and cancelled == []
+
+
+def test_the_keeper_cancels_the_jobs_before_the_lease_lapses(
+    pipeline: Pipeline, ledger: Ledger, broker: FakeBroker
+) -> None:
+    """The ledger stops answering: renewals are retried, sooner than every third of the lease,
+    and the jobs are cancelled before the lease (taken when the keeper started) lapses."""
+    cp = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=SINK_PARTITIONS)
+    ttl = 1.2
+    ledger.acquire_commit_lease(pipeline.name, cp.checkpoint_id, owner="driver", ttl_s=ttl)
+    flaky = FlakyLedger(ledger, [], after=LedgerUnavailable("could not connect to server"))
+    cancelled: list[float] = []
+    taken = time.monotonic()
+    keeper = _keeper(flaky, ttl, cancelled)
+    try:
+        _wait_for(lambda: bool(cancelled), "the jobs to be cancelled")
+    finally:
+        keeper.stop.set()
+        keeper.join(5)
+    assert cancelled[0] - taken < ttl  # before the lease lapsed
+    assert len(flaky.renewals) >= 3  # retried, not given up at the first error
+    assert keeper.lost is not None and "could not connect to server" in keeper.lost
+    assert "the ledger did not answer" in keeper.lost
+
+
+def test_the_keeper_cancels_at_once_when_the_lease_was_taken_over(
+    pipeline: Pipeline, ledger: Ledger, broker: FakeBroker
+) -> None:
+    cp = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=SINK_PARTITIONS)
+    ledger.acquire_commit_lease(pipeline.name, cp.checkpoint_id, owner="driver", ttl_s=30)
+    held = CommitLeaseHeld("checkpoint 1 of pipeline 'orders' is being committed by 'fence:x'")
+    flaky = FlakyLedger(ledger, [], after=held)
+    cancelled: list[float] = []
+    keeper = _keeper(flaky, 1.2, cancelled)
+    try:
+        _wait_for(lambda: bool(cancelled), "the jobs to be cancelled")
+    finally:
+        keeper.stop.set()
+        keeper.join(5)
+    assert len(flaky.renewals) == 1 and keeper.lost is not None and "fence:x" in keeper.lost
+
+
+class CancellableRunner(InProcessRunner):
+    """Its first phase runs until the commit's keeper cancels it (as Spark's cancelJobGroup
+    fails the jobs of a group): the tasks never start."""
+
+    def run(
+        self, tasks: list[ShardTask], on_outcome: Callable[[Publisher | ShardFailure], None]
+    ) -> list[tuple[int, Publisher | ShardFailure | BaseException]]:
+        self.phases.append([t.committable.shard for t in tasks])
+        _wait_for(lambda: bool(self.cancelled), "the keeper to cancel the jobs")
+        return [
+            (t.committable.shard, RuntimeError("Job 3 cancelled part of cancelled job group")) for t in tasks
+        ]
+
+
+def test_a_commit_that_loses_its_lease_cancels_its_jobs_and_never_starts_the_last_shard(
+    pipeline: Pipeline, ledger: Ledger, broker: FakeBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cp = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=SINK_PARTITIONS)
+    clients = FakeClients(broker)
+    from airflow_provider_eo.core import commit as commit_module
+
+    class QuickKeeper(_LeaseKeeper):  # the commit's lease lasts 1.2 s instead of 2 * timeout + 30
+        def __init__(self, *args: Any, cancel: Callable[[], None]) -> None:
+            super().__init__(*args[:4], 1.2, cancel=cancel)
+
+    monkeypatch.setattr(commit_module, "_LeaseKeeper", QuickKeeper)
+    flaky = FlakyLedger(ledger, [None], after=LedgerUnavailable("could not connect to server"))
+    runner = CancellableRunner(clients, ledger, pipeline)
+    with pytest.raises(
+        CommitLeaseLost, match=r"checkpoint 1: this commit gave up its commit lease \(the ledger did"
+    ):
+        commit_checkpoint(
+            pipeline,
+            flaky,  # type: ignore[arg-type]
+            cp.checkpoint_id,
+            clients=clients,
+            commit_mode="spark",
+            runner=runner,
+        )
+    assert runner.phases == [[0, 1]] and runner.cancelled == [(pipeline.name, 1)]
+    assert broker.values(OUT) == [] and broker.mark(pipeline.group_id, "in", 0) == -1
+    assert ledger.get(pipeline.name, 1).state is CheckpointState.PREPARED
+
+
+class PublishThenCancelRunner(InProcessRunner):
+    """Its first phase's tasks publish, then the keeper's cancel arrives (it raced the tasks'
+    commit_transaction and lost): Spark reports the jobs as they ended."""
+
+    def run(
+        self, tasks: list[ShardTask], on_outcome: Callable[[Publisher | ShardFailure], None]
+    ) -> list[tuple[int, Publisher | ShardFailure | BaseException]]:
+        out = super().run(tasks, on_outcome)
+        _wait_for(lambda: bool(self.cancelled), "the keeper to cancel the jobs")
+        return out
+
+
+def test_a_cancel_that_comes_after_the_tasks_committed_loses_nothing_and_duplicates_nothing(
+    pipeline: Pipeline, ledger: Ledger, broker: FakeBroker, task_attempt: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cp = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=SINK_PARTITIONS)
+    clients = FakeClients(broker)
+    from airflow_provider_eo.core import commit as commit_module
+
+    class QuickKeeper(_LeaseKeeper):
+        def __init__(self, *args: Any, cancel: Callable[[], None]) -> None:
+            super().__init__(*args[:4], 1.2, cancel=cancel)
+
+    monkeypatch.setattr(commit_module, "_LeaseKeeper", QuickKeeper)
+    flaky = FlakyLedger(ledger, [None], after=LedgerUnavailable("could not connect to server"))
+    with pytest.raises(CommitLeaseLost, match=r"Shards committed: \[0, 1\]"):
+        commit_checkpoint(
+            pipeline,
+            flaky,  # type: ignore[arg-type]
+            cp.checkpoint_id,
+            clients=clients,
+            commit_mode="spark",
+            runner=PublishThenCancelRunner(clients, ledger, pipeline),
+        )
+    # Shards 0 and 1 are published: an abort is refused, the retry skips them by their markers.
+    with pytest.raises(AbortRefused):
+        abort_checkpoint(pipeline, ledger, cp.checkpoint_id, reason="stuck", force_live=True, clients=clients)
+    assert ledger.get(pipeline.name, cp.checkpoint_id).state is CheckpointState.PREPARED
+    done = commit_checkpoint(
+        pipeline,
+        ledger,
+        cp.checkpoint_id,
+        clients=clients,
+        commit_mode="spark",
+        runner=InProcessRunner(clients, ledger, pipeline),
+    )
+    assert done.checkpoint.state is CheckpointState.COMMITTED
+    assert {p.shard: p.skipped for p in done.publishers} == {0: True, 1: True, 2: False}
+    for p, values in OUTPUT.items():
+        assert broker.values(OUT, p) == values
+
+
+def test_marks_left_by_an_abort_that_died_before_the_ledger_refuse_spark_tasks_not_a_local_commit(
+    pipeline: Pipeline, ledger: Ledger, broker: FakeBroker, task_attempt: Any
+) -> None:
+    """The abort left its marks and died before ``ledger.abort``: the checkpoint stays
+    PREPARED. A spark-mode commit's tasks refuse it (naming the way out); a local commit,
+    which takes the ledger's lease after fencing, finishes it once."""
+    from airflow_provider_eo.core.abort_marks import mark_aborted
+
+    cp = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=SINK_PARTITIONS)
+    clients = FakeClients(broker)
+    identity = ledger.get_pipeline(pipeline.name).identity
+    ids = [f"eo.orders.{s}" for s in range(SHARDS)]
+    mark_aborted(pipeline, identity, cp, ids, renew=lambda: None, where="", clients=clients)
+    with pytest.raises(
+        CheckpointAborted, match=r"finish the checkpoint with `eo commit --commit-mode local`"
+    ):
+        commit_checkpoint(
+            pipeline,
+            ledger,
+            cp.checkpoint_id,
+            clients=clients,
+            commit_mode="spark",
+            runner=InProcessRunner(clients, ledger, pipeline),
+        )
+    assert broker.values(OUT) == []
+    done = commit_checkpoint(pipeline, ledger, cp.checkpoint_id, clients=clients, commit_mode="local")
+    assert done.checkpoint.state is CheckpointState.COMMITTED
+    for p, values in OUTPUT.items():
+        assert broker.values(OUT, p) == values

@@ -316,6 +316,37 @@ def test_the_transforms_dropped_and_created_records_are_counted(pipeline: Pipeli
     assert (got.records_dropped, got.records_created) == (3, 1)
 
 
+def test_output_that_names_no_source_record_is_never_counted_as_dropping_them(
+    pipeline: Pipeline, ledger: Ledger
+) -> None:
+    """An aggregation's 9 output records carry no source position: the 11 records read went
+    into them, or were dropped, the prepare cannot tell, so it counts none as dropped."""
+    cp = planned(pipeline, ledger)
+
+    class Aggregating(FakeStager):
+        def stage(self, request: StageRequest) -> StageResult:
+            r = super().stage(request)
+            return StageResult(r.files, r.reads, r.app_id, r.rows_written, sources_kept=0, created=9)
+
+    result = prepare_checkpoint(pipeline, ledger, cp.checkpoint_id, stager=Aggregating(), attempt="a1")
+    manifest = staging.read_manifest(result.checkpoint.staging_location or "")
+    assert (manifest.records_read, manifest.dropped, manifest.created) == (11, None, 9)
+    got = ledger.get(pipeline.name, cp.checkpoint_id)
+    assert (got.records_dropped, got.records_created) == (None, 9)
+
+
+def test_a_filter_that_keeps_nothing_drops_every_record(pipeline: Pipeline, ledger: Ledger) -> None:
+    cp = planned(pipeline, ledger)
+
+    class KeepsNothing(FakeStager):
+        def stage(self, request: StageRequest) -> StageResult:
+            r = super().stage(request)
+            return StageResult(r.files, r.reads, r.app_id, r.rows_written, sources_kept=0, created=0)
+
+    prepare_checkpoint(pipeline, ledger, cp.checkpoint_id, stager=KeepsNothing(rows={0: 0}), attempt="a1")
+    assert ledger.get(pipeline.name, cp.checkpoint_id).records_dropped == 11
+
+
 def test_a_relative_staging_dir_is_resolved_once_and_pinned(
     pipeline: Pipeline, ledger: Ledger, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -282,11 +282,13 @@ def test_fencing_an_id_closes_its_kept_producer(
 
 
 @pytest.mark.parametrize("keep", [0, 2])
-def test_a_small_commit_makes_six_ledger_calls(
+def test_a_small_commit_makes_seven_ledger_calls(
     keep: int, pipeline: Pipeline, ledger: Ledger, broker: FakeBroker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A stream's commit of checkpoint 3 (one shard, a marker from checkpoint 2): read the
-    checkpoint and the pipeline, the lease, PENDING before begin, COMMITTED, mark_committed;
+    checkpoint and the pipeline, the lease (before the shard's fence, so a live committer of
+    another process is refused before it is fenced), its renewal with the PENDING row before
+    begin (an abort that took it over meanwhile stops the shard), COMMITTED, mark_committed;
     with ``keep_committed_staging=2`` also checkpoint 1's staging location, removed."""
     import dataclasses
 
@@ -318,13 +320,14 @@ def test_a_small_commit_makes_six_ledger_calls(
     assert calls == [
         "get",
         "get_pipeline",
-        "acquire_commit_lease",
+        "acquire_commit_lease",  # before the first fence
+        "acquire_commit_lease",  # renewed right before begin_transaction
         "record_shard PENDING",
         "record_shard COMMITTED",
         "mark_committed",
         *(["get"] if keep else []),  # checkpoint 1's staging location
     ]
-    assert began == [calls[:4]]  # the lease and the PENDING row before begin_transaction
+    assert began == [calls[:5]]  # the lease and the PENDING row before begin_transaction
     published_once(broker, 3)
     left = sorted(p.name for p in (Path(pipeline.staging_dir) / pipeline.name).iterdir())
     assert left == ([f"cp-{n:010d}" for n in (2, 3)] if keep else [])  # the staging removed

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+from collections.abc import Callable
 
 import pytest
 from eo_fake_kafka import (
@@ -18,10 +19,12 @@ from eo_fake_kafka import (
 from airflow_provider_eo.core import shard as shard_module
 from airflow_provider_eo.core.commit import commit_checkpoint
 from airflow_provider_eo.core.recover import recover_pipeline
+from airflow_provider_eo.core.shard import Publisher, ShardFailure, ShardTask
 from airflow_provider_eo.errors import RecoverError
 from airflow_provider_eo.kafka.publisher import ProducerLost
 from airflow_provider_eo.ledger import CheckpointState, Ledger, RangeSpec, leases
 from airflow_provider_eo.pipeline import Pipeline
+from airflow_provider_eo.spark import commit as spark_commit
 
 OUT = "out"
 SHARDS = 3
@@ -120,3 +123,113 @@ def test_an_id_that_cannot_be_fenced_fails_the_recovery(
         RecoverError, match=r"could not fence transactional id 'eo.orders.1'.*Retry `eo recover`"
     ):
         recover_pipeline(pipeline, ledger, wait_s=0, clients=FakeClients(broker))
+
+
+# -- a spark-mode pipeline ------------------------------------------------------------------
+
+
+class TaskRunner:
+    """Runs each shard through spark/commit.py's task body, as a Spark task would (or says
+    Spark cannot start: ``unavailable``)."""
+
+    master = "spark://cluster:7077"
+    session_running = True
+    executors_elsewhere = True
+
+    def __init__(self, clients: FakeClients, *, unavailable: str | None = None) -> None:
+        self.clients = clients
+        self.why = unavailable
+        self.shards: list[int] = []
+
+    def unavailable(self) -> str | None:
+        return self.why
+
+    def cancel(self, pipeline: str, checkpoint_id: int) -> None:
+        raise AssertionError("no lease is lost here")
+
+    def run(
+        self, tasks: list[ShardTask], on_outcome: Callable[[Publisher | ShardFailure], None]
+    ) -> list[tuple[int, Publisher | ShardFailure | BaseException]]:
+        out: list[tuple[int, Publisher | ShardFailure | BaseException]] = []
+        for task in tasks:
+            (outcome,) = list(spark_commit.run_shard_task([task], self.clients))
+            self.shards.append(task.committable.shard)
+            out.append((task.committable.shard, outcome))
+            on_outcome(outcome)
+        return out
+
+
+def _spark_checkpoint_whose_committer_died(
+    pipeline: Pipeline, ledger: Ledger, clients: FakeClients, monkeypatch: pytest.MonkeyPatch
+) -> Pipeline:
+    """A ``commit_mode="spark"`` pipeline whose checkpoint 1 is PREPARED, shard 0 published,
+    shard 1's committer killed inside its transaction, its lease run out."""
+    spark = dataclasses.replace(pipeline, commit_mode="spark")
+    cp = prepared_checkpoint(ledger, spark, SECOND, sink_partitions=3)
+    hits: list[str] = []
+
+    def second_begin(step: str) -> None:
+        if step == "commit.after_begin":
+            hits.append(step)
+            _raise(len(hits) == 2)  # one call per sink partition: shard 1's
+
+    monkeypatch.setattr(shard_module, "fault_point", second_begin)
+    with pytest.raises(Crash):
+        commit_checkpoint(spark, ledger, cp.checkpoint_id, clients=clients, commit_mode="local")
+    monkeypatch.setattr(shard_module, "fault_point", lambda step: None)
+    assert broker_values(clients) == [b"a1", b"a2"]
+    real_now = leases.database_now
+    monkeypatch.setattr(leases, "database_now", lambda s: real_now(s) + dt.timedelta(minutes=10))
+    monkeypatch.setattr(spark_commit, "_task_identity", lambda: ("7", 0))
+    return spark
+
+
+def broker_values(clients: FakeClients) -> list[bytes | None]:
+    return clients.broker.values(OUT)
+
+
+def test_recover_commits_a_spark_mode_checkpoint_through_the_runner(
+    pipeline: Pipeline, ledger: Ledger, broker: FakeBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clients = FakeClients(broker)
+    spark = _spark_checkpoint_whose_committer_died(pipeline, ledger, clients, monkeypatch)
+    runner = TaskRunner(clients)
+    lines: list[str] = []
+    result = recover_pipeline(spark, ledger, wait_s=0, progress=lines.append, clients=clients, runner=runner)
+    assert (result.committed, result.published) == (1, 2) and result.clean
+    assert runner.shards == [1, 2]  # in Spark tasks; shard 0 is recorded COMMITTED: never run again
+    for p in range(3):  # each record once
+        assert broker.values(OUT, p) == SECOND[p]
+    assert not any("committing its shards in this process" in line for line in lines), lines
+
+
+@pytest.mark.parametrize(
+    ("has_runner", "why"),
+    [
+        (False, "this caller has no Spark shard runner"),
+        (True, "Spark could not be started (JavaNotFound: no java)"),
+    ],
+)
+def test_recover_commits_a_spark_mode_checkpoint_locally_where_spark_is_not_reachable(
+    pipeline: Pipeline,
+    ledger: Ledger,
+    broker: FakeBroker,
+    monkeypatch: pytest.MonkeyPatch,
+    has_runner: bool,
+    why: str,
+) -> None:
+    clients = FakeClients(broker)
+    spark = _spark_checkpoint_whose_committer_died(pipeline, ledger, clients, monkeypatch)
+    runner = TaskRunner(clients, unavailable=why) if has_runner else None
+    lines: list[str] = []
+    given = {"runner": runner} if runner is not None else {}  # the eo recover of before: none
+    result = recover_pipeline(spark, ledger, wait_s=0, progress=lines.append, clients=clients, **given)
+    assert (result.committed, result.published) == (1, 2) and result.clean
+    assert runner is None or runner.shards == []
+    for p in range(3):
+        assert broker.values(OUT, p) == SECOND[p]
+    assert (
+        f"pipeline 'orders', checkpoint 1: commit_mode 'spark', but {why}: committing its shards in "
+        "this process instead (both modes keep the same markers and ledger rows)"
+    ) in lines
+    assert ledger.get("orders", 1).state is CheckpointState.COMMITTED

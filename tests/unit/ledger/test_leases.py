@@ -52,6 +52,29 @@ def test_commit_lease_cas(ledger: Ledger, steps: LedgerSteps, monkeypatch: pytes
     assert owners == ["worker-a", "worker-b", "worker-c"]
 
 
+def test_a_live_lease_is_taken_over_only_from_exactly_the_holder_named_gone(
+    ledger: Ledger, steps: LedgerSteps
+) -> None:
+    """Two retries both find the holder's process gone and race to take its lease over: the
+    first wins, the second names it (its own ``replacing`` no longer matches)."""
+    ledger.plan(P, [RangeSpec("t", 0, 0, 10)])
+    steps.prepare(1)
+    ledger.acquire_commit_lease(P, 1, owner="dead", ttl_s=300)
+    with pytest.raises(CommitLeaseHeld, match="'dead'"):
+        ledger.acquire_commit_lease(P, 1, owner="retry-a", ttl_s=300, replacing="someone-else")
+    assert ledger.acquire_commit_lease(P, 1, owner="retry-a", ttl_s=300, replacing="dead").commit_owner == (
+        "retry-a"
+    )
+    with pytest.raises(CommitLeaseHeld, match="being committed by 'retry-a'"):
+        ledger.acquire_commit_lease(P, 1, owner="retry-b", ttl_s=300, replacing="dead")
+    taken = [e.details for e in ledger.events(P, 1) if e.kind == "lease"][-1]
+    assert (taken["owner"], taken["previous_owner"], taken["previous_owner_gone"]) == (
+        "retry-a",
+        "dead",
+        True,
+    )
+
+
 def test_lease_ignores_the_ledger_codes_python_clock(
     ledger: Ledger, steps: LedgerSteps, monkeypatch: pytest.MonkeyPatch
 ) -> None:

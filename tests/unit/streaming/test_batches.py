@@ -96,8 +96,59 @@ def test_a_rerun_with_other_ranges_or_a_skipped_plan_is_refused() -> None:
 def test_another_query_under_the_name_is_refused_unless_allowed() -> None:
     with pytest.raises(QueryIdentityMismatch, match="written by query q1"):
         decide("p", cp(4, C, 7), pos(0, query="q2"), allow_new_query=False)
-    assert decide("p", cp(4, C, 7), pos(0, query="q2"), allow_new_query=True)[0] == "plan"
+    after = tuple(RangeSpec(r.topic, r.partition, r.end, r.end + 3) for r in R)  # from q1's ends
+    assert decide("p", cp(4, C, 7), pos(0, query="q2", ranges=after), allow_new_query=True)[0] == "plan"
     with pytest.raises(BatchOutOfStep, match="previous query q1 is PREPARED"):
         decide("p", cp(4, P, 7), pos(0, query="q2"), allow_new_query=True)
     with pytest.raises(QueryIdentityMismatch, match="planned by eo itself"):
         decide("p", cp(4, C, None, query=None), pos(0), allow_new_query=True)
+
+
+# The same query's batch 3 as another offset log says it (a checkpoint location restored from
+# an older copy that re-planned the batch, or one whose query id was taken for another's).
+OTHER = (RangeSpec("src", 0, 0, 20), RangeSpec("src", 1, 0, 9))
+
+
+@pytest.mark.parametrize("newest", [cp(4, C, 7), cp(4, P, 7)])
+def test_a_batch_the_ledger_holds_with_other_ranges_is_refused_never_skipped(
+    newest: CheckpointRecord,
+) -> None:
+    recorded = cp(2, C, 3)
+    with pytest.raises(BatchOutOfStep) as refused:
+        decide("p", newest, pos(3, ranges=OTHER), allow_new_query=False, recorded=recorded)
+    message = str(refused.value)
+    for part in ("pipeline 'p'", "query q1", "batch 3", "checkpoint 2", "src[0] [10, 20)", "src[0] [0, 20)"):
+        assert part in message, message
+    # The same batch as the ledger recorded it is a replay: skipped.
+    assert decide("p", newest, pos(3), allow_new_query=False, recorded=recorded)[0] == "skip"
+
+
+@pytest.mark.parametrize("state", [C, P])
+def test_the_newest_batch_rerun_with_other_ranges_is_refused(state: CheckpointState) -> None:
+    with pytest.raises(BatchOutOfStep, match=r"src\[0\] \[0, 20\)"):
+        decide("p", cp(4, state, 7), pos(7, ranges=OTHER), allow_new_query=False)
+
+
+def test_an_unrecorded_batch_below_the_newest_is_skipped_only_when_the_ledger_covers_it() -> None:
+    # Batch 5 was aborted (no live checkpoint holds it): its ranges end within the newest's.
+    assert decide("p", cp(4, C, 7), pos(5), allow_new_query=False)[0] == "skip"
+    beyond = (RangeSpec("src", 0, 10, 25), R[1])  # offsets 20..24 no checkpoint published
+    with pytest.raises(BatchOutOfStep, match=r"src\[0\] \[10, 25\)"):
+        decide("p", cp(4, C, 7), pos(5, ranges=beyond), allow_new_query=False)
+    unknown = (*R, RangeSpec("src", 2, 0, 3))  # a partition the ledger never recorded
+    with pytest.raises(BatchOutOfStep, match=r"src\[2\] \[0, 3\)"):
+        decide("p", cp(4, C, 7), pos(5, ranges=unknown), allow_new_query=False)
+
+
+def test_a_new_query_allowed_in_continues_only_from_the_old_ones_ends() -> None:
+    # Started from the source's earliest offsets: it would publish what q1 published.
+    with pytest.raises(QueryIdentityMismatch) as refused:
+        decide("p", cp(4, C, 7), pos(0, query="q2", ranges=OTHER), allow_new_query=True)
+    message = str(refused.value)
+    for part in (
+        "query q2, batch 0",
+        "where query q1 ended",
+        "src[0] [0, 20)",
+        'startingOffsets={"src":{"0":20,"1":9}}',
+    ):
+        assert part in message, message

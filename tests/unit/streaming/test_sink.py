@@ -54,3 +54,16 @@ def test_a_query_tasks_run_id_fits_the_ledger_and_names_the_try() -> None:
     one, two = (query_run_id("dag", "run", "query", n) for n in (1, 2))
     assert one != two and one.startswith("af-query-")
     assert query_run_id("dag", "run-a", "query", 1) != query_run_id("dag", "run-b", "query", 1)
+
+
+def test_a_second_query_is_refused_while_the_first_runs(tmp_path: Path) -> None:
+    sink = KafkaExactlyOnceSink(
+        "agg",
+        {"bootstrap.servers": "localhost:1"},
+        sink_topic="agg-out",
+        ledger_url=f"sqlite:///{tmp_path}/l.db",
+    )
+    sink.query = types.SimpleNamespace(isActive=True, id="q-1")  # type: ignore[assignment]
+    with pytest.raises(ConfigError, match="query q-1 still writes through this sink; stop it"):
+        sink.start(None, str(tmp_path / "other-location"))  # type: ignore[arg-type]
+    assert sink.checkpoint_location is None  # nothing of the refused start was kept
