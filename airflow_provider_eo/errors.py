@@ -11,13 +11,15 @@ failure kind). Messages name the pipeline/checkpoint/partition and what to do ne
     │   └── WatcherSetupError  an asset watcher cannot load its pipeline in the triggerer
     ├── LedgerError            the ledger refused or could not record a transition (ledger/errors.py)
     ├── KafkaFailure           Kafka refused or failed a request
+    │   ├── KafkaAccessDenied  the broker's ACLs refused an operation on a resource
     │   ├── KafkaAdminError    an admin call (topics, offsets, groups)
     │   │   └── TransactionAdminUnavailable  Kafka's Java transaction admin calls could not run
     │   ├── SourceError        a source topic/partition is missing or inconsistent
     │   │   └── DataLossError  planned offsets were deleted before they were read
     │   └── CommitError        a commit could not finish
     │       ├── CommitFenced
-    │       ├── TransactionalIdUnauthorized
+    │       ├── TransactionalIdUnauthorized  (also a KafkaAccessDenied)
+    │       ├── CommitAccessDenied  ACLs refused a topic or group (also a KafkaAccessDenied)
     │       ├── NotPrepared
     │       ├── TransactionTimedOut  the broker aborted a shard's transaction for its timeout
     │       ├── CheckpointAborted  a spark-mode commit task began after an abort: nothing published
@@ -75,6 +77,21 @@ class KafkaFailure(EoError):
     """Kafka refused or failed a request. The message says whether data may be affected."""
 
 
+class KafkaAccessDenied(KafkaFailure):
+    """The broker's ACLs refused this principal an operation on a resource (a topic, a
+    consumer group, a transactional id, the cluster). An environment failure, not bad data:
+    never retried, never blamed on a record. Nothing was published or committed by the
+    refused call; the message names the operation and the resource and gives the
+    ``kafka-acls`` command that grants it (``eo doctor --acls`` prints every ACL a
+    pipeline needs)."""
+
+    #: The refused operation (``READ``, ``WRITE``, ``DESCRIBE``, ...), the resource type
+    #: (``topic``, ``group``, ``transactional-id``, ``cluster``) and its name.
+    operation: str = ""
+    resource_type: str = ""
+    resource: str = ""
+
+
 class KafkaAdminError(KafkaFailure):
     """A Kafka admin call (topics, offsets, groups) failed. Nothing was published or committed."""
 
@@ -113,12 +130,18 @@ class CommitFenced(CommitError):
     aborted by the broker: none of its records become visible, no data is at risk."""
 
 
-class TransactionalIdUnauthorized(CommitError):
+class TransactionalIdUnauthorized(CommitError, KafkaAccessDenied):
     """The broker's ACLs do not allow this principal to use the transactional id.
 
     A configuration problem, not a competing committer: nothing was published. Grant
     ``WRITE``/``DESCRIBE`` on the transactional id (prefix) and retry.
     """
+
+
+class CommitAccessDenied(CommitError, KafkaAccessDenied):
+    """The broker's ACLs refused the commit a sink or dead-letter topic (WRITE, READ) or a
+    consumer group (READ). The shard's transaction was aborted: nothing of it is visible,
+    the checkpoint stays PREPARED. Grant the ACL the message names and retry the commit."""
 
 
 class NotPrepared(CommitError):

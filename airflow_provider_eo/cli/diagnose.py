@@ -58,11 +58,47 @@ def doctor_cmd(
             "the commit runs).",
         ),
     ] = True,
+    acls: Annotated[
+        bool,
+        typer.Option(
+            "--acls",
+            help="Check nothing: print the Kafka ACLs the pipeline needs, per role, as "
+            "`kafka-acls.sh --add` commands (docs/kafka-acls.md explains each).",
+        ),
+    ] = False,
+    principal: Annotated[
+        str,
+        typer.Option(
+            "--principal",
+            help="With --acls: the principal every role runs as (e.g. User:eo).",
+        ),
+    ] = "User:eo",
+    role_principal: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--role-principal",
+            help="With --acls: ROLE=PRINCIPAL for a role that runs as another principal "
+            "(roles: planner, prepare, committer, audit, watcher, ui, doctor, recover, "
+            "operator); repeatable.",
+        ),
+    ] = None,
+    operator: Annotated[
+        bool,
+        typer.Option(
+            "--operator",
+            help="With --acls: also print the optional operator role's ACLs (`eo recover "
+            "--abort-hanging` ending a hanging transaction: ALTER on the cluster).",
+        ),
+    ] = False,
 ) -> None:
     """Preflight checks (broker, topics, prefix, markers, open transactions, staging and
     whether Spark's executors share it, connector, ledger); each finding says what to
     change. Exits 0 when safe to run (warnings allowed), 1 when any check failed. Changes
-    nothing (the staging probes are removed)."""
+    nothing (the staging probes are removed). With --acls, prints the Kafka ACLs the
+    pipeline needs instead."""
+    if acls:
+        _print_acls(ref, principal, role_principal or [], operator=operator)
+        return
     from airflow_provider_eo.core.doctor import run_doctor
 
     probe = None
@@ -91,6 +127,20 @@ def doctor_cmd(
 
         print_doctor(report)
     raise typer.Exit(report.exit_code)
+
+
+def _print_acls(ref: str, principal: str, overrides: list[str], *, operator: bool) -> None:
+    """``eo doctor --acls``: the pipeline's ACLs as kafka-acls.sh commands, one role a block."""
+    from airflow_provider_eo.kafka.acls import kafka_acls_commands, parse_role_principals, pipeline_acls
+
+    with reported():
+        pipeline = load(ref)
+        entries = pipeline_acls(
+            pipeline, principal, roles=parse_role_principals(overrides), operator=operator
+        )
+        bootstrap = str(pipeline.kafka.get("bootstrap.servers") or "<bootstrap>")
+    for line in kafka_acls_commands(entries, bootstrap=bootstrap):
+        print(line)
 
 
 def recover_cmd(

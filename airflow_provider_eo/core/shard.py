@@ -42,7 +42,15 @@ from confluent_kafka import KafkaException
 from airflow_provider_eo import names, staging, staging_fs
 from airflow_provider_eo.core.fault_seam import fault_point, fault_triggered
 from airflow_provider_eo.core.markers import NO_MARKER, decide_marker
-from airflow_provider_eo.errors import CommitError, CommitFenced, LedgerBehindSink, TransactionTimedOut
+from airflow_provider_eo.errors import (
+    CommitAccessDenied,
+    CommitError,
+    CommitFenced,
+    LedgerBehindSink,
+    TransactionTimedOut,
+)
+from airflow_provider_eo.kafka.acls import access_denied, commit_denied
+from airflow_provider_eo.kafka.admin import unwritable_topic
 from airflow_provider_eo.kafka.publisher import (
     PRODUCERS,
     Abortable,
@@ -414,7 +422,13 @@ class ShardTransaction:
             c.config, c.transactional_id, c.transaction_timeout_ms, self.failures, c.topic_max_bytes
         )
         kafka_call("metadata", connect, self.producer, c.sink_topic, c.timeout_s, where=c.where)
-        kafka_call("init_transactions", self.producer.init_transactions, c.timeout_s, where=c.where)
+        kafka_call(
+            "init_transactions",
+            self.producer.init_transactions,
+            c.timeout_s,
+            where=c.where,
+            denied=self._denied("init_transactions", None, []),
+        )
 
     def drop(self) -> None:
         """After an unknown outcome of ``commit_transaction``: this producer is never used
@@ -563,6 +577,7 @@ class ShardTransaction:
             self.clients.group_metadata(c.config, c.marker_group),
             c.timeout_s,
             where=c.where,
+            denied=self._denied("the commit marker", c.marker_group, [c.sink_topic]),
         )
         if c.group_id is not None:
             kafka_call(
@@ -572,7 +587,26 @@ class ShardTransaction:
                 self.clients.group_metadata(c.config, c.group_id),
                 c.timeout_s,
                 where=c.where,
+                denied=self._denied(
+                    "the group offsets", c.group_id, sorted({t for t, _, _ in c.group_offsets})
+                ),
             )
+
+    def _denied(self, what: str, group: str | None, topics: list[str]) -> Callable[[Any], Exception]:
+        """The ACL refusal of one of this shard's transactional calls (never aborted and redone)."""
+        c = self.committable
+        produced = [c.sink_topic, *([c.dead_letter_topic] if c.dead_letters and c.dead_letter_topic else [])]
+        return lambda err: commit_denied(
+            err,
+            f"{c.where}{what}",
+            transactional_id=c.transactional_id,
+            group=group,
+            topics=topics,
+            produced=produced,
+            unwritable=lambda topics: unwritable_topic(c.config, topics),
+            config=c.config,
+            error=CommitAccessDenied,
+        )
 
     def commit(self) -> None:
         """``commit_transaction``, called once. Raises :class:`ProducerLost` when the outcome
@@ -623,6 +657,16 @@ class ShardTransaction:
         record of each refused partition."""
         c = self.committable
         message = self.failures.describe()
+        if self.failures.denied_topic is not None:
+            return access_denied(
+                f"{c.where}publishing",
+                "WRITE",
+                "topic",
+                self.failures.denied_topic,
+                config=c.config,
+                cause=f"{message}; the shard's transaction was aborted, nothing of it is visible",
+                error=CommitAccessDenied,
+            )
         for partition in sorted(self.failures.partitions & set(c.partitions)):
             found = largest_record(c.batches(partition))
             if found is not None:
@@ -761,7 +805,15 @@ def fence_id(
     producer = clients.producer(config, transactional_id, transaction_timeout_ms, None, None)
     try:
         kafka_call("metadata", connect, producer, sink_topic, timeout_s, where=where)
-        kafka_call("init_transactions", producer.init_transactions, timeout_s, where=where)
+        kafka_call(
+            "init_transactions",
+            producer.init_transactions,
+            timeout_s,
+            where=where,
+            denied=lambda err: commit_denied(
+                err, f"{where}fencing {transactional_id}", transactional_id=transactional_id, config=config
+            ),
+        )
     finally:
         del producer
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
@@ -18,6 +18,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from airflow_provider_eo.errors import KafkaAdminError
+from airflow_provider_eo.kafka.acls import access_denied, is_authorization_error
 from airflow_provider_eo.kafka.client_config import cache_key, librdkafka_config
 
 _TRANSIENT_CODES = {
@@ -105,6 +106,22 @@ def partitions_of(
     out: dict[str, list[int]] = {}
     for topic in wanted:
         meta = md.topics.get(topic)
+        if meta is None:
+            # The cluster's metadata leaves out the topics this principal may not describe;
+            # asked by name, the broker says which it is (refused, or unknown).
+            try:
+                meta = admin.list_topics(topic=topic, timeout=timeout_s).topics.get(topic)
+            except KafkaException:
+                meta = None
+        if meta is not None and meta.error is not None and is_authorization_error(meta.error):
+            raise access_denied(
+                f"reading the metadata of topic {topic!r}",
+                "DESCRIBE",
+                "topic",
+                topic,
+                config=config,
+                cause=meta.error.name(),
+            )
         if meta is None or meta.error is not None:
             raise KafkaAdminError(
                 f"topic {topic!r} does not exist on {config.get('bootstrap.servers')!r}; "
@@ -172,6 +189,15 @@ def list_offsets(
                 # A fresh topic or a leader move answers NOT_LEADER / LEADER_NOT_AVAILABLE
                 # for a moment, or (a dead leader) not at all: retriable until the deadline.
                 transient = isinstance(exc, FutureTimeout) or _transient(exc.args[0])
+                if isinstance(exc, KafkaException) and is_authorization_error(exc.args[0]):
+                    raise access_denied(
+                        f"listing {spec} offsets of {tp.topic}[{tp.partition}]",
+                        "DESCRIBE",
+                        "topic",
+                        tp.topic,
+                        config=config,
+                        cause=exc.args[0].name(),
+                    ) from exc
                 if transient and time.monotonic() < deadline:
                     retry.add(tp)
                     continue
@@ -308,14 +334,45 @@ def committed_group_marks(
             found = consumer.committed(tps, timeout=max(1.0, deadline - time.monotonic()))
             break
         except KafkaException as exc:
+            _raise_if_denied(exc.args[0], config, group, tps)
             if not _transient(exc.args[0]) or time.monotonic() >= deadline:
+                # librdkafka retries a refused coordinator look-up (DESCRIBE on the group)
+                # until the time-out: ask the broker whether the group is refused.
+                _raise_if_denied(_group_access(config, group), config, group, tps)
                 raise KafkaAdminError(f"reading offsets of group {group!r} failed: {exc}") from exc
             time.sleep(0.3)
+    for tp in found:
+        if tp.error is not None:
+            _raise_if_denied(tp.error, config, group, [tp])
     return {
         (tp.topic, tp.partition): (int(tp.offset), tp.metadata or "")
         for tp in found
         if tp.offset is not None and tp.offset >= 0
     }
+
+
+def _group_access(config: Mapping[str, Any], group: str) -> KafkaError | None:
+    """The error describing ``group`` gives (GROUP_AUTHORIZATION_FAILED when refused), or None."""
+    try:
+        admin_client(config).describe_consumer_groups([group], request_timeout=10)[group].result(timeout=15)
+    except KafkaException as exc:
+        return exc.args[0] if isinstance(exc.args[0], KafkaError) else None
+    except Exception:  # no answer: nothing more to say than the caller's error
+        return None
+    return None
+
+
+def _raise_if_denied(
+    err: KafkaError | None, config: Mapping[str, Any], group: str, tps: list[TopicPartition]
+) -> None:
+    """A refused offset read (OffsetFetch: DESCRIBE on the group and on the topic) as the
+    :class:`KafkaAccessDenied` naming it; any other error passes."""
+    if err is None or not is_authorization_error(err):
+        return
+    what = f"reading the committed offsets of group {group!r}"
+    if err.name() == "GROUP_AUTHORIZATION_FAILED" or not tps:
+        raise access_denied(what, "DESCRIBE", "group", group, config=config, cause=err.name())
+    raise access_denied(what, "DESCRIBE", "topic", tps[0].topic, config=config, cause=err.name())
 
 
 def committed_group_marks_everywhere(
@@ -369,3 +426,22 @@ def sink_offsets(
         )
         found.append({tp.partition: int(f.result(timeout=15).offset) for tp, f in futures.items()})
     return found[0], found[1]
+
+
+def unwritable_topic(config: Mapping[str, Any], topics: Sequence[str]) -> str:
+    """The first of ``topics`` the broker says this principal may not WRITE (its authorized
+    operations, KIP-430); all of them, comma-separated, when it will not say."""
+    from confluent_kafka import TopicCollection
+    from confluent_kafka.admin import AclOperation
+
+    try:
+        futures = admin_client(config).describe_topics(
+            TopicCollection(list(topics)), include_authorized_operations=True, request_timeout=10
+        )
+        for topic, fut in futures.items():
+            ops = fut.result(timeout=15).authorized_operations or []
+            if AclOperation.WRITE not in ops and AclOperation.ALL not in ops:
+                return str(topic)
+    except Exception:  # not even DESCRIBE on a topic: that one cannot be written either
+        pass
+    return ", ".join(topics)

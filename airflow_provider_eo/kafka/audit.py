@@ -13,11 +13,12 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from airflow_provider_eo import names
 from airflow_provider_eo.errors import CommitError, ReadBackBlocked
 from airflow_provider_eo.kafka import admin
+from airflow_provider_eo.kafka.acls import is_authorization_error, reader_denied
 from airflow_provider_eo.kafka.client_config import librdkafka_config
 
 
@@ -37,6 +38,11 @@ def high_watermarks(config: dict[str, Any], partitions: list[tuple[str, int]]) -
         return {
             (t, p): int(consumer.get_watermark_offsets(TopicPartition(t, p), 15)[1]) for t, p in partitions
         }
+    except KafkaException as exc:
+        if is_authorization_error(exc.args[0]):
+            topic = partitions[0][0] if partitions else ""
+            raise reader_denied(exc.args[0], "reading high watermarks", topic, "eo-hw-", config) from exc
+        raise
     finally:
         consumer.close()
 
@@ -107,6 +113,8 @@ def iter_topic(
                 err = msg.error()
                 partition = int(msg.partition() or 0)
                 if err is not None:
+                    if is_authorization_error(err):
+                        raise reader_denied(err, f"reading {topic}", topic, "eo-audit-", config)
                     if err.code() == KafkaError._PARTITION_EOF:
                         pos = consumer.position([TopicPartition(topic, partition)])[0].offset
                         if pos >= ends[(topic, partition)]:
@@ -315,6 +323,10 @@ def last_published_checkpoint(
                 for msg in consumer.consume(1000, 0.5):
                     err = msg.error()
                     if err is not None:
+                        if is_authorization_error(err):
+                            raise reader_denied(
+                                err, f"reading back {topic}[{partition}]", topic, "eo-readback-", config
+                            )
                         if err.code() == KafkaError._PARTITION_EOF:
                             pos = consumer.position([TopicPartition(topic, partition)])[0].offset
                             done = done or pos >= end

@@ -39,6 +39,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from airflow_provider_eo import names
 from airflow_provider_eo.errors import CommitError, CommitFenced, ControlSignal, TransactionalIdUnauthorized
+from airflow_provider_eo.kafka.acls import is_authorization_error
 from airflow_provider_eo.names import HEADER_PROVENANCE
 
 T = TypeVar("T")
@@ -90,6 +91,7 @@ class DeliveryFailures:
         self.count = 0
         self.first: KafkaError | None = None
         self.permanent_error: KafkaError | None = None
+        self.denied_topic: str | None = None  # a topic the ACLs refused WRITE on
         self.partitions: set[int] = set()  # sink partitions with a failed record
 
     def __call__(self, err: KafkaError | None, msg: Any) -> None:
@@ -100,6 +102,8 @@ class DeliveryFailures:
         self.first = self.first or err
         if err.code() in _PERMANENT_DELIVERY and self.permanent_error is None:
             self.permanent_error = err
+        if err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+            self.denied_topic = str(msg.topic())
         self.partitions.add(int(msg.partition()))
 
     def __bool__(self) -> bool:
@@ -208,11 +212,20 @@ def serve(what: str, fn: Callable[..., T], *args: Any, where: str = "") -> T:
         raise sorted_error(what, cause, where) from cause
 
 
-def kafka_call(what: str, fn: Callable[..., T], *args: Any, deadline_s: float = 120.0, where: str = "") -> T:
+def kafka_call(
+    what: str,
+    fn: Callable[..., T],
+    *args: Any,
+    deadline_s: float = 120.0,
+    where: str = "",
+    denied: Callable[[KafkaError], Exception] | None = None,
+) -> T:
     """Call a transactional producer method, repeating it while Kafka says *retriable*.
 
     Raises :class:`Abortable`, :class:`CommitFenced`, :class:`ProducerLost` (retries ran out:
-    the outcome is unknown) or :class:`CommitError` (unclassified).
+    the outcome is unknown) or :class:`CommitError` (unclassified); an ACL refusal raises
+    ``denied(error)`` (naming the operation and the resource), never retried or aborted
+    and redone.
     """
     deadline = time.monotonic() + deadline_s
     while True:
@@ -226,6 +239,8 @@ def kafka_call(what: str, fn: Callable[..., T], *args: Any, deadline_s: float = 
                 raise cause from None
         except KafkaException as exc:
             err: KafkaError = exc.args[0]
+            if denied is not None and is_authorization_error(err):
+                raise denied(err) from exc
             if _classify(err) == "retry":
                 if time.monotonic() < deadline:
                     time.sleep(0.2)

@@ -13,6 +13,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from airflow_provider_eo.kafka import admin
+from airflow_provider_eo.kafka.acls import is_authorization_error, reader_denied
 from airflow_provider_eo.kafka.client_config import librdkafka_config
 
 __all__ = ["SourceRecords", "read_source_ranges"]
@@ -77,6 +78,8 @@ def read_source_ranges(
                 end = wanted[tp][1]
                 err = msg.error()
                 if err is not None:
+                    if is_authorization_error(err):
+                        raise reader_denied(err, f"reading source {tp[0]}", tp[0], "eo-audit-", config)
                     if err.code() == KafkaError._PARTITION_EOF:
                         pos = consumer.position([TopicPartition(tp[0], tp[1])])[0].offset
                         if pos >= end:

@@ -16,7 +16,8 @@ import re
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
-from airflow_provider_eo.errors import PrepareError, SparkEnvironmentError, TransformError
+from airflow_provider_eo.errors import KafkaAccessDenied, PrepareError, SparkEnvironmentError, TransformError
+from airflow_provider_eo.kafka.acls import java_access_denied
 from airflow_provider_eo.ledger import RangeSpec
 from airflow_provider_eo.pipeline import Pipeline
 from airflow_provider_eo.spark.source import with_provenance
@@ -81,6 +82,12 @@ _ENVIRONMENT = (
     (
         re.compile(r"Cannot run program \"[^\"]*python|PYTHON_EXECUTABLE"),
         "install the Python named by PYSPARK_PYTHON / spark.pyspark.python on every Spark node",
+    ),
+    (
+        # The Java client's ACL refusals (Topic/Group/TransactionalId/ClusterAuthorization):
+        # the broker refuses every record alike, so no record is searched for or blamed.
+        re.compile(r"\w+AuthorizationException"),
+        "grant the ACL the Kafka error names (`eo doctor --acls` prints every ACL the pipeline needs)",
     ),
     (
         re.compile(r"PicklingError|Could not serialize|UnpicklingError"),
@@ -189,13 +196,17 @@ def job_failure(
     where: str,
     exclude: Collection[tuple[str, int, int]] = (),
     time_filter: tuple[int, int] | None = None,
-) -> PrepareError:
-    """The error to raise for a failed Spark job: a :class:`SparkEnvironmentError` when the
+) -> PrepareError | KafkaAccessDenied:
+    """The error to raise for a failed Spark job: a :class:`KafkaAccessDenied` when the
+    Kafka source was refused by the broker's ACLs, a :class:`SparkEnvironmentError` when the
     executors' environment failed (no record searched for or blamed), a
     :class:`TransformError` naming the poison record when the user's code failed on one
     record (or saying it fails on the first and the last record alike), else a
     :class:`PrepareError` with the job's reason."""
     message = short_error(exc)
+    denied = java_access_denied(str(exc), f"{where}: Spark's Kafka source", config=pipeline.kafka)
+    if denied is not None:
+        return denied
     advice = environment_failure(exc)
     if advice is not None:
         return SparkEnvironmentError(

@@ -25,6 +25,7 @@ from airflow_provider_eo.core.shard import (
     outcome_of,
 )
 from airflow_provider_eo.errors import (
+    CommitAccessDenied,
     CommitError,
     CommitFenced,
     PipelineIdentityMismatch,
@@ -349,9 +350,22 @@ def test_an_unclassified_error_fails_without_a_redo(tmp_path: Path, broker: Fake
 
 def test_an_unauthorized_transactional_id_fails(tmp_path: Path, broker: FakeBroker) -> None:
     broker.fail("init_transactions", kafka_error(KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED))
-    with pytest.raises(TransactionalIdUnauthorized, match="grant WRITE and DESCRIBE"):
+    refused = r"WRITE on transactional-id 'eo\.orders\.'"
+    with pytest.raises(TransactionalIdUnauthorized, match=refused) as caught:
         commit_shard(committable(tmp_path), Hooks(), FakeClients(broker))
-    assert broker.count("begin_transaction") == 0
+    assert "--operation Write --transactional-id eo.orders. --resource-pattern-type prefixed" in str(
+        caught.value
+    )
+    assert broker.count("begin_transaction") == 0 and broker.count("init_transactions") == 1
+
+
+def test_a_refused_group_fails_without_a_redo(tmp_path: Path, broker: FakeBroker) -> None:
+    broker.fail(
+        "send_offsets_to_transaction", kafka_error(KafkaError.GROUP_AUTHORIZATION_FAILED, abortable=True)
+    )
+    with pytest.raises(CommitAccessDenied, match=f"READ on group '{GROUP}'"):
+        commit_shard(committable(tmp_path), Hooks(), FakeClients(broker))
+    assert broker.count("init_transactions") == 1 and values(broker) == []
 
 
 def test_a_failing_abort_still_redoes_the_shard(tmp_path: Path, broker: FakeBroker) -> None:

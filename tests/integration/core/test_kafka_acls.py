@@ -1,0 +1,349 @@
+"""Least-privilege Kafka ACLs on a broker with KRaft's ``StandardAuthorizer``.
+
+The module starts its own SASL_SSL (SCRAM) broker with the authorizer on and
+``allow.everyone.if.no.acl.found=false``: a principal may do only what an ACL grants.
+``eo-broker`` is the broker's own user and the super user the fixtures create topics and
+ACLs with (the controller listener is PLAINTEXT, so the broker's own controller requests
+arrive as ``User:ANONYMOUS``: a super user too; no client reaches that listener). Every
+other user holds exactly the ACLs :func:`airflow_provider_eo.kafka.acls.pipeline_acls`
+gives it, applied through the AdminClient's ``create_acls``.
+
+* With one SCRAM user per role (planner, prepare, committer, audit, watcher/UI), each role
+  running as its own user, a checkpoint with a dead letter, then a stream as one user,
+  are counted against the source: every source record once in the sink or the dead-letter
+  topic, nothing else.
+* Each ACL of the one-principal list removed in turn: the first role that needs it fails
+  within seconds with a :class:`KafkaAccessDenied` naming the operation and the resource
+  (never a hang, a retry loop or the poison-record search).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+from eo_source_sink import compare_source_and_sink
+from eo_tls import issue, make_ca
+
+from airflow_provider_eo.errors import EoError, KafkaAccessDenied
+from airflow_provider_eo.kafka import admin
+from airflow_provider_eo.kafka.acls import AclEntry, acl_bindings, pipeline_acls, role_acls
+from airflow_provider_eo.kafka.audit import read_sink
+from airflow_provider_eo.ledger import Ledger
+from airflow_provider_eo.pipeline import Pipeline
+from airflow_provider_eo.stack.kafka import ListenerSecurity, LocalKafka
+
+pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.timeout(900)]
+
+MECHANISM = "SCRAM-SHA-512"
+ROLE_USERS = ("planner", "prepare", "committer", "audit", "watcher", "doctor", "recover")
+#: How long a refused role may take to fail (the error must come at once, not after retries).
+REFUSAL_S = 60.0
+
+
+@dataclass(frozen=True)
+class AclBroker:
+    """The module's authorizing broker: its super user's config and one config per user."""
+
+    bootstrap: str
+    ca: Path
+    passwords: dict[str, str]
+
+    def config(self, user: str) -> dict[str, Any]:
+        """librdkafka settings of ``user``."""
+        return {
+            "bootstrap.servers": self.bootstrap,
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanism": MECHANISM,
+            "sasl.username": user,
+            "sasl.password": self.passwords[user],
+            "ssl.ca.location": str(self.ca),
+        }
+
+
+@pytest.fixture(scope="module")
+def acl_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AclBroker]:
+    """A SASL_SSL broker with StandardAuthorizer, a super user and one SCRAM user per role."""
+    from airflow_provider_eo.kafka.admin import close_shared_clients
+    from airflow_provider_eo.kafka.publisher import close_producers
+
+    folder = tmp_path_factory.mktemp("acl-broker")
+    ca = make_ca(folder)
+    server = issue(ca, folder, "broker", server=True)
+    key_store = folder / "broker-key-store.pem"
+    key_store.write_text(server.key.read_text() + server.cert.read_text())
+    passwords = {name: uuid.uuid4().hex for name in ("eo-broker", "eo", *ROLE_USERS)}
+    kafka = LocalKafka(
+        home=folder / "kafka",
+        security=ListenerSecurity(key_store=key_store, ca=ca.cert, users=passwords, mechanism=MECHANISM),
+        extra_config={
+            "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            "allow.everyone.if.no.acl.found": "false",
+            # The broker's own user (inter-broker listener) and the controller listener's
+            # principal (PLAINTEXT: ANONYMOUS) may do everything.
+            "super.users": "User:eo-broker;User:ANONYMOUS",
+            "transaction.abort.timed.out.transaction.cleanup.interval.ms": "500",
+        },
+    )
+    info = kafka.up(timeout_s=180)
+    try:
+        yield AclBroker(bootstrap=info.bootstrap, ca=ca.cert, passwords=passwords)
+    finally:
+        close_shared_clients()
+        close_producers()
+        kafka.wipe()
+
+
+@pytest.fixture(scope="module")
+def kafka_bootstrap(acl_broker: AclBroker) -> str:
+    """This module's broker instead of the session's plaintext one."""
+    return acl_broker.bootstrap
+
+
+@pytest.fixture(scope="module")
+def kafka_config(acl_broker: AclBroker) -> dict[str, Any]:
+    """The super user's settings (``make_topic`` creates topics with them)."""
+    return acl_broker.config("eo-broker")
+
+
+def _principal_acls(acl_broker: AclBroker, principal: str) -> set[tuple[Any, ...]]:
+    from confluent_kafka.admin import (
+        AclBindingFilter,
+        AclOperation,
+        AclPermissionType,
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    flt = AclBindingFilter(
+        ResourceType.ANY,
+        None,
+        ResourcePatternType.ANY,
+        principal,
+        None,
+        AclOperation.ANY,
+        AclPermissionType.ANY,
+    )
+    client = admin.admin_client(acl_broker.config("eo-broker"))
+    found = client.describe_acls(flt, request_timeout=15).result(timeout=30)
+    return {(b.restype, b.name, b.resource_pattern_type, b.operation) for b in found}
+
+
+def _binding_key(b: Any) -> tuple[Any, ...]:
+    return (b.restype, b.name, b.resource_pattern_type, b.operation)
+
+
+def set_acls(acl_broker: AclBroker, entries: list[AclEntry]) -> None:
+    """Make the ACLs of ``entries``' principals exactly ``entries`` (others deleted), and
+    wait until the broker's authorizer shows them."""
+    from confluent_kafka.admin import (
+        AclBindingFilter,
+        AclOperation,
+        AclPermissionType,
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    client = admin.admin_client(acl_broker.config("eo-broker"))
+    principals = {e.principal for e in entries}
+    want = {
+        p: {_binding_key(b) for b in acl_bindings([e for e in entries if e.principal == p])}
+        for p in principals
+    }
+    filters = [
+        AclBindingFilter(
+            ResourceType.ANY, None, ResourcePatternType.ANY, p, None, AclOperation.ANY, AclPermissionType.ANY
+        )
+        for p in principals
+    ]
+    for fut in client.delete_acls(filters, request_timeout=15).values():
+        fut.result(timeout=30)
+    bindings = acl_bindings(entries)
+    if bindings:
+        for fut in client.create_acls(bindings, request_timeout=15).values():
+            fut.result(timeout=30)
+    deadline = time.monotonic() + 30
+    while any(_principal_acls(acl_broker, p) != want[p] for p in principals):
+        assert time.monotonic() < deadline, "the broker did not show the ACLs within 30 s"
+        time.sleep(0.2)
+
+
+def produce(config: dict[str, Any], topic: str, n: int, *, poison_at: int | None = None) -> None:
+    producer = Producer({**config, "linger.ms": 5})
+    for i in range(n):
+        value = b"POISON" if i == poison_at else f"k{i % 7}:{i}".encode()
+        producer.produce(topic, key=f"k{i % 7}", value=value)
+    producer.flush(30)
+
+
+@pytest.fixture()
+def acl_pipeline(
+    tmp_path: Path, acl_broker: AclBroker, make_topic: Callable[..., str]
+) -> Callable[[str], Pipeline]:
+    """A pipeline on fresh topics (a dead-letter topic with a budget), running as ``user``."""
+
+    def _make(user: str) -> Pipeline:
+        return Pipeline(
+            name=f"acl-{uuid.uuid4().hex[:8]}",
+            kafka=acl_broker.config(user),
+            source_topics=[make_topic("src", partitions=2)],
+            sink_topic=make_topic("sink", partitions=2),
+            dead_letter_topic=make_topic("dlq", partitions=1),
+            max_dead_letters_per_checkpoint=2,
+            transform="eo_test_transforms:poison",
+            ledger_url=f"sqlite:///{tmp_path / 'ledger.db'}",
+            staging_dir=str(tmp_path / "staging"),
+            commit_mode="local",
+        )
+
+    return _make
+
+
+def as_user(pipeline: Pipeline, acl_broker: AclBroker, user: str) -> Pipeline:
+    return replace(pipeline, kafka=acl_broker.config(user))
+
+
+class DoctorFailed(Exception):
+    """The doctor failed a check (its findings' text)."""
+
+
+def run_roles(
+    pipeline: Pipeline, ledger: Ledger, spark: Any, user: Callable[[str], Pipeline] | None = None
+) -> None:
+    """Every role once, in the order a deployment runs them: plan, prepare, commit (local),
+    audit, the source watcher and the UI's lag read, the doctor (no Spark), recover.
+    ``user(role)`` gives the role's pipeline (its own principal); default: ``pipeline``."""
+    from airflow_provider_eo.core.audit import audit_pipeline
+    from airflow_provider_eo.core.commit import commit_checkpoint
+    from airflow_provider_eo.core.doctor import run_doctor
+    from airflow_provider_eo.core.plan import plan_checkpoint
+    from airflow_provider_eo.core.prepare import prepare_checkpoint
+    from airflow_provider_eo.core.recover import recover_pipeline
+    from airflow_provider_eo.spark.stager import SparkStager
+    from airflow_provider_eo.triggers.source import read_source_ends
+
+    def role(name: str) -> Pipeline:
+        return pipeline if user is None else user(name)
+
+    planned = plan_checkpoint(role("planner"), ledger)
+    prepare_checkpoint(role("prepare"), ledger, planned.checkpoint_id, stager=SparkStager(spark))
+    commit_checkpoint(role("committer"), ledger, planned.checkpoint_id)
+    report = audit_pipeline(role("audit"), ledger)
+    assert report.ok, report.as_dict()
+    ends, _ = read_source_ends(role("watcher"), known={})
+    watcher = role("watcher")
+    assert admin.list_offsets(watcher.kafka, sorted(ends), spec="latest") == ends  # the UI's lag read
+    doctor = run_doctor(role("doctor"), spark=False, list_transactions=False)
+    failed = [f"{f.check}: {f.found}" for f in doctor.findings if f.severity == "fail"]
+    if failed:
+        raise DoctorFailed("; ".join(failed))
+    recover_pipeline(role("recover"), ledger, wait_s=5)
+
+
+def test_each_role_as_its_own_user_and_a_stream_run_exactly_once(
+    acl_broker: AclBroker, acl_pipeline: Callable[[str], Pipeline], spark: Any
+) -> None:
+    from airflow_provider_eo.core.audit import audit_pipeline
+    from airflow_provider_eo.core.stream import run_stream
+    from airflow_provider_eo.spark.stager import SparkStager
+
+    admin_config = acl_broker.config("eo-broker")
+    # One user per role, each holding exactly its role's ACLs.
+    pipeline = acl_pipeline("eo")
+    roles = {r: f"User:{r}" for r in ROLE_USERS}
+    roles["ui"] = "User:watcher"
+    # A stream runs the planner, the prepare and the committer in one process, as one user.
+    # Its own pipeline: Spark caches its Kafka consumers by group id and partition, and one
+    # group read with two users' settings in one Spark session is refused.
+    streamed = acl_pipeline("eo")
+    set_acls(acl_broker, [*role_acls(pipeline, "User:eo", roles=roles), *pipeline_acls(streamed, "User:eo")])
+    produce(admin_config, pipeline.source_topics[0], 60, poison_at=17)
+
+    with Ledger(pipeline.ledger_url) as ledger:
+        run_roles(pipeline, ledger, spark, user=lambda role: as_user(pipeline, acl_broker, role))
+        produce(admin_config, streamed.source_topics[0], 40)
+        # Three checkpoints: 10 more records after each of the first two.
+        fed: list[int] = []
+
+        def feed(_checkpoint: Any) -> None:
+            if len(fed) < 2:
+                produce(admin_config, streamed.source_topics[0], 10)
+                fed.append(10)
+
+        result = run_stream(
+            streamed,
+            interval_s=0.5,
+            max_checkpoints=3,
+            ledger=ledger,
+            stager=SparkStager(spark),
+            on_checkpoint=feed,
+        )
+        assert len(result.checkpoints) == 3 and not result.unfinished, result.summary()
+        assert audit_pipeline(streamed, ledger).ok
+
+    # Counted against the source: the poison record in the dead-letter topic, every other
+    # source record once in the sink, nothing else there.
+    report = compare_source_and_sink(
+        admin_config, list(pipeline.source_topics), pipeline.sink_topic, pipeline.name
+    )
+    assert report.source == 60, report.describe()
+    assert len(report.missing) == 1 and report.sink == 59, report.describe()
+    assert not (report.duplicated or report.unexpected or report.unattributed), report.describe()
+    dead = read_sink(admin_config, pipeline.dead_letter_topic or "")  # read_committed
+    assert [m.value() for m in dead] == [b"POISON"], dead
+    stream_report = compare_source_and_sink(
+        admin_config, list(streamed.source_topics), streamed.sink_topic, streamed.name
+    )
+    assert stream_report.exactly_once and stream_report.source == 60, stream_report.describe()
+
+
+def _single_principal_cases() -> list[Any]:
+    template = Pipeline(
+        name="P",
+        kafka={"bootstrap.servers": "-"},
+        source_topics=["SRC"],
+        sink_topic="SINK",
+        dead_letter_topic="DLQ",
+        max_dead_letters_per_checkpoint=2,
+    )
+    return [
+        pytest.param(i, id=f"{e.operation}-{e.resource_type}-{e.resource}")
+        for i, e in enumerate(pipeline_acls(template, "User:eo"))
+    ]
+
+
+@pytest.mark.parametrize("index", _single_principal_cases())
+def test_each_acl_removed_fails_at_once_naming_it(
+    index: int, acl_broker: AclBroker, acl_pipeline: Callable[[str], Pipeline], spark: Any
+) -> None:
+    pipeline = acl_pipeline("eo")
+    entries = pipeline_acls(pipeline, "User:eo")
+    removed = entries[index]
+    set_acls(acl_broker, [e for i, e in enumerate(entries) if i != index])
+    produce(acl_broker.config("eo-broker"), pipeline.source_topics[0], 30, poison_at=5)
+
+    started = time.monotonic()
+    with Ledger(pipeline.ledger_url) as ledger:
+        if not removed.required:  # recommended only: every role still runs
+            run_roles(pipeline, ledger, spark)
+            return
+        with pytest.raises((EoError, DoctorFailed)) as caught:
+            run_roles(pipeline, ledger, spark)
+    took = time.monotonic() - started
+    text = str(caught.value)
+    assert isinstance(caught.value, KafkaAccessDenied) or "KafkaAccessDenied" in text, (
+        f"{type(caught.value).__name__}: {text}"
+    )
+    # READ and WRITE imply DESCRIBE: without them, the first role to fail may be one that
+    # needed only DESCRIBE on that resource, and its error names DESCRIBE.
+    named = {removed.operation} | ({"DESCRIBE"} if removed.operation in ("READ", "WRITE") else set())
+    assert any(f"{op} on {removed.resource_type}" in text for op in named), text
+    assert removed.resource in text, text
+    assert "kafka-acls" in text, text
+    assert took < REFUSAL_S, f"the refusal took {took:.0f} s: {text}"
