@@ -47,6 +47,7 @@ ledger rows, so a checkpoint half committed in one mode is finished by the other
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -457,6 +458,7 @@ def commit_checkpoint(
         backfill: the checkpoint must be finished whatever the mode).
     """
     started = time.monotonic()
+    owner = owner or names.lease_owner(actor)
     try:
         return _commit_prepared(
             pipeline,
@@ -474,6 +476,16 @@ def commit_checkpoint(
         if now.state is not CheckpointState.COMMITTED:
             raise
         return CommitResult(now, 0, 0, time.monotonic() - started, note=BY_ANOTHER, by_another=True)
+    except CommitLeaseHeld:
+        raise  # another committer's lease: not ours to release
+    except Exception:
+        # This committer failed and publishes no more (a crash never gets here: its lease
+        # runs out or its process is seen gone). Its lease is given up, so a retry (the next
+        # Airflow try, a new process) need not wait for it to run out; whatever it left open
+        # is fenced by the retry's init_transactions.
+        with contextlib.suppress(Exception):
+            ledger.release_commit_lease(pipeline.name, checkpoint_id, owner=owner)
+        raise
 
 
 def _commit_prepared(

@@ -613,3 +613,28 @@ def test_the_lease_of_a_committer_whose_process_is_gone_is_taken_over_at_once(
     taken = [e for e in ledger.events("orders", cp.checkpoint_id) if e.kind == "lease"][-1]
     assert taken.details["previous_owner"] == holder and taken.details["previous_owner_gone"] is True
     assert taken.details["owner"] == names.lease_owner()
+
+
+def test_a_commit_that_fails_gives_its_lease_up_for_the_retry(
+    pipeline: Pipeline, ledger: Ledger, broker: FakeBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A commit that fails with an error (not a crash) publishes no more: its lease is given up,
+    so the retry (the next Airflow try, in another process: another owner) is not refused for
+    the lease's remaining minutes; it fences what the failed one left open."""
+    cp = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=SINK_PARTITIONS)
+
+    def fail(step: str) -> None:
+        if step == "commit.before_commit_txn":
+            raise RuntimeError("the task failed here")
+
+    monkeypatch.setattr(shard_module, "fault_point", fail)
+    with pytest.raises(RuntimeError):
+        commit_checkpoint(
+            pipeline, ledger, cp.checkpoint_id, clients=FakeClients(broker), owner="commit:try#1"
+        )
+    monkeypatch.setattr(shard_module, "fault_point", lambda step: None)
+    done = commit_checkpoint(
+        pipeline, ledger, cp.checkpoint_id, clients=FakeClients(broker), owner="commit:try#2"
+    )
+    assert done.checkpoint.state is CheckpointState.COMMITTED
+    everything_once(broker)
