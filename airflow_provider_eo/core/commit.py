@@ -478,11 +478,12 @@ def commit_checkpoint(
         return CommitResult(now, 0, 0, time.monotonic() - started, note=BY_ANOTHER, by_another=True)
     except CommitLeaseHeld:
         raise  # another committer's lease: not ours to release
-    except Exception:
-        # This committer failed and publishes no more (a crash never gets here: its lease
-        # runs out or its process is seen gone). Its lease is given up, so a retry (the next
-        # Airflow try, a new process) need not wait for it to run out; whatever it left open
-        # is fenced by the retry's init_transactions.
+    except BaseException:
+        # This committer failed or is exiting (an error, SystemExit, an interrupt) and
+        # publishes no more (a SIGKILL never gets here: its lease runs out or its process is
+        # seen gone). Its lease is given up, so a retry (the next Airflow try, another process)
+        # need not wait for it to run out; whatever it left open is fenced by the retry's
+        # init_transactions.
         with contextlib.suppress(Exception):
             ledger.release_commit_lease(pipeline.name, checkpoint_id, owner=owner)
         raise
