@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Producer
+from eo_harness import wait_for
 from eo_source_sink import compare_source_and_sink
 from eo_tls import issue, make_ca
 
@@ -168,10 +169,11 @@ def set_acls(acl_broker: AclBroker, entries: list[AclEntry]) -> None:
     if bindings:
         for fut in client.create_acls(bindings, request_timeout=15).values():
             fut.result(timeout=30)
-    deadline = time.monotonic() + 30
-    while any(_principal_acls(acl_broker, p) != want[p] for p in principals):
-        assert time.monotonic() < deadline, "the broker did not show the ACLs within 30 s"
-        time.sleep(0.2)
+    wait_for(
+        lambda: all(_principal_acls(acl_broker, p) == want[p] for p in principals),
+        "the broker to show the ACLs",
+        timeout=30,
+    )
 
 
 def produce(config: dict[str, Any], topic: str, n: int, *, poison_at: int | None = None) -> None:

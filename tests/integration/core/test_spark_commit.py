@@ -19,7 +19,7 @@ from eo_faultlib import (
     resume_and_reap,
     zombie_pid,
 )
-from eo_harness import parse_json_line
+from eo_harness import parse_json_line, wait_for
 
 from airflow_provider_eo import names
 from airflow_provider_eo.core.abort import abort_checkpoint
@@ -273,10 +273,9 @@ def test_cancel_stops_the_checkpoints_commit_jobs_and_no_other(harness: Callable
     threads = [threading.Thread(target=job, args=(7, 120.0)), threading.Thread(target=job, args=(8, 8.0))]
     for t in threads:
         t.start()
-    deadline = time.monotonic() + 120
-    while not sc.statusTracker().getActiveJobsIds() or len(sc.statusTracker().getActiveJobsIds()) < 2:
-        assert time.monotonic() < deadline, "the two jobs never ran"
-        time.sleep(0.1)
+    wait_for(
+        lambda: len(sc.statusTracker().getActiveJobsIds() or []) >= 2, "the two jobs to run", timeout=120
+    )
     runner.cancel(h.pipeline.name, 7)
     for t in threads:
         t.join(150)

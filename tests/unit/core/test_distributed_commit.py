@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaException
 from eo_fake_kafka import FakeBroker, FakeClients, prepared_checkpoint
+from eo_harness import wait_for
 
 from airflow_provider_eo import names
 from airflow_provider_eo.core.abort import abort_checkpoint
@@ -514,10 +515,7 @@ class FlakyLedger:
 
 
 def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
+    wait_for(condition, what, timeout=timeout)
 
 
 def _keeper(ledger: Any, ttl_s: float, cancelled: list[float]) -> _LeaseKeeper:
