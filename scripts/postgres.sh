@@ -42,8 +42,8 @@ ensure_installed() {
       exit 2
     fi
     log "installing postgresql with apt-get"
-    apt-get update -qq >&2
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >&2
+    apt-get -o DPkg::Lock::Timeout=300 update -qq >&2
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq postgresql >&2
     BIN="$(find_bin)" || { log "postgresql installed but initdb not found"; exit 2; }
   fi
 }
