@@ -207,6 +207,20 @@ def pg_fresh_url(make_ledger: LedgerFactory) -> str:
     return make_ledger.url("postgres", migrated=False)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _close_shared_kafka_clients() -> Iterator[None]:
+    """Each test module's shared Kafka clients and idle producers are closed after it: a
+    worker runs hundreds of pipelines (a group consumer each), and a process with over
+    1,024 open files breaks py4j's callback server (a later streaming query hangs)."""
+    yield
+    admin = sys.modules.get("airflow_provider_eo.kafka.admin")
+    publisher = sys.modules.get("airflow_provider_eo.kafka.publisher")
+    if admin is not None:
+        admin.close_shared_clients()
+    if publisher is not None:
+        publisher.close_producers()
+
+
 @pytest.fixture(autouse=True)
 def _close_shared_ledger_readers() -> Iterator[None]:
     """The triggers' per-process ledger readers hold pooled connections: closed after each

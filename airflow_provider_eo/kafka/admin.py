@@ -41,23 +41,78 @@ def _transient(err: KafkaError) -> bool:
 
 
 _CLIENTS: dict[tuple[tuple[str, str], ...], AdminClient] = {}
+_GROUP_CONSUMERS: dict[tuple[tuple[str, str], ...], Consumer] = {}
 _CLIENTS_LOCK = threading.Lock()
+# When each shared client (admin or group consumer, by key) was last handed out.
+_LAST_USED: dict[tuple[tuple[str, str], ...], float] = {}
+#: A shared client not handed out for this long is closed at the next fetch of any client:
+#: a long-lived process (Airflow's triggerer, a streaming driver, a worker running many
+#: pipelines) keeps only the clients it still uses. Every client and its connections hold
+#: file descriptors (a process with over 1,024 of them also breaks py4j's callback server,
+#: which selects on its socket: a Spark driver's streaming query then hangs at its start).
+SHARED_CLIENT_IDLE_S = 300.0
+#: Above this many shared clients, the least recently used one idle for over
+#: :data:`SHARED_CLIENT_BUSY_S` is closed at each fetch.
+SHARED_CLIENT_MAX = 32
+#: A client handed out this recently may still be in a caller's hands: never closed early.
+SHARED_CLIENT_BUSY_S = 120.0
+
+
+def _retire_idle(now: float) -> list[Any]:
+    """Under the lock: take the shared clients to close (idle too long, or the least
+    recently used idle ones above the cap) out of the caches; the caller closes them."""
+    gone = [key for key, used in _LAST_USED.items() if now - used > SHARED_CLIENT_IDLE_S]
+    live = len(_LAST_USED) - len(gone)
+    if live > SHARED_CLIENT_MAX:
+        # Oldest use first (ties in the order the clients were made).
+        idle = sorted(
+            (
+                (used, key)
+                for key, used in _LAST_USED.items()
+                if key not in gone and now - used > SHARED_CLIENT_BUSY_S
+            ),
+            key=lambda item: item[0],
+        )
+        gone += [key for _, key in idle[: live - SHARED_CLIENT_MAX]]
+    retired: list[Any] = []
+    for key in gone:
+        _LAST_USED.pop(key, None)
+        retired += [c for c in (_CLIENTS.pop(key, None), _GROUP_CONSUMERS.pop(key, None)) if c is not None]
+    return retired
+
+
+def _close_clients(clients: Iterable[Any]) -> None:
+    """Close shared clients taken out of the caches (consumers closed, admin clients served
+    and dropped: the last reference goes with the list)."""
+    for client in clients:
+        try:
+            if isinstance(client, Consumer):
+                client.close()
+            else:
+                client.poll(0)
+        except Exception:  # already closed, or the broker is gone: nothing more to do
+            pass
 
 
 def admin_client(config: Mapping[str, Any]) -> AdminClient:
     """A shared AdminClient per distinct config.
 
-    Kept for the life of the process: destroying AdminClients while librdkafka still has
-    background events queued crashed the interpreter (seen here with confluent-kafka 2.16).
-    Its librdkafka log lines go to Python logging; they are queued until ``poll``, which
-    every fetch of the client does.
+    Kept while in use: destroying AdminClients while librdkafka still has background
+    events queued crashed the interpreter (seen here with confluent-kafka 2.16), so a
+    client is dropped only after minutes unused (:data:`SHARED_CLIENT_IDLE_S`). Its
+    librdkafka log lines go to Python logging; they are queued until ``poll``, which every
+    fetch of the client does.
     """
     conf = librdkafka_config(config)
-    key = cache_key(conf)
+    key = ("admin", "1"), *cache_key(conf)
+    now = time.monotonic()
     with _CLIENTS_LOCK:
         client = _CLIENTS.get(key)
         if client is None:
             client = _CLIENTS[key] = AdminClient(conf)
+        _LAST_USED[key] = now
+        retired = _retire_idle(now)
+    _close_clients(retired)
     client.poll(0)  # serve queued log lines (bounded: never more than since the last call)
     return client
 
@@ -235,12 +290,10 @@ def offsets_for_timestamp(
     return found
 
 
-_GROUP_CONSUMERS: dict[tuple[tuple[str, str], ...], Consumer] = {}
-
-
 def group_consumer(config: Mapping[str, Any], group: str, *, stable: bool = True) -> Consumer:
-    """A consumer of ``group`` that never subscribes, consumes or commits, kept for the
-    process's life (one per config, group and ``stable``).
+    """A consumer of ``group`` that never subscribes, consumes or commits, shared while in
+    use (one per config, group and ``stable``; closed after minutes unused, like
+    :func:`admin_client`'s clients).
 
     Used to read a group's committed offsets and for ``send_offsets_to_transaction``'s
     group metadata. Kept, not closed: closing consumers right after creating them, while
@@ -255,11 +308,15 @@ def group_consumer(config: Mapping[str, Any], group: str, *, stable: bool = True
         # transactions' offset commits
         "isolation.level": "read_committed" if stable else "read_uncommitted",
     }
-    key = cache_key(conf)
+    key = ("consumer", "1"), *cache_key(conf)
+    now = time.monotonic()
     with _CLIENTS_LOCK:
         consumer = _GROUP_CONSUMERS.get(key)
         if consumer is None:
             consumer = _GROUP_CONSUMERS[key] = Consumer(conf)
+        _LAST_USED[key] = now
+        retired = _retire_idle(now)
+    _close_clients(retired)
     # Serve queued librdkafka log lines (Python logging): never subscribed, so this
     # polls no records and joins no group.
     consumer.poll(0)
@@ -280,13 +337,8 @@ def close_shared_clients() -> int:
         admins = list(_CLIENTS.values())
         _GROUP_CONSUMERS.clear()
         _CLIENTS.clear()
-    for consumer in consumers:
-        try:
-            consumer.close()
-        except Exception:  # already closed, or the broker is gone: nothing more to do
-            pass
-    for client in admins:
-        client.poll(0)  # serve what is queued; the last reference goes with this loop
+        _LAST_USED.clear()
+    _close_clients([*consumers, *admins])
     return len(consumers) + len(admins)
 
 
