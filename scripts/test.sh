@@ -13,9 +13,33 @@ echo "== mypy" >&2
 echo "== import contracts" >&2
 .venv/bin/lint-imports --no-cache --no-logo
 echo "== pytest" >&2
+# Every process the tests start inherits this mark; whatever still carries it when the run
+# ends (a worker stopped by a test's timeout skips its fixtures' teardown) is stopped here.
+export EO_TEST_RUN="$$-$(date +%s)"
+sweep() {
+  local pids=() p
+  for p in /proc/[0-9]*; do
+    [ "${p#/proc/}" = $$ ] && continue
+    if tr '\0' '\n' < "$p/environ" 2>/dev/null | grep -qx "EO_TEST_RUN=$EO_TEST_RUN"; then
+      pids+=("${p#/proc/}")
+    fi
+  done
+  if [ ${#pids[@]} -gt 0 ]; then
+    echo "test run: stopping ${#pids[@]} processes the tests left running" >&2
+    kill -TERM "${pids[@]}" 2>/dev/null || true
+    sleep 5
+    kill -KILL "${pids[@]}" 2>/dev/null || true
+  fi
+}
+trap sweep EXIT
 # pytest exits 5 when it collects nothing; set -e turns that into a failure too.
 # Two processes (pytest-xdist), whole files to each: most of the run is waiting on brokers,
 # JVMs and subprocesses, not CPU. Each worker is a test session of its own (its own broker,
 # Spark session and temp folders); a file's tests share its module fixtures in one worker.
 # EO_TEST_WORKERS=0 runs everything in this process.
-.venv/bin/pytest -q --timeout=1200 --durations=50 -n "${EO_TEST_WORKERS:-2}" --dist loadfile "$@"
+# A test past its timeout has its stacks printed and its worker stopped (the thread method):
+# a hung Spark or Kafka client would otherwise take every later test of that worker with it.
+# pytest-xdist starts a fresh worker (its own broker and Spark session) for the rest.
+# The session timeout ends the run with its summary before CI's limit would cut it off.
+.venv/bin/pytest -q --timeout=600 --timeout-method=thread --session-timeout=4800 --durations=50 \
+  -n "${EO_TEST_WORKERS:-2}" --dist loadfile "$@"
