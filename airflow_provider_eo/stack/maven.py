@@ -138,3 +138,14 @@ def hadoop_aws_jars(hadoop_version: str | None = None) -> list[Path]:
     version = hadoop_version or spark_hadoop_version()
     out = state_dir() / "jars" / f"hadoop-aws-{version}"
     return _copy_dependencies("hadoop-aws", out, {"hadoop.version": version}, f"hadoop-aws {version}")
+
+
+def hadoop_minicluster_jars(hadoop_version: str | None = None) -> list[Path]:
+    """Hadoop's own test cluster (``org.apache.hadoop:hadoop-client-minicluster``: a
+    MiniYARNCluster and a MiniDFSCluster) at pyspark's Hadoop version, with the few jars it
+    needs and does not shade, fetched once: what the tests run Spark on YARN with."""
+    version = hadoop_version or spark_hadoop_version()
+    out = state_dir() / "jars" / f"hadoop-minicluster-{version}"
+    return _copy_dependencies(
+        "hadoop-minicluster", out, {"hadoop.version": version}, f"hadoop-client-minicluster {version}"
+    )
