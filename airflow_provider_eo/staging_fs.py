@@ -52,6 +52,7 @@ __all__ = [
     "S3Settings",
     "StagingStore",
     "hdfs_filesystem",
+    "is_s3_location",
     "jvm_environment",
     "spark_settings",
     "store_for",
@@ -326,13 +327,16 @@ def store_for(
     return StagingStore(s3=s3, by_bucket=by_bucket)
 
 
+def is_s3_location(location: str | None) -> bool:
+    """Whether ``location`` is under an S3 scheme (``s3a://``, ``s3://``, ``s3n://``)."""
+    if not location or "://" not in location:
+        return False
+    return location.split("://", 1)[0].lower() in S3_SCHEMES
+
+
 def uses_s3(pipeline: Pipeline) -> bool:
     """Whether the pipeline stages under an S3 scheme."""
-    return (
-        pipeline.staging_dir.split("://", 1)[0].lower() in S3_SCHEMES
-        if "://" in pipeline.staging_dir
-        else False
-    )
+    return is_s3_location(pipeline.staging_dir)
 
 
 def spark_settings(pipeline: Pipeline, conf: Mapping[str, str] | None = None) -> dict[str, str]:

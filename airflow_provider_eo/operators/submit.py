@@ -119,7 +119,7 @@ def _rebuild_hook(task: SparkSubmitOperator) -> None:
     task._hook = None
 
 
-def add_task_time_jars(task: SparkSubmitOperator, pipeline_name: str) -> None:
+def add_task_time_jars(task: SparkSubmitOperator, pipeline_name: str, staging_dir: str | None = None) -> None:
     """Add to ``task.jars`` what the prepare needs and is already installed on this worker,
     never running a build tool (no Maven, no javac at task time):
 
@@ -128,11 +128,19 @@ def add_task_time_jars(task: SparkSubmitOperator, pipeline_name: str) -> None:
       the jars ``eo setup jars`` (or ``eo dev jars``) fetched; when neither, the task fails
       saying what to set, before anything is submitted;
     - eo's JVM partitioner jar when ``eo setup jars`` built it; otherwise the prepare
-      computes sink partitions with its Arrow UDF (same result, slower), logged here.
+      computes sink partitions with its Arrow UDF (same result, slower), logged here;
+    - with a ``staging_dir`` under ``s3a://``, Hadoop's S3A connector (``hadoop-aws`` and
+      its AWS SDK bundle) when ``eo setup jars --s3`` fetched it, unless the task names it
+      already; without it, logged (Spark's image must have it, as EMR's and Dataproc's do).
     """
-    from airflow_provider_eo.spark.session import connector_coordinate, names_connector
+    from airflow_provider_eo.spark.session import connector_coordinate, names_connector, names_hadoop_aws
     from airflow_provider_eo.stack.javac import cached_udf_jar
-    from airflow_provider_eo.stack.maven import cached_spark_kafka_jars, installed_spark_version
+    from airflow_provider_eo.stack.maven import (
+        cached_hadoop_aws_jars,
+        cached_spark_kafka_jars,
+        installed_spark_version,
+    )
+    from airflow_provider_eo.staging_fs import is_s3_location
 
     conf = dict(task.conf or {})
     try:
@@ -150,6 +158,20 @@ def add_task_time_jars(task: SparkSubmitOperator, pipeline_name: str) -> None:
                 "`eo setup jars` on this worker. Nothing was submitted."
             )
         jars += [str(p) for p in cached]
+    given = (task.packages, task.jars, conf.get("spark.jars.packages"), conf.get("spark.jars"))
+    if is_s3_location(staging_dir) and not names_hadoop_aws(*given):
+        s3a = cached_hadoop_aws_jars() if version else None
+        if s3a:
+            jars += [str(p) for p in s3a]
+        else:
+            task.log.warning(
+                "pipeline %s stages under %s, and Hadoop's S3A connector (hadoop-aws) is neither "
+                "given to task %r (packages/jars) nor installed on this worker (`eo setup jars --s3`): "
+                "Spark's own classpath must have it, or the prepare fails on S3AFileSystem",
+                pipeline_name,
+                staging_dir,
+                task.task_id,
+            )
     udf = cached_udf_jar(version) if version else None
     if udf is not None:
         jars.append(str(udf))
@@ -174,12 +196,14 @@ def configure_submit(
     overrides: ConnectionSettings | None,
     ship: Sequence[str | None] = (),
     spark_kafka: bool = True,
+    staging_dir: str | None = None,
 ) -> bool:
     """Set ``task`` up to spark-submit one of the provider's applications: the application
     (unless the task names its own), its arguments followed by ``--actor-json`` (this task
     instance, recorded in the ledger), the jars (:func:`add_task_time_jars`, unless
     ``spark_kafka`` is false: an application that never reads Kafka through Spark SQL, the
-    commit, needs neither the connector nor eo's partitioner jar), the user's modules in
+    commit, needs neither the connector nor eo's partitioner jar; ``staging_dir``, where the
+    application stages, for Hadoop's S3A connector), the user's modules in
     ``py_files`` (the pipeline module and the ``ship`` references, e.g. the transform: see
     :mod:`~airflow_provider_eo.spark.shipping`), and in client mode the driver's
     environment (:func:`local_driver_env`, ``overrides``). Returns ``True`` in cluster
@@ -210,7 +234,7 @@ def configure_submit(
         json.dumps(task_identity(context)),
     ]
     if spark_kafka:
-        add_task_time_jars(task, pipeline_name)
+        add_task_time_jars(task, pipeline_name, staging_dir)
     shipped = ship_py_files([pipeline_ref, *ship])
     if shipped:
         task.py_files = _merge_csv(task.py_files, ",".join(shipped))
@@ -283,6 +307,7 @@ def submit_prepare(
     overrides: ConnectionSettings | None,
     extra_args: Sequence[str] = (),
     ship: Sequence[str | None] = (),
+    staging_dir: str | None = None,
 ) -> None:
     """spark-submit the provider's prepare application for one checkpoint, with the
     Spark settings of ``task`` (any :class:`SparkSubmitOperator`: connection, ``conf``,
@@ -306,6 +331,7 @@ def submit_prepare(
     :param pipeline_name: the pipeline's name, for messages.
     :param checkpoint_id: the checkpoint to prepare.
     :param overrides: see :func:`configure_submit`.
+    :param staging_dir: where the checkpoint is staged (see :func:`configure_submit`).
     """
     if configure_submit(
         task,
@@ -316,6 +342,7 @@ def submit_prepare(
         pipeline_name=pipeline_name,
         overrides=overrides,
         ship=ship,
+        staging_dir=staging_dir,
     ):
         # The provider's own driver tracking (YARN and Kubernetes as configured on the
         # operator; Spark refuses cluster deploy mode for Python applications on a
@@ -425,6 +452,7 @@ class EoSubmitOperator(OpenLineageMixin, PipelineTaskMixin, SparkSubmitOperator)
             checkpoint_id=checkpoint_id,
             overrides=self.pipeline_overrides(pipeline),
             ship=[pipeline.transform],
+            staging_dir=pipeline.staging_dir,
         )
         with open_ledger(pipeline) as ledger:
             cp = ledger.get(pipeline.name, checkpoint_id)
