@@ -195,7 +195,7 @@ def test_prepare_submit_passes_the_staging_dir(
 
     seen: list[Any] = []
     monkeypatch.setattr(
-        submit_mod, "add_task_time_jars", lambda task, name, staging_dir=None: seen.append(staging_dir)
+        submit_mod, "add_task_time_jars", lambda task, name, staging_dir=None, **kw: seen.append(staging_dir)
     )
     monkeypatch.setattr(submit_mod, "resume_submission", lambda *a, **k: None)
     monkeypatch.setattr(submit_mod.SparkSubmitOperator, "execute", lambda self, ctx: None)
