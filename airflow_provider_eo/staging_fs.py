@@ -5,7 +5,8 @@ A location is a local folder or a URI. Hadoop's object-store schemes are mapped 
 filesystems: ``s3a://``, ``s3://`` and ``s3n://`` to :class:`pyarrow.fs.S3FileSystem` (the same
 bucket and key; Spark needs ``s3a://``, vanilla Hadoop has no ``s3://``), ``gs://`` to
 :class:`pyarrow.fs.GcsFileSystem`, ``abfss://``/``abfs://`` to pyarrow's ``AzureFileSystem``
-and ``hdfs://`` to :class:`pyarrow.fs.HadoopFileSystem` (pyarrow's own parsing).
+and ``hdfs://`` to :class:`pyarrow.fs.HadoopFileSystem` where Hadoop's native client is
+installed, else to the NameNode's WebHDFS (:func:`hdfs_filesystem`).
 
 S3 settings come from one precedence, setting by setting (endpoint, region, path-style
 access, TLS; the credentials as one set: key id, secret and session token together):
@@ -34,6 +35,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -46,8 +48,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "S3_SCHEMES",
+    "WEBHDFS_DEFAULT_PORT",
     "S3Settings",
     "StagingStore",
+    "hdfs_filesystem",
+    "is_s3_location",
     "jvm_environment",
     "spark_settings",
     "store_for",
@@ -159,11 +164,74 @@ class StagingStore:
             return self.s3_for(bucket).filesystem(), rest.rstrip("/")
         if scheme in _AZURE_SCHEMES:
             return _azure(location)
+        if scheme == "hdfs":
+            return hdfs_filesystem(location)
         if scheme == "gs":
             fs, path = pafs.FileSystem.from_uri(location)
             return fs, path.rstrip("/")
         fs, path = pafs.FileSystem.from_uri(location)
         return fs, path
+
+
+def _hadoop_conf_dirs() -> list[Path]:
+    """Where a Hadoop client finds its ``*-site.xml`` files, first match wins:
+    ``HADOOP_CONF_DIR``, the folder Spark ships them in to a YARN container, and
+    ``$HADOOP_HOME/etc/hadoop``."""
+    dirs = [os.environ.get("HADOOP_CONF_DIR"), os.path.join("__spark_conf__", "__hadoop_conf__")]
+    if os.environ.get("HADOOP_HOME"):
+        dirs.append(os.path.join(os.environ["HADOOP_HOME"], "etc", "hadoop"))
+    return [Path(d) for d in dirs if d]
+
+
+def _hadoop_setting(key: str) -> str | None:
+    """``key`` from the first ``hdfs-site.xml`` of :func:`_hadoop_conf_dirs` that sets it."""
+    import xml.etree.ElementTree as ET
+
+    for folder in _hadoop_conf_dirs():
+        site = folder / "hdfs-site.xml"
+        if not site.is_file():
+            continue
+        for prop in ET.parse(site).getroot().iter("property"):
+            if prop.findtext("name") == key:
+                return (prop.findtext("value") or "").strip() or None
+    return None
+
+
+#: WebHDFS's port when ``dfs.namenode.http-address`` is not configured (Hadoop 3's default).
+WEBHDFS_DEFAULT_PORT = 9870
+
+
+def hdfs_filesystem(location: str) -> tuple[pafs.FileSystem, str]:
+    """``hdfs://NAMENODE[:PORT]/PATH``: through Hadoop's native client (pyarrow's
+    :class:`~pyarrow.fs.HadoopFileSystem`, which needs ``libhdfs`` and a JVM: used when
+    ``ARROW_LIBHDFS_DIR`` or ``HADOOP_HOME`` says where ``libhdfs`` is), else through the
+    NameNode's WebHDFS REST API (pure Python, fsspec's ``WebHDFS``), at
+    ``dfs.namenode.http-address`` of the Hadoop configuration (``HADOOP_CONF_DIR``, or the one
+    Spark ships to a YARN container), or port 9870 of the same host. Either way the same files
+    Spark's Hadoop side writes under that URI, as the same user (``HADOOP_USER_NAME``, else
+    this process's user, as Hadoop's simple authentication does)."""
+    parsed = urlsplit(location)
+    path = parsed.path.rstrip("/") or "/"
+    if os.environ.get("ARROW_LIBHDFS_DIR") or os.environ.get("HADOOP_HOME"):
+        fs, native_path = pafs.FileSystem.from_uri(location)
+        return fs, native_path
+    import getpass
+
+    from fsspec.implementations.webhdfs import WebHDFS
+
+    host = parsed.hostname or ""
+    if not host:
+        raise ConfigError(f"staging location {location!r} names no NameNode (hdfs://NAMENODE:PORT/PATH)")
+    http = _hadoop_setting("dfs.namenode.http-address")
+    http_host, port = host, WEBHDFS_DEFAULT_PORT
+    if http:
+        configured_host, _, configured_port = http.rpartition(":")
+        port = int(configured_port)
+        if configured_host not in ("", "0.0.0.0"):
+            http_host = configured_host
+    user = os.environ.get("HADOOP_USER_NAME") or getpass.getuser()
+    webhdfs = WebHDFS(http_host, port=port, user=user)
+    return pafs.PyFileSystem(pafs.FSSpecHandler(webhdfs)), path
 
 
 def _azure(location: str) -> tuple[pafs.FileSystem, str]:
@@ -259,13 +327,16 @@ def store_for(
     return StagingStore(s3=s3, by_bucket=by_bucket)
 
 
+def is_s3_location(location: str | None) -> bool:
+    """Whether ``location`` is under an S3 scheme (``s3a://``, ``s3://``, ``s3n://``)."""
+    if not location or "://" not in location:
+        return False
+    return location.split("://", 1)[0].lower() in S3_SCHEMES
+
+
 def uses_s3(pipeline: Pipeline) -> bool:
     """Whether the pipeline stages under an S3 scheme."""
-    return (
-        pipeline.staging_dir.split("://", 1)[0].lower() in S3_SCHEMES
-        if "://" in pipeline.staging_dir
-        else False
-    )
+    return is_s3_location(pipeline.staging_dir)
 
 
 def spark_settings(pipeline: Pipeline, conf: Mapping[str, str] | None = None) -> dict[str, str]:

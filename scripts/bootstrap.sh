@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up everything the demo and the tests need, from a fresh clone: a JDK + Maven (Debian
 # packages, when missing), the virtualenv in .venv/ with the pinned dependencies, and the
-# Kafka / Spark-connector jars from Maven Central. Safe to run again: each step is skipped
+# Kafka / Spark-connector / Hadoop test-cluster jars from Maven Central. Safe to run again: each step is skipped
 # when already done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -62,10 +62,12 @@ say "fetching jars (cached under .eo/jars after the first run)"
 .venv/bin/python - <<'PY'
 from airflow_provider_eo.stack.kafka import KAFKA_VERSION
 from airflow_provider_eo.stack.javac import udf_jar
+from airflow_provider_eo.stack.hadoop import minicluster_classpath
 from airflow_provider_eo.stack.maven import hadoop_aws_jars, kafka_broker_jars, spark_kafka_jars
 kafka_broker_jars(KAFKA_VERSION)
 spark_kafka_jars()
 hadoop_aws_jars()  # staging on S3 (tests/integration/core/test_object_storage.py)
+minicluster_classpath()  # Spark on YARN, staging on HDFS (tests/integration/airflow/test_yarn.py)
 udf_jar()
 PY
 say "ready in $(( $(date +%s) - t0 ))s"

@@ -57,7 +57,16 @@ def dev_jars() -> None:
 
 
 @setup_app.command("jars")
-def setup_jars() -> None:
+def setup_jars(
+    s3: Annotated[
+        bool,
+        typer.Option(
+            "--s3/--no-s3",
+            help="Also fetch Hadoop's S3A connector (hadoop-aws and its AWS SDK bundle) for staging "
+            "under s3a://, when Spark's image does not have it.",
+        ),
+    ] = False,
+) -> None:
     """Fetch the Spark Kafka connector matching the installed pyspark (Maven) and build eo's
     JVM partitioner jar and its Kafka transaction admin tool (javac; `eo doctor` and
     `eo recover --abort-hanging` run it) into the eo home (EO_HOME); print the Spark jars
@@ -71,7 +80,7 @@ def setup_jars() -> None:
     from airflow_provider_eo.stack.paths import state_dir
 
     with reported(StackError):
-        jars = connector_jars_csv()
+        jars = connector_jars_csv("s3a://" if s3 else None)
         admin_classpath()  # after the connector: its kafka-clients jar is what it compiles against
     err.print(f"installed under {state_dir() / 'jars'}", highlight=False)
     print(jars)

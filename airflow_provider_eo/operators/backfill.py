@@ -299,6 +299,7 @@ class EoBackfillOperator(OpenLineageMixin, PipelineTaskMixin, SparkSubmitOperato
             overrides=overrides,
             extra_args=extra_args,
             ship=[backfill.transform],
+            staging_dir=backfill.staging_dir,
         )
         state = ledger.get(backfill.name, checkpoint_id).state
         if state not in (CheckpointState.PREPARED, CheckpointState.COMMITTED):

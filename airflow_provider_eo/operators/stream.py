@@ -240,6 +240,7 @@ class EoStreamOperator(OpenLineageMixin, PipelineTaskMixin, SparkSubmitOperator)
             pipeline_ref=self.pipeline,
             pipeline_name=pipeline.name,
             overrides=self.pipeline_overrides(pipeline),
+            staging_dir=pipeline.staging_dir,
         )
         self.log.info(
             "pipeline %s: streaming application (%s deploy mode, commit=%s) starting; unfinished "
@@ -371,6 +372,7 @@ class EoStreamOperator(OpenLineageMixin, PipelineTaskMixin, SparkSubmitOperator)
             pipeline_ref=self.pipeline,
             pipeline_name=name,
             overrides=self.pipeline_overrides(pipeline),
+            staging_dir=pipeline.staging_dir,
         )
         pid = launch_detached(
             self._get_hook(),

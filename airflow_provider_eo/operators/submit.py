@@ -119,7 +119,13 @@ def _rebuild_hook(task: SparkSubmitOperator) -> None:
     task._hook = None
 
 
-def add_task_time_jars(task: SparkSubmitOperator, pipeline_name: str) -> None:
+def add_task_time_jars(
+    task: SparkSubmitOperator,
+    pipeline_name: str,
+    staging_dir: str | None = None,
+    *,
+    optional_worker_jars: bool = True,
+) -> None:
     """Add to ``task.jars`` what the prepare needs and is already installed on this worker,
     never running a build tool (no Maven, no javac at task time):
 
@@ -128,11 +134,24 @@ def add_task_time_jars(task: SparkSubmitOperator, pipeline_name: str) -> None:
       the jars ``eo setup jars`` (or ``eo dev jars``) fetched; when neither, the task fails
       saying what to set, before anything is submitted;
     - eo's JVM partitioner jar when ``eo setup jars`` built it; otherwise the prepare
-      computes sink partitions with its Arrow UDF (same result, slower), logged here.
+      computes sink partitions with its Arrow UDF (same result, slower), logged here;
+    - with a ``staging_dir`` under ``s3a://``, Hadoop's S3A connector (``hadoop-aws`` and
+      its AWS SDK bundle) when ``eo setup jars --s3`` fetched it, unless the task names it
+      already; without it, logged (Spark's image must have it, as EMR's and Dataproc's do).
+
+    With ``optional_worker_jars`` false (a driver that cannot read this worker's files: a
+    Kubernetes pod with no upload path), the optional jars of this worker (the partitioner,
+    the S3A connector) are left out, logged; the image may hold them (give them as
+    ``jars="local:///..."``).
     """
-    from airflow_provider_eo.spark.session import connector_coordinate, names_connector
+    from airflow_provider_eo.spark.session import connector_coordinate, names_connector, names_hadoop_aws
     from airflow_provider_eo.stack.javac import cached_udf_jar
-    from airflow_provider_eo.stack.maven import cached_spark_kafka_jars, installed_spark_version
+    from airflow_provider_eo.stack.maven import (
+        cached_hadoop_aws_jars,
+        cached_spark_kafka_jars,
+        installed_spark_version,
+    )
+    from airflow_provider_eo.staging_fs import is_s3_location
 
     conf = dict(task.conf or {})
     try:
@@ -150,9 +169,30 @@ def add_task_time_jars(task: SparkSubmitOperator, pipeline_name: str) -> None:
                 "`eo setup jars` on this worker. Nothing was submitted."
             )
         jars += [str(p) for p in cached]
+    given = (task.packages, task.jars, conf.get("spark.jars.packages"), conf.get("spark.jars"))
+    if is_s3_location(staging_dir) and not names_hadoop_aws(*given):
+        s3a = cached_hadoop_aws_jars() if version and optional_worker_jars else None
+        if s3a:
+            jars += [str(p) for p in s3a]
+        else:
+            task.log.warning(
+                "pipeline %s stages under %s, and Hadoop's S3A connector (hadoop-aws) is neither "
+                "given to task %r (packages/jars) nor installed on this worker (`eo setup jars --s3`): "
+                "Spark's own classpath must have it, or the prepare fails on S3AFileSystem",
+                pipeline_name,
+                staging_dir,
+                task.task_id,
+            )
     udf = cached_udf_jar(version) if version else None
-    if udf is not None:
+    if udf is not None and optional_worker_jars:
         jars.append(str(udf))
+    elif udf is not None:
+        task.log.info(
+            "pipeline %s: the driver cannot read this worker's files, so eo's JVM partitioner jar is "
+            "not added (give the image's copy as jars='local:///...'); else the prepare computes sink "
+            "partitions with its Arrow UDF",
+            pipeline_name,
+        )
     else:
         task.log.warning(
             "pipeline %s: eo's JVM partitioner jar is not installed on this worker (`eo setup jars` "
@@ -161,6 +201,51 @@ def add_task_time_jars(task: SparkSubmitOperator, pipeline_name: str) -> None:
         )
     if jars:
         task.jars = _merge_csv(task.jars, ",".join(jars))
+
+
+#: Spark's setting for where spark-submit uploads a Kubernetes cluster-mode driver's local files.
+K8S_UPLOAD_PATH = "spark.kubernetes.file.upload.path"
+
+
+def _local_files(task: SparkSubmitOperator) -> list[str]:
+    """The files of ``task``'s submission that are paths on this worker: no ``local://``
+    (inside the container image) and no remote scheme (``s3a://``, ``https://`` ...)."""
+    conf = dict(task.conf or {})
+    items = [task.application]
+    for csv in (task.py_files, task.jars, task.files, conf.get("spark.jars")):
+        items += (csv or "").split(",")
+    out = []
+    for item in (i.strip() for i in items if i and i.strip()):
+        if "://" not in item or item.startswith("file://"):
+            out.append(item)
+    return out
+
+
+def check_kubernetes_submit(task: SparkSubmitOperator, master: str, deploy_mode: str) -> None:
+    """Refuse, before anything is submitted, a Kubernetes cluster-mode submission that names
+    files of this worker while Spark has nowhere to upload them.
+
+    The driver runs in a pod, so every file of the submission must be in its image
+    (``local:///...``: the application, e.g.
+    ``application="local:///opt/venv/lib/python3.11/site-packages/airflow_provider_eo/apps/prepare.py"``,
+    and jars baked into the image) or be uploaded by ``spark-submit`` to
+    ``spark.kubernetes.file.upload.path`` (an ``s3a://``, ``gs://`` or ``hdfs://`` folder
+    both sides reach), which is what happens to the provider's application, the shipped
+    pipeline module (``py_files``) and the jars ``eo setup jars`` installed here when it is set.
+
+    :raises AirflowFailException: a local file and no upload path; names the files.
+    """
+    if not master.startswith("k8s://") or deploy_mode != "cluster":
+        return
+    local = _local_files(task)
+    if local and not dict(task.conf or {}).get(K8S_UPLOAD_PATH):
+        raise AirflowFailException(
+            f"task {task.task_id!r}: Kubernetes cluster deploy mode runs the driver in a pod, which "
+            f"cannot read this worker's files {', '.join(local)}. Set conf "
+            f"{{'{K8S_UPLOAD_PATH}': 's3a://BUCKET/spark-uploads'}} so spark-submit uploads them, or "
+            "give each one as local:///PATH inside the driver image (application=, jars=). "
+            "Nothing was submitted."
+        )
 
 
 def configure_submit(
@@ -174,12 +259,14 @@ def configure_submit(
     overrides: ConnectionSettings | None,
     ship: Sequence[str | None] = (),
     spark_kafka: bool = True,
+    staging_dir: str | None = None,
 ) -> bool:
     """Set ``task`` up to spark-submit one of the provider's applications: the application
     (unless the task names its own), its arguments followed by ``--actor-json`` (this task
     instance, recorded in the ledger), the jars (:func:`add_task_time_jars`, unless
     ``spark_kafka`` is false: an application that never reads Kafka through Spark SQL, the
-    commit, needs neither the connector nor eo's partitioner jar), the user's modules in
+    commit, needs neither the connector nor eo's partitioner jar; ``staging_dir``, where the
+    application stages, for Hadoop's S3A connector), the user's modules in
     ``py_files`` (the pipeline module and the ``ship`` references, e.g. the transform: see
     :mod:`~airflow_provider_eo.spark.shipping`), and in client mode the driver's
     environment (:func:`local_driver_env`, ``overrides``). Returns ``True`` in cluster
@@ -209,13 +296,16 @@ def configure_submit(
         "--actor-json",
         json.dumps(task_identity(context)),
     ]
+    master, deploy_mode = spark_target(task)
     if spark_kafka:
-        add_task_time_jars(task, pipeline_name)
+        pod = master.startswith("k8s://") and deploy_mode == "cluster"
+        uploads = bool(dict(task.conf or {}).get(K8S_UPLOAD_PATH))
+        add_task_time_jars(task, pipeline_name, staging_dir, optional_worker_jars=not pod or uploads)
     shipped = ship_py_files([pipeline_ref, *ship])
     if shipped:
         task.py_files = _merge_csv(task.py_files, ",".join(shipped))
         task.log.info("shipping to the executors (py_files): %s", ", ".join(shipped))
-    _master, deploy_mode = spark_target(task)
+    check_kubernetes_submit(task, master, deploy_mode)
     _rebuild_hook(task)
     env = {**(task.env_vars or {})}
     env.pop(names.CONNECTIONS_FILE_ENV, None)
@@ -283,6 +373,7 @@ def submit_prepare(
     overrides: ConnectionSettings | None,
     extra_args: Sequence[str] = (),
     ship: Sequence[str | None] = (),
+    staging_dir: str | None = None,
 ) -> None:
     """spark-submit the provider's prepare application for one checkpoint, with the
     Spark settings of ``task`` (any :class:`SparkSubmitOperator`: connection, ``conf``,
@@ -306,6 +397,7 @@ def submit_prepare(
     :param pipeline_name: the pipeline's name, for messages.
     :param checkpoint_id: the checkpoint to prepare.
     :param overrides: see :func:`configure_submit`.
+    :param staging_dir: where the checkpoint is staged (see :func:`configure_submit`).
     """
     if configure_submit(
         task,
@@ -316,6 +408,7 @@ def submit_prepare(
         pipeline_name=pipeline_name,
         overrides=overrides,
         ship=ship,
+        staging_dir=staging_dir,
     ):
         # The provider's own driver tracking (YARN and Kubernetes as configured on the
         # operator; Spark refuses cluster deploy mode for Python applications on a
@@ -425,6 +518,7 @@ class EoSubmitOperator(OpenLineageMixin, PipelineTaskMixin, SparkSubmitOperator)
             checkpoint_id=checkpoint_id,
             overrides=self.pipeline_overrides(pipeline),
             ship=[pipeline.transform],
+            staging_dir=pipeline.staging_dir,
         )
         with open_ledger(pipeline) as ledger:
             cp = ledger.get(pipeline.name, checkpoint_id)

@@ -30,6 +30,7 @@ def staging_probe(pipeline: Pipeline, location: str) -> tuple[int, int]:
         f"{names.prepare_app_name(pipeline.name)}-doctor",
         staging_fs.spark_settings(pipeline),
         env=staging_fs.jvm_environment(pipeline),
+        staging_dir=location,
     )
     store = staging_fs.store_for(pipeline)
     path = f"{location.rstrip('/')}/.eo-doctor-{uuid.uuid4().hex[:12]}"

@@ -23,19 +23,34 @@ def connector_coordinate(spark_version: str, scala: str = "2.13") -> str:
     return f"org.apache.spark:{CONNECTOR_ARTIFACT}_{scala}:{spark_version}"
 
 
+#: Hadoop's S3A connector's Maven artifact: on Spark's classpath when staging is under ``s3a://``.
+HADOOP_AWS_ARTIFACT = "hadoop-aws"
+
+
+def names_hadoop_aws(*settings: str | None) -> bool:
+    """Whether any of ``settings`` (packages, jars, spark.jars, spark.jars.packages) already
+    names Hadoop's S3A connector."""
+    return any(HADOOP_AWS_ARTIFACT in (value or "") for value in settings)
+
+
 def names_connector(*settings: str | None) -> bool:
     """Whether any of ``settings`` (packages, jars, spark.jars, spark.jars.packages) already
     names the Kafka connector."""
     return any(CONNECTOR_ARTIFACT in (value or "") for value in settings)
 
 
-def connector_jars_csv() -> str:
+def connector_jars_csv(staging_dir: str | None = None) -> str:
     """Comma-separated paths of the Kafka connector jars (fetched on first use) and of eo's
-    own Spark functions jar (compiled on first use, when a JDK is there)."""
+    own Spark functions jar (compiled on first use, when a JDK is there); with a
+    ``staging_dir`` under ``s3a://`` (or ``s3://``), also Hadoop's S3A connector with its AWS
+    SDK bundle at pyspark's Hadoop version (fetched on first use)."""
     from airflow_provider_eo.stack.javac import udf_jar
-    from airflow_provider_eo.stack.maven import spark_kafka_jars
+    from airflow_provider_eo.stack.maven import hadoop_aws_jars, spark_kafka_jars
+    from airflow_provider_eo.staging_fs import is_s3_location
 
-    jars = spark_kafka_jars()
+    jars = [*spark_kafka_jars()]
+    if is_s3_location(staging_dir):
+        jars += hadoop_aws_jars()
     own = udf_jar()
     return ",".join(str(p) for p in [*jars, *([own] if own else [])])
 
@@ -108,7 +123,11 @@ def _start_with_env(builder: Any, env: Mapping[str, str]) -> SparkSession:
 
 
 def get_spark(
-    app_name: str = "eo", conf: Mapping[str, str] | None = None, *, env: Mapping[str, str] | None = None
+    app_name: str = "eo",
+    conf: Mapping[str, str] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    staging_dir: str | None = None,
 ) -> SparkSession:
     """A SparkSession with the Kafka connector jars; reuses the active one when it exists.
 
@@ -118,6 +137,8 @@ def get_spark(
     :param env: environment variables for the JVM started here (the staging store's
         credentials from an Airflow connection: :func:`~airflow_provider_eo.staging_fs.jvm_environment`);
         set only while the JVM starts, never in Spark conf. Unused when a JVM already runs.
+    :param staging_dir: where this session stages: under ``s3a://``, a session eo starts
+        (not under spark-submit, no ``spark.jars`` given) gets Hadoop's S3A connector too.
     """
     from pyspark.sql import SparkSession
 
@@ -135,7 +156,7 @@ def get_spark(
     builder = SparkSession.builder.appName(app_name)
     settings = session_settings(conf, under_submit=under_submit)
     if not under_submit and "spark.jars" not in settings:
-        settings["spark.jars"] = connector_jars_csv()
+        settings["spark.jars"] = connector_jars_csv(staging_dir)
     for key, value in settings.items():
         builder = builder.config(key, value)
     spark = _start_with_env(builder, env or {})

@@ -65,6 +65,7 @@ class SparkStager:
                 self.app_name or names.prepare_app_name(pipeline.name),
                 staging_fs.spark_settings(pipeline, self.conf),
                 env=staging_fs.jvm_environment(pipeline),
+                staging_dir=pipeline.staging_dir,
             )
             self._ship_user_code(self._spark, pipeline)
         return self._spark

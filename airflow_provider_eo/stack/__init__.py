@@ -1,4 +1,6 @@
-"""The local development stack: a real Kafka broker and Spark's Kafka connector jars.
+"""The local development stack: a real Kafka broker and Spark's Kafka connector jars (and,
+for the tests of Spark on YARN with staging on HDFS, Hadoop's own test cluster:
+:mod:`airflow_provider_eo.stack.hadoop`).
 
 The same code serves ``eo dev up``, the demo and the test fixtures.
 """

@@ -131,6 +131,17 @@ def spark_hadoop_version() -> str:
     )
 
 
+def cached_hadoop_aws_jars(hadoop_version: str | None = None) -> list[Path] | None:
+    """Hadoop's S3A connector and its AWS SDK bundle at pyspark's Hadoop version when already
+    fetched (``eo setup jars --s3``, the bootstrap); None otherwise (or when pyspark ships no
+    Hadoop). Never runs Maven."""
+    try:
+        version = hadoop_version or spark_hadoop_version()
+    except StackError:
+        return None
+    return _cached_dependencies(state_dir() / "jars" / f"hadoop-aws-{version}")
+
+
 def hadoop_aws_jars(hadoop_version: str | None = None) -> list[Path]:
     """Hadoop's S3A connector (``org.apache.hadoop:hadoop-aws``) at pyspark's Hadoop version,
     with the AWS SDK bundle it was released with, fetched once: what Spark needs to stage
@@ -138,3 +149,14 @@ def hadoop_aws_jars(hadoop_version: str | None = None) -> list[Path]:
     version = hadoop_version or spark_hadoop_version()
     out = state_dir() / "jars" / f"hadoop-aws-{version}"
     return _copy_dependencies("hadoop-aws", out, {"hadoop.version": version}, f"hadoop-aws {version}")
+
+
+def hadoop_minicluster_jars(hadoop_version: str | None = None) -> list[Path]:
+    """Hadoop's own test cluster (``org.apache.hadoop:hadoop-client-minicluster``: a
+    MiniYARNCluster and a MiniDFSCluster) at pyspark's Hadoop version, with the few jars it
+    needs and does not shade, fetched once: what the tests run Spark on YARN with."""
+    version = hadoop_version or spark_hadoop_version()
+    out = state_dir() / "jars" / f"hadoop-minicluster-{version}"
+    return _copy_dependencies(
+        "hadoop-minicluster", out, {"hadoop.version": version}, f"hadoop-client-minicluster {version}"
+    )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import pickle
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pyarrow.fs as pafs
@@ -163,3 +164,54 @@ def test_the_aws_connection_travels_in_the_handoff_and_is_cleared_once_applied()
     assert applied.connection_ids == {} and applied.aws_settings is not None
     assert "conn-secret" not in applied.to_json()  # never on a command line
     assert Pipeline.from_json(pipeline.to_json()).aws_conn_id == "aws_staging"
+
+
+def _hdfs_site(folder: Path, http: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "hdfs-site.xml").write_text(
+        "<configuration><property><name>dfs.namenode.http-address</name>"
+        f"<value>{http}</value></property></configuration>"
+    )
+    return folder
+
+
+def test_hdfs_goes_through_webhdfs_found_in_the_hadoop_configuration(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without Hadoop's native client, hdfs:// is read through the NameNode's WebHDFS: its
+    address from HADOOP_CONF_DIR, else the copy Spark ships to a YARN container, else port
+    9870 of the URI's host; as HADOOP_USER_NAME."""
+    from fsspec.implementations.webhdfs import WebHDFS
+
+    for key in ("ARROW_LIBHDFS_DIR", "HADOOP_HOME", "HADOOP_CONF_DIR"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("HADOOP_USER_NAME", "etl")
+    monkeypatch.chdir(tmp_path)
+    made: list[dict[str, Any]] = []
+    monkeypatch.setattr(
+        WebHDFS,
+        "__init__",
+        lambda self, host, port, user: made.append({"host": host, "port": port, "user": user}),
+    )
+    monkeypatch.setattr(pafs, "FSSpecHandler", lambda fs: None)
+    monkeypatch.setattr(pafs, "PyFileSystem", lambda handler: "webhdfs")
+
+    assert staging_fs.StagingStore().open("hdfs://nn.example:8020/eo/staging/") == ("webhdfs", "/eo/staging")
+    _hdfs_site(tmp_path / "__spark_conf__" / "__hadoop_conf__", "0.0.0.0:50070")  # in a YARN container
+    staging_fs.hdfs_filesystem("hdfs://nn.example:8020/eo")
+    monkeypatch.setenv("HADOOP_CONF_DIR", str(_hdfs_site(tmp_path / "conf", "web.example:9871")))
+    staging_fs.hdfs_filesystem("hdfs://nn.example:8020/eo")
+    assert made == [
+        {"host": "nn.example", "port": 9870, "user": "etl"},
+        {"host": "nn.example", "port": 50070, "user": "etl"},
+        {"host": "web.example", "port": 9871, "user": "etl"},
+    ]
+    with pytest.raises(ConfigError, match="names no NameNode"):
+        staging_fs.hdfs_filesystem("hdfs:///eo")
+
+
+def test_hdfs_uses_the_native_client_where_hadoop_is_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ARROW_LIBHDFS_DIR", "/opt/hadoop/lib/native")
+    native = SimpleNamespace(from_uri=lambda uri: ("native", "/eo"))
+    monkeypatch.setattr(staging_fs, "pafs", SimpleNamespace(FileSystem=native))
+    assert staging_fs.hdfs_filesystem("hdfs://nn:8020/eo") == ("native", "/eo")

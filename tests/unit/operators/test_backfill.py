@@ -64,7 +64,9 @@ def test_runs_the_interval_and_prepares_by_spark_submit(
 
     def fake_run(live: Any, ledger: Any, start_ms: int, end_ms: int, **kwargs: Any) -> Any:
         seen.update(start_ms=start_ms, end_ms=end_ms, **kwargs)
-        backfill = SimpleNamespace(name="orders~backfill", transform="acme.t:fn")
+        backfill = SimpleNamespace(
+            name="orders~backfill", transform="acme.t:fn", staging_dir="s3a://bucket/orders"
+        )
         kwargs["prepare"](backfill, FakeLedger(), 7)
         kwargs["prepare"](backfill, FakeLedger(), 8)  # already PREPARED: nothing submitted
         return SimpleNamespace(
@@ -98,6 +100,7 @@ def test_runs_the_interval_and_prepares_by_spark_submit(
         "m:f",
     ]
     assert submitted[0]["pipeline_ref"] == pipeline_ref and submitted[0]["pipeline_name"] == "orders~backfill"
+    assert submitted[0]["staging_dir"] == "s3a://bucket/orders"  # for Hadoop's S3A connector
     assert out["records"] == 12 and out["checkpoints"] == [7, 8]
     assert out["backfill_pipeline"] == "orders~backfill" and out["pipeline"] == "orders"
     assert out["start"] == "2025-01-01T00:00:00+00:00"
@@ -111,7 +114,7 @@ def test_prepare_not_recorded_is_an_error(
             return SimpleNamespace(state=CheckpointState.PLANNED)
 
     def fake_run(live: Any, ledger: Any, start_ms: int, end_ms: int, **kwargs: Any) -> Any:
-        kwargs["prepare"](SimpleNamespace(name="bf", transform=None), FakeLedger(), 1)
+        kwargs["prepare"](SimpleNamespace(name="bf", transform=None, staging_dir="/tmp/bf"), FakeLedger(), 1)
 
     monkeypatch.setattr(core_backfill, "run_backfill", fake_run)
     monkeypatch.setattr(backfill_module, "submit_prepare", lambda *_a, **_k: None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -140,3 +141,68 @@ def test_build_tools_are_refused_where_forbidden(tmp_path: Any, monkeypatch: pyt
         spark_kafka_jars()
     with pytest.raises(StackError, match="would need javac"):
         udf_jar()
+
+
+def _installed(folder: Any, jar: str) -> Any:
+    folder.mkdir(parents=True)
+    (folder / jar).write_bytes(b"")
+    (folder / ".complete").write_text("done")
+    return folder / jar
+
+
+def test_task_time_jars_add_hadoop_aws_when_staging_on_s3a(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Staging under s3a://: Hadoop's S3A connector that `eo setup jars --s3` installed goes
+    with the connector, unless the task names it already; not installed, the task says so."""
+    from airflow_provider_eo.operators.submit import add_task_time_jars
+    from airflow_provider_eo.stack.maven import installed_spark_version, spark_hadoop_version
+
+    monkeypatch.setenv("EO_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("EO_FORBID_BUILD_TOOLS", "1")
+    warned: list[str] = []
+    log = SimpleNamespace(warning=lambda msg, *args: warned.append(msg % args), info=lambda *a: None)
+    monkeypatch.setattr(EoSubmitOperator, "log", log)
+    jars = tmp_path / "home" / "jars"
+    connector = _installed(jars / f"spark-sql-kafka-{installed_spark_version()}", "spark-sql-kafka.jar")
+
+    missing = _submit_task()
+    add_task_time_jars(missing, "orders", "s3a://bucket/staging")
+    assert missing.jars == str(connector)
+    assert any("hadoop-aws) is neither given to task 'prepare'" in w for w in warned), warned
+
+    s3a = _installed(jars / f"hadoop-aws-{spark_hadoop_version()}", "hadoop-aws.jar")
+    for staging, expected in (
+        ("s3a://bucket/staging", [str(connector), str(s3a)]),
+        ("s3://bucket/staging", [str(connector), str(s3a)]),
+        ("hdfs://nn:8020/staging", [str(connector)]),
+        ("/var/eo/staging", [str(connector)]),
+        (None, [str(connector)]),
+    ):
+        task = _submit_task()
+        add_task_time_jars(task, "orders", staging)
+        assert (task.jars or "").split(",") == expected, staging
+    given = _submit_task(packages="org.apache.hadoop:hadoop-aws:3.5.0")
+    add_task_time_jars(given, "orders", "s3a://bucket/staging")
+    assert given.jars == str(connector)
+
+
+def test_prepare_submit_passes_the_staging_dir(
+    pipeline_ref: str, context: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The operator hands the pipeline's staging_dir to the jar selection."""
+    import airflow_provider_eo.operators.submit as submit_mod
+
+    seen: list[Any] = []
+    monkeypatch.setattr(
+        submit_mod, "add_task_time_jars", lambda task, name, staging_dir=None, **kw: seen.append(staging_dir)
+    )
+    monkeypatch.setattr(submit_mod, "resume_submission", lambda *a, **k: None)
+    monkeypatch.setattr(submit_mod.SparkSubmitOperator, "execute", lambda self, ctx: None)
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", '{"conn_type": "spark", "host": "local[1]"}')
+    pipeline = load_pipeline(pipeline_ref)
+    _plan(pipeline).close()
+    op = EoSubmitOperator(task_id="prepare", pipeline=pipeline_ref, checkpoint_id="1")
+    with pytest.raises(Exception, match="finished but checkpoint 1 is PLANNED"):
+        op.execute(context)
+    assert seen == [pipeline.staging_dir]

@@ -3,6 +3,8 @@ it starts Spark itself on a local master; under spark-submit the submit's settin
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from airflow_provider_eo.spark import session
@@ -51,3 +53,46 @@ def test_under_spark_submit_its_settings_win(monkeypatch: pytest.MonkeyPatch) ->
 )
 def test_is_local_master(master: str, local: bool) -> None:
     assert session.is_local_master(master) is local
+
+
+def test_a_session_eo_starts_gets_hadoop_aws_when_staging_on_s3a(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hadoop's S3A connector joins the Kafka connector on the classpath of a session eo
+    starts for a pipeline staging under s3a://, and only then."""
+    import airflow_provider_eo.stack.javac as javac
+    import airflow_provider_eo.stack.maven as maven
+    from airflow_provider_eo.spark.session import connector_jars_csv
+
+    monkeypatch.setattr(maven, "spark_kafka_jars", lambda: ["/j/kafka.jar"])
+    monkeypatch.setattr(maven, "hadoop_aws_jars", lambda: ["/j/hadoop-aws.jar", "/j/bundle.jar"])
+    monkeypatch.setattr(javac, "udf_jar", lambda: None)
+    assert connector_jars_csv("s3a://b/staging") == "/j/kafka.jar,/j/hadoop-aws.jar,/j/bundle.jar"
+    assert connector_jars_csv("S3://b/staging") == "/j/kafka.jar,/j/hadoop-aws.jar,/j/bundle.jar"
+    for other in ("hdfs://nn/staging", "/tmp/staging", "gs://b/x", None):
+        assert connector_jars_csv(other) == "/j/kafka.jar", other
+
+
+def test_the_stager_starts_its_session_for_the_staging_dir(monkeypatch: pytest.MonkeyPatch) -> None:
+    import airflow_provider_eo.spark.session as session
+    from airflow_provider_eo.pipeline import Pipeline
+    from airflow_provider_eo.spark.stager import SparkStager
+
+    seen: dict[str, Any] = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_get_spark(app: str, conf: Any = None, *, env: Any = None, staging_dir: Any = None) -> Any:
+        seen["staging_dir"] = staging_dir
+        raise Stop
+
+    monkeypatch.setattr(session, "get_spark", fake_get_spark)
+    pipeline = Pipeline(
+        name="p",
+        kafka={"bootstrap.servers": "x:1"},
+        source_topics=["a"],
+        sink_topic="b",
+        staging_dir="s3a://bucket/p",
+    )
+    with pytest.raises(Stop):
+        SparkStager().session(pipeline)
+    assert seen == {"staging_dir": "s3a://bucket/p"}
