@@ -41,7 +41,8 @@ picks (seeded) one fault kind and runs one ``eo run-once`` child while injecting
                       move; then the newest ledger goes back;
 - ``hide_staging``    staging invisible to the driver: the PREPARED checkpoint's attempt,
                       checkpoint or whole staging folder moved away before the child commits
-                      (must fail, checkpoint still PREPARED, sink unchanged), or (``--prepare
+                      (must fail, checkpoint still PREPARED, sink unchanged; when every
+                      shard was already COMMITTED it must finish publishing nothing), or (``--prepare
                       mixed``) the staged data moved away before the driver lists it (the
                       prepare must refuse with StagingError, checkpoint still PLANNED); then
                       it is made visible again and the next run finishes it;
@@ -1192,6 +1193,15 @@ class Torture:
         target = {"attempt": attempt, "checkpoint": attempt.parent, "staging_dir": attempt.parents[2]}[what]
         hidden = self.work / "hidden" / f"cycle-{n:04d}-{what}"
         hidden.parent.mkdir(parents=True, exist_ok=True)
+        from airflow_provider_eo.ledger import ShardState
+
+        # A commit that had published every shard before it was stopped (e.g. the ledger lost
+        # before the checkpoint's own transition) needs no staged data: a COMMITTED shard row
+        # is final, so the commit must finish it publishing nothing, staging hidden or not.
+        plan_shards = cp.commit_plan.shards if cp.commit_plan is not None else None
+        published = plan_shards is not None and sorted(
+            s.shard for s in cp.shards if s.state is ShardState.COMMITTED
+        ) == list(range(plan_shards))
         before = self._quiet_sink_ends()
         os.rename(target, hidden)
         try:
@@ -1200,7 +1210,14 @@ class Torture:
             code = self._reap()
             state = self._state_of(cp.checkpoint_id)
             text = self._child_text(log_name)
-            if code == 0 or state is not CheckpointState.PREPARED or "is not visible" not in text:
+            if published:
+                if code != 0 or state is not CheckpointState.COMMITTED:
+                    self._violation(
+                        f"commit of checkpoint {cp.checkpoint_id}, every shard already COMMITTED, "
+                        f"with its {what} folder hidden: exit {code}, now {state.value} (must "
+                        f"finish, publishing nothing): {text[-300:]}"
+                    )
+            elif code == 0 or state is not CheckpointState.PREPARED or "is not visible" not in text:
                 self._violation(
                     f"commit of checkpoint {cp.checkpoint_id} with its {what} folder hidden: exit "
                     f"{code}, now {state.value}: {text[-300:]}"
@@ -1208,9 +1225,10 @@ class Torture:
             self._check_sink_unchanged(before, f"commit of checkpoint {cp.checkpoint_id} with staging hidden")
         finally:
             self._unhide(hidden, target)
+        done = " (every shard already COMMITTED: nothing to read)" if published else ""
         return (
-            f"{what} folder of checkpoint {cp.checkpoint_id} hidden at commit: exit {code}, "
-            f"still {state.value}, sink unchanged; visible again"
+            f"{what} folder of checkpoint {cp.checkpoint_id} hidden at commit{done}: exit {code}, "
+            f"now {state.value}, sink unchanged; visible again"
         )
 
     def _hide_during_prepare(self, n: int) -> str | None:
