@@ -11,9 +11,14 @@ A broker of its own (4+ source, 3+ sink partitions; ``max.message.bytes`` 64 KiB
 256 KiB on the source; a dead-letter topic of 2 partitions) and a PostgreSQL ledger
 (``scripts/postgres.sh`` cluster ``torture``, one database per run). The transform copies
 each record and fails on a value starting with ``POISON`` (``poison_prefix``, no Python UDF),
-which becomes a dead letter (up to 3 per checkpoint). A feeder thread produces input
+which becomes a dead letter (up to 3 per checkpoint). A feeder process produces input
 continuously: keyed and null-keyed records, some in committed and some in aborted
-transactions, some a little under the sink's ``max.message.bytes``. Each cycle the driver
+transactions, some a little under the sink's ``max.message.bytes``. The bench's own Kafka
+clients never outlive a broker restart: the feeder process is re-created after each one (and
+started again if it died), this process's admin clients and readers are closed before the
+broker stops and made afresh after. A crash of the bench's own clients (a feeder process
+that died) is logged and counted as ``bench_crashes``, never as a violation: the audits
+read the source itself. Each cycle the driver
 picks (seeded) one fault kind and runs one ``eo run-once`` child while injecting it:
 
 - ``none``            a clean run-once;
@@ -36,7 +41,8 @@ picks (seeded) one fault kind and runs one ``eo run-once`` child while injecting
                       move; then the newest ledger goes back;
 - ``hide_staging``    staging invisible to the driver: the PREPARED checkpoint's attempt,
                       checkpoint or whole staging folder moved away before the child commits
-                      (must fail, checkpoint still PREPARED, sink unchanged), or (``--prepare
+                      (must fail, checkpoint still PREPARED, sink unchanged; when every
+                      shard was already COMMITTED it must finish publishing nothing), or (``--prepare
                       mixed``) the staged data moved away before the driver lists it (the
                       prepare must refuse with StagingError, checkpoint still PLANNED); then
                       it is made visible again and the next run finishes it;
@@ -84,7 +90,8 @@ run-once child prepare by itself (slower, the most literal form).
 The last line is machine-readable:
 ``torture: seed=<n> cycles=<n> faults=<n> kinds=<k:n,...> in=<n> out=<n> dead_letters=<n> duplicates=<n>
 missing=<n> by_value=dup:<n>,miss:<n> source_audit=records:<n>,dup:<n>,miss:<n>,unexpected:<n>,
-dropped:<n>,dead_letters:<n> group_offsets_ok=<bool> violations=<n> misrefused=<n>``
+dropped:<n>,dead_letters:<n> group_offsets_ok=<bool> violations=<n> misrefused=<n>
+bench_crashes=<n>``
 (``duplicates`` and ``missing`` are the larger of the two audits; ``misrefused`` counts
 ``stale_ledger`` runs refused safely, sink unchanged, but with another error than
 LedgerBehindSink: not a failure of exactly-once). The exit status is 0 when the run is
@@ -98,6 +105,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import random
 import shutil
@@ -192,6 +200,8 @@ class Result:
     violations: list[str] = field(default_factory=list)  # checks made by a fault kind, failed
     # stale_ledger runs refused with another error than LedgerBehindSink (the sink unchanged)
     misrefused: list[str] = field(default_factory=list)
+    # the bench's own clients that crashed (a feeder process): not a finding about eo
+    bench_crashes: list[str] = field(default_factory=list)
     seconds: float = 0.0
     log: list[str] = field(default_factory=list)
 
@@ -249,7 +259,8 @@ class Result:
             f"duplicates={self.duplicates} "
             f"missing={self.missing} by_value=dup:{self.value_duplicates},miss:{self.value_missing} "
             f"source_audit={source_audit} group_offsets_ok={self.group_offsets_ok} "
-            f"violations={len(self.violations)} misrefused={len(self.misrefused)}"
+            f"violations={len(self.violations)} misrefused={len(self.misrefused)} "
+            f"bench_crashes={len(self.bench_crashes)}"
         )
 
 
@@ -282,18 +293,29 @@ class Postgres:
         self._script("stop")
 
 
-class Feeder(threading.Thread):
-    """Produces source records until stopped: unique values ``<seed>:<seq>:...``, ~20% null
+class Feeder:
+    """Produces source records until halted: unique values ``<tag>:<seq>:...``, ~20% null
     keys, some in committed and some in aborted transactions, ~1% just under the topic's
-    ``max.message.bytes``. Survives broker restarts (failed clients are re-created)."""
+    ``max.message.bytes``. Survives broker errors (failed clients are re-created).
+
+    It runs in a child process of its own (:class:`FeederProcess`, ``--feed``): a librdkafka
+    crash of its clients ends that child, never the run."""
 
     def __init__(
-        self, bootstrap: str, topic: str, seed: int, rate: float, log: Callable[[str], None]
+        self,
+        bootstrap: str,
+        topic: str,
+        seed: int,
+        rate: float,
+        log: Callable[[str], None],
+        *,
+        tag: str,
+        transactional_id: str,
+        generation: int = 0,
     ) -> None:
-        super().__init__(name="torture-feeder", daemon=True)
         self.bootstrap, self.topic, self.rate, self.log = bootstrap, topic, rate, log
-        self.rng = random.Random(seed * 7919 + 1)
-        self.tag = f"{seed}-{uuid.uuid4().hex[:6]}"
+        self.rng = random.Random(seed * 7919 + 1 + generation)
+        self.tag, self.transactional_id = tag, transactional_id
         self.halt = threading.Event()
         self.seq = 0
         self.errors = 0
@@ -336,10 +358,12 @@ class Feeder(threading.Thread):
     def _txn_batch(self, n: int, commit: bool) -> None:
         try:
             if self._txn is None:
+                # The same transactional.id in every feeder process of the run: a new one's
+                # init_transactions fences and aborts what a crashed one left open.
                 self._txn = Producer(
                     {
                         **self._conf(),
-                        "transactional.id": f"torture-feed-{self.tag}",
+                        "transactional.id": self.transactional_id,
                         "transaction.timeout.ms": 10_000,
                     }
                 )
@@ -379,9 +403,142 @@ class Feeder(threading.Thread):
         if self._plain is not None and self._plain.flush(120) > 0:
             self.log("feeder: some plain records were not delivered (the audit reads the source)")
 
-    def stop(self) -> None:
-        self.halt.set()
-        self.join(timeout=180)
+
+def feed_main(args: argparse.Namespace) -> int:
+    """The feeder child (``--feed``): produce until SIGTERM, then print its counts as JSON."""
+    feeder = Feeder(
+        args.bootstrap,
+        args.topic,
+        args.seed,
+        args.rate,
+        _stderr,
+        tag=args.tag,
+        transactional_id=args.transactional_id,
+        generation=args.generation,
+    )
+    signal.signal(signal.SIGTERM, lambda *_: feeder.halt.set())
+    feeder.run()
+    stats = {"seq": feeder.seq, "errors": feeder.errors, "batches": dict(feeder.batches)}
+    print(json.dumps(stats), flush=True)
+    return 0
+
+
+class FeederProcess:
+    """The run's feeder as a child process (``bench/torture.py --feed``), one generation at
+    a time: re-created after every broker restart (clients that never saw the old broker),
+    and started again when it died (a librdkafka abort() of its clients is the bench's own
+    crash: logged and counted in ``crashes``, never a violation; the audits read the source,
+    so what it was sending when it died cannot hide or fake a duplicate or a loss).
+
+    Every generation tags its values ``<tag>.<generation>`` (unique across generations) and
+    shares one transactional id (a new generation fences what an old one left open)."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        seed: int,
+        rate: float,
+        work: Path,
+        log: Callable[[str], None],
+        *,
+        command: Sequence[str] | None = None,
+    ) -> None:
+        self.bootstrap, self.topic, self.seed, self.rate = bootstrap, topic, seed, rate
+        self.work, self.log = work, log
+        self.tag = f"{seed}-{uuid.uuid4().hex[:6]}"
+        self.transactional_id = f"torture-feed-{self.tag}"
+        # The child's command line without its arguments (a test gives another program).
+        self.command = list(command or [sys.executable, str(Path(__file__).resolve()), "--feed"])
+        self.generation = -1
+        self.seq = 0  # records sent by the generations that ended and reported
+        self.errors = 0
+        self.batches: Counter[str] = Counter()
+        self.crashes: list[str] = []  # generations that died without being asked to
+        self.proc: subprocess.Popen[str] | None = None
+
+    def start(self) -> None:
+        """Start the next generation."""
+        self.generation += 1
+        g = self.generation
+        err = (self.work / f"feeder-{g}.log").open("ab")
+        options = {
+            "--bootstrap": self.bootstrap,
+            "--topic": self.topic,
+            "--seed": str(self.seed),
+            "--rate": str(self.rate),
+            "--tag": f"{self.tag}.{g}",
+            "--transactional-id": self.transactional_id,
+            "--generation": str(g),
+        }
+        self.proc = subprocess.Popen(
+            [*self.command, *(a for pair in options.items() for a in pair)],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,
+        )
+        err.close()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def ensure(self) -> bool:
+        """Start a new generation when the current one died; True when it had died."""
+        proc = self.proc
+        if proc is None or proc.poll() is None:
+            return False
+        self._ended(proc, asked=False)
+        self.start()
+        return True
+
+    def restart(self, why: str) -> None:
+        """End the current generation (or note its crash) and start the next one."""
+        self.stop()
+        self.log(f"  feeder re-created ({why}): generation {self.generation + 1}")
+        self.start()
+
+    def stop(self, timeout_s: float = 180.0) -> None:
+        """Ask the current generation to stop (SIGTERM: it flushes and reports), SIGKILL it
+        after ``timeout_s``."""
+        proc = self.proc
+        if proc is None:
+            return
+        asked = proc.poll() is None
+        if asked:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.log(
+                    f"  feeder generation {self.generation} still running after {timeout_s:.0f}s: SIGKILL"
+                )
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=60)
+        self._ended(proc, asked=asked)
+
+    def _ended(self, proc: subprocess.Popen[str], *, asked: bool) -> None:
+        out = proc.stdout.read() if proc.stdout is not None else ""
+        if proc.stdout is not None:
+            proc.stdout.close()
+        self.proc = None
+        stats: dict[str, Any] = {}
+        for line in out.splitlines():
+            try:
+                stats = json.loads(line)
+            except ValueError:
+                continue
+        self.seq += int(stats.get("seq", 0))
+        self.errors += int(stats.get("errors", 0))
+        self.batches.update(stats.get("batches", {}))
+        if not asked or proc.returncode != 0:
+            what = (
+                f"feeder generation {self.generation} died (exit {proc.returncode}; "
+                f"see feeder-{self.generation}.log)"
+            )
+            self.crashes.append(what)
+            self.log(f"  BENCH CLIENT CRASH (not a violation): {what}")
 
 
 def _digest(value: bytes | None) -> bytes:
@@ -432,7 +589,7 @@ class Torture:
         self.port = 0
         self.pipeline: Pipeline | None = None
         self.ledger: Ledger | None = None
-        self.feeder: Feeder | None = None
+        self.feeder: FeederProcess | None = None
         self.child: subprocess.Popen[bytes] | None = None
         self._last_code: int | None = None  # exit code of the last reaped child
         self.violations: list[str] = []  # a fault kind's own check that failed
@@ -489,7 +646,7 @@ class Torture:
         )
         self.ledger = Ledger(self.pg_url)
         self.log(f"pipeline {self.pipeline.name}: ledger {self.pg_url}, broker {info.bootstrap}")
-        self.feeder = Feeder(info.bootstrap, source, self.seed, self.rate, self.log)
+        self.feeder = FeederProcess(info.bootstrap, source, self.seed, self.rate, self.work, self.log)
         self.feeder.start()
 
     def _pg_admin(self, sql: str, server: str) -> None:
@@ -504,8 +661,11 @@ class Torture:
 
     def down(self) -> None:
         self._reap()
-        if self.feeder is not None and self.feeder.is_alive():
+        if self.feeder is not None:
             self.feeder.stop()
+        # While the broker still answers: clients left to the interpreter's exit would wait
+        # on a stopped broker's connections.
+        admin.close_shared_clients()
         if self.ledger is not None:
             self.ledger.close()
         try:
@@ -731,6 +891,13 @@ class Torture:
         time.sleep(delay)  # a random moment in the run-once is the fault itself
         in_flight = not self._exited()
         old = self.kafka.info()
+        # This process's own clients (admin, group readers) are closed while the broker still
+        # answers and made afresh after it is back: a librdkafka client that lived through
+        # the broker's SIGKILL and restart aborted the whole bench process once
+        # (rd_kafka_enq_once_del_source_return). The feeder, a child process, goes on
+        # producing through the restart (its crash would be the bench's, not eo's) and is
+        # re-created once the broker is back.
+        admin.close_shared_clients()
         self.kafka.down(timeout_s=0.0 if hard else 30.0)
         # down() sends SIGKILL without waiting: the next up() must not see the dying broker
         # still holding its ports (it would move to new ones).
@@ -742,6 +909,9 @@ class Torture:
         info = self.kafka.up(timeout_s=180)
         if info.port != self.port:
             raise RuntimeError(f"the broker came back on port {info.port}, not {self.port}")
+        admin.close_shared_clients()  # any made while it was down
+        assert self.feeder is not None
+        self.feeder.restart("broker restarted")
         how = "SIGKILL" if hard else "SIGTERM"
         return f"broker {how} {delay:.1f}s into the run{'' if in_flight else ' (child had exited)'}"
 
@@ -1023,6 +1193,15 @@ class Torture:
         target = {"attempt": attempt, "checkpoint": attempt.parent, "staging_dir": attempt.parents[2]}[what]
         hidden = self.work / "hidden" / f"cycle-{n:04d}-{what}"
         hidden.parent.mkdir(parents=True, exist_ok=True)
+        from airflow_provider_eo.ledger import ShardState
+
+        # A commit that had published every shard before it was stopped (e.g. the ledger lost
+        # before the checkpoint's own transition) needs no staged data: a COMMITTED shard row
+        # is final, so the commit must finish it publishing nothing, staging hidden or not.
+        plan_shards = cp.commit_plan.shards if cp.commit_plan is not None else None
+        published = plan_shards is not None and sorted(
+            s.shard for s in cp.shards if s.state is ShardState.COMMITTED
+        ) == list(range(plan_shards))
         before = self._quiet_sink_ends()
         os.rename(target, hidden)
         try:
@@ -1031,7 +1210,14 @@ class Torture:
             code = self._reap()
             state = self._state_of(cp.checkpoint_id)
             text = self._child_text(log_name)
-            if code == 0 or state is not CheckpointState.PREPARED or "is not visible" not in text:
+            if published:
+                if code != 0 or state is not CheckpointState.COMMITTED:
+                    self._violation(
+                        f"commit of checkpoint {cp.checkpoint_id}, every shard already COMMITTED, "
+                        f"with its {what} folder hidden: exit {code}, now {state.value} (must "
+                        f"finish, publishing nothing): {text[-300:]}"
+                    )
+            elif code == 0 or state is not CheckpointState.PREPARED or "is not visible" not in text:
                 self._violation(
                     f"commit of checkpoint {cp.checkpoint_id} with its {what} folder hidden: exit "
                     f"{code}, now {state.value}: {text[-300:]}"
@@ -1039,9 +1225,10 @@ class Torture:
             self._check_sink_unchanged(before, f"commit of checkpoint {cp.checkpoint_id} with staging hidden")
         finally:
             self._unhide(hidden, target)
+        done = " (every shard already COMMITTED: nothing to read)" if published else ""
         return (
-            f"{what} folder of checkpoint {cp.checkpoint_id} hidden at commit: exit {code}, "
-            f"still {state.value}, sink unchanged; visible again"
+            f"{what} folder of checkpoint {cp.checkpoint_id} hidden at commit{done}: exit {code}, "
+            f"now {state.value}, sink unchanged; visible again"
         )
 
     def _hide_during_prepare(self, n: int) -> str | None:
@@ -1551,7 +1738,10 @@ class Torture:
 
         assert self.feeder is not None and self.pipeline is not None and self.ledger is not None
         self.feeder.stop()
-        self.log(f"feeder stopped: {self.feeder.seq} records sent, batches {dict(self.feeder.batches)}")
+        self.log(
+            f"feeder stopped: {self.feeder.seq} records sent by {self.feeder.generation + 1} "
+            f"generation(s), batches {dict(self.feeder.batches)}, {len(self.feeder.crashes)} crashed"
+        )
         source = [(self.pipeline.source_topics[0], p) for p in range(self.source_partitions)]
         config = self.config
         for i in range(max_runs):
@@ -1675,6 +1865,8 @@ def run(
         t.rng.shuffle(todo)
         for n in range(1, cycles + 1):
             kind = todo[0] if todo else t.rng.choices(list(kinds), weights=weights)[0]
+            assert t.feeder is not None
+            t.feeder.ensure()  # a feeder that crashed (the bench's client) is started again
             before = t._unfinished()
             cycle_started = time.monotonic()
             injected, code = t.cycle(n, kind)
@@ -1699,11 +1891,14 @@ def run(
         result.violations = list(t.violations)
         result.misrefused = list(t.misrefused)
         t.down()
+        result.bench_crashes = list(t.feeder.crashes) if t.feeder is not None else []
     note(f"audit: {result.audit}; in-aborted={result.aborted_in} failed_runs={result.failed_runs}")
     for v in result.violations:
         note(f"violation: {v}")
     for v in result.misrefused:
         note(f"misrefused: {v}")
+    for v in result.bench_crashes:
+        note(f"bench client crash (not counted): {v}")
     note(f"{result.seconds:.0f}s, work folder {work}")
     if result.ok:
         shutil.rmtree(work, ignore_errors=True)
@@ -1720,7 +1915,16 @@ def main() -> int:
     ap.add_argument(
         "--kinds", default=",".join(KINDS), help="comma-separated fault kinds to draw from (default: all)"
     )
+    # The feeder child (FeederProcess starts it): produce into --topic until SIGTERM.
+    ap.add_argument("--feed", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--bootstrap", help=argparse.SUPPRESS)
+    ap.add_argument("--topic", help=argparse.SUPPRESS)
+    ap.add_argument("--tag", help=argparse.SUPPRESS)
+    ap.add_argument("--transactional-id", help=argparse.SUPPRESS)
+    ap.add_argument("--generation", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.feed:
+        return feed_main(args)
     # A terminated run still stops its broker and PostgreSQL (the finally in run()).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     os.environ["PYTHONPATH"] = os.pathsep.join(
