@@ -115,7 +115,12 @@ def _raise_shard_failure(c: ShardCommittable, outcome: ShardFailure | BaseExcept
     if isinstance(outcome, ShardFailure):
         cls = getattr(errors, outcome.error, None)
         if isinstance(cls, type) and issubclass(cls, EoError):
-            raise cls(f"{outcome.message} (in the commit task on {outcome.host}, pid {outcome.pid})")
+            try:
+                error = cls(f"{outcome.message} (in the commit task on {outcome.host}, pid {outcome.pid})")
+            except TypeError:  # a class that carries more than its message: named below instead
+                pass
+            else:
+                raise error
         raise CommitError(
             f"{c.where}the commit task on {outcome.host} (pid {outcome.pid}) failed: "
             f"{outcome.error}: {outcome.message}. The checkpoint stays PREPARED; retry the commit "
