@@ -32,7 +32,6 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
@@ -41,6 +40,8 @@ from airflow_provider_eo import names
 from airflow_provider_eo.errors import CommitError, CommitFenced, ControlSignal, TransactionalIdUnauthorized
 from airflow_provider_eo.kafka.acls import is_authorization_error
 from airflow_provider_eo.names import HEADER_PROVENANCE
+from airflow_provider_eo.provenance import compact_provenance_values as compact_provenance_values
+from airflow_provider_eo.provenance import provenance_values as provenance_values
 
 T = TypeVar("T")
 
@@ -473,96 +474,6 @@ def offsets(items: Mapping[tuple[str, int], int], metadata: str | None = None) -
     if metadata is None:
         return [TopicPartition(t, p, o) for (t, p), o in sorted(items.items())]
     return [TopicPartition(t, p, o, metadata=metadata) for (t, p), o in sorted(items.items())]
-
-
-def _string(text: str) -> pa.Scalar:
-    """A string scalar built from buffers: ``pa.scalar(str)`` (also what compute functions do
-    with a Python ``str`` argument) imports pandas, ~0.3 s of every fresh commit process."""
-    data = text.encode()
-    offsets = np.array([0, len(data)], dtype=np.int32)
-    return pa.Array.from_buffers(pa.string(), 1, [None, pa.py_buffer(offsets), pa.py_buffer(data)])[0]
-
-
-def provenance_values(batch: pa.RecordBatch, prefix: str, first_index: int) -> pa.Array:
-    """The ``eo.prov`` header value of every row of a staged batch in the text form, built in
-    Arrow (no Python string formatting per record): ``prefix`` + index + " " + source
-    position. eo writes the compact form (:func:`compact_provenance_values`); readers accept
-    both.
-
-    No Python object reaches pyarrow's converters here (``pa.array``/``pa.scalar`` on Python
-    values import pandas on first use): arrays and scalars are built from buffers.
-    """
-    n = batch.num_rows
-    positions = np.arange(first_index, first_index + n, dtype=np.int64)
-    index = pc.cast(pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(positions)]), pa.string())
-    src = pc.binary_join_element_wise(
-        batch.column("src_topic"),
-        pc.cast(batch.column("src_partition"), pa.string()),
-        pc.cast(batch.column("src_offset"), pa.string()),
-        _string(":"),
-    )
-    src = pc.fill_null(src, _string("-"))  # the transform dropped provenance
-    joined = pc.binary_join_element_wise(_string(prefix), index, _string(" "), src, _string(""))
-    return pc.cast(joined, pa.binary())
-
-
-def _varints(numbers: np.ndarray) -> pa.Array:
-    """Unsigned LEB128 of each int64 (``names.varint``), vectorized: a binary array built
-    from buffers, one pass per byte of the longest number."""
-    n = len(numbers)
-    unsigned = numbers.astype(np.uint64, copy=False)
-    lengths = np.ones(n, dtype=np.int32)
-    rest = unsigned >> np.uint64(7)
-    while rest.any():
-        lengths += rest != 0
-        rest >>= np.uint64(7)
-    offsets = np.zeros(n + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    data = np.empty(int(offsets[-1]), dtype=np.uint8)
-    starts = offsets[:-1]
-    rest = unsigned.copy()
-    for k in range(int(lengths.max()) if n else 0):
-        at = lengths > k
-        more = (lengths - 1 > k).astype(np.uint8) << np.uint8(7)  # another byte follows
-        group = (rest & np.uint64(0x7F)).astype(np.uint8) | more
-        data[starts[at] + k] = group[at]
-        rest >>= np.uint64(7)
-    return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
-
-
-def _binary(data: bytes) -> pa.Scalar:
-    offsets = np.array([0, len(data)], dtype=np.int32)
-    return pa.Array.from_buffers(pa.binary(), 1, [None, pa.py_buffer(offsets), pa.py_buffer(data)])[0]
-
-
-def _numbers(column: pa.Array) -> np.ndarray:
-    """An integer column's values as int64 straight from its buffer (a null's slot holds
-    anything: its row is dropped by the null check)."""
-    width = column.type.bit_width // 8
-    raw = np.frombuffer(column.buffers()[1], dtype=np.dtype(f"<i{width}"))
-    return raw[column.offset : column.offset + len(column)].astype(np.int64)
-
-
-def compact_provenance_values(batch: pa.RecordBatch, prefix: bytes, first_index: int) -> list[bytes]:
-    """The compact ``eo.prov`` value (``names.compact_provenance``) of every row of a staged
-    batch, built in Arrow and numpy: ``prefix`` (:func:`names.compact_provenance_prefix`) +
-    varint index + (varint source partition + varint source offset + source topic, or
-    nothing when the transform dropped provenance)."""
-    n = batch.num_rows
-    index = _varints(np.arange(first_index, first_index + n, dtype=np.int64))
-    src = pc.binary_join_element_wise(
-        _varints(_numbers(batch.column("src_partition"))),
-        _varints(_numbers(batch.column("src_offset"))),
-        pc.cast(batch.column("src_topic"), pa.binary()),
-        _binary(b""),
-    )
-    for name in ("src_partition", "src_offset"):  # a position with a null part names nothing
-        column = batch.column(name)
-        if column.null_count:
-            src = pc.if_else(column.is_null(), pa.nulls(n, pa.binary()), src)
-    src = pc.fill_null(src, _binary(b""))  # the transform dropped provenance
-    values: list[bytes] = pc.binary_join_element_wise(_binary(prefix), index, src, _binary(b"")).to_pylist()
-    return values
 
 
 def _produce_error(exc: KafkaException, where: str) -> Exception:
