@@ -66,19 +66,9 @@ from airflow_provider_eo.core.commit_lease import lease_ttl, take_commit_lease
 from airflow_provider_eo.core.commit_mode import NEW_APPLICATION_FACTOR, resolve_commit_mode
 from airflow_provider_eo.core.commit_on_spark import publish_on_spark
 from airflow_provider_eo.core.commit_shards import LedgerShardHooks, shard_committable
-from airflow_provider_eo.core.commit_staging import (
-    abort_if_unpublished,
-    cleanup_staging,
-    verified_manifest,
-)
+from airflow_provider_eo.core.commit_staging import abort_if_unpublished, cleanup_staging, verified_manifest
 from airflow_provider_eo.core.fault_seam import fault_point
-from airflow_provider_eo.core.shard import (
-    REAL_KAFKA,
-    KafkaClients,
-    Publisher,
-    ShardRunner,
-    commit_shard,
-)
+from airflow_provider_eo.core.shard import REAL_KAFKA, KafkaClients, Publisher, ShardRunner, commit_shard
 from airflow_provider_eo.errors import (
     ConfigError,
     LedgerBehindSink,
@@ -97,10 +87,7 @@ from airflow_provider_eo.ledger import (
     Ledger,
     ShardState,
 )
-from airflow_provider_eo.ledger.errors import (
-    CheckpointConflict,
-    CommitLeaseHeld,
-)
+from airflow_provider_eo.ledger.errors import CheckpointConflict, CommitLeaseHeld
 from airflow_provider_eo.pipeline import Pipeline
 
 # The names moved to the commit's other modules stay importable from here.
@@ -115,7 +102,6 @@ __all__ = [
     "shard_committable",
     "take_commit_lease",
 ]
-
 
 
 @dataclass(frozen=True)

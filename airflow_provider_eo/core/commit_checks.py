@@ -11,9 +11,7 @@ from airflow_provider_eo import staging_fs
 from airflow_provider_eo.core.commit_staging import staged_partitions
 from airflow_provider_eo.core.markers import decide_marker
 from airflow_provider_eo.core.plan import check_commit_plan, frozen_commit_plan
-from airflow_provider_eo.core.shard import (
-    KafkaClients,
-)
+from airflow_provider_eo.core.shard import KafkaClients
 from airflow_provider_eo.core.sink_guard import (
     check_commit_markers,
     mark_clear,
@@ -21,16 +19,8 @@ from airflow_provider_eo.core.sink_guard import (
     other_deployments_error,
     recently_clear,
 )
-from airflow_provider_eo.errors import (
-    EoError,
-)
-from airflow_provider_eo.ledger import (
-    Actor,
-    CheckpointRecord,
-    CommitPlan,
-    Ledger,
-    PipelineRecord,
-)
+from airflow_provider_eo.errors import EoError
+from airflow_provider_eo.ledger import Actor, CheckpointRecord, CommitPlan, Ledger, PipelineRecord
 from airflow_provider_eo.pipeline import Pipeline
 
 

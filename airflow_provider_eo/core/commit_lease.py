@@ -6,15 +6,9 @@ from __future__ import annotations
 import logging
 
 from airflow_provider_eo import names
-from airflow_provider_eo.core.shard import (
-    ShardCommittable,
-)
-from airflow_provider_eo.ledger import (
-    Ledger,
-)
-from airflow_provider_eo.ledger.errors import (
-    CommitLeaseHeld,
-)
+from airflow_provider_eo.core.shard import ShardCommittable
+from airflow_provider_eo.ledger import Ledger
+from airflow_provider_eo.ledger.errors import CommitLeaseHeld
 from airflow_provider_eo.processes import process_gone
 
 # One logger name for every step of a commit.

@@ -9,25 +9,10 @@ import time
 from collections.abc import Callable
 
 from airflow_provider_eo.core.commit_lease import lease_ttl, take_commit_lease
-from airflow_provider_eo.core.shard import (
-    Publisher,
-    ShardCommittable,
-    ShardFailure,
-    ShardRunner,
-    ShardTask,
-)
-from airflow_provider_eo.errors import (
-    CommitError,
-    CommitLeaseLost,
-    EoError,
-)
-from airflow_provider_eo.ledger import (
-    CheckpointRecord,
-    Ledger,
-)
-from airflow_provider_eo.ledger.errors import (
-    LedgerUnavailable,
-)
+from airflow_provider_eo.core.shard import Publisher, ShardCommittable, ShardFailure, ShardRunner, ShardTask
+from airflow_provider_eo.errors import CommitError, CommitLeaseLost, EoError
+from airflow_provider_eo.ledger import CheckpointRecord, Ledger
+from airflow_provider_eo.ledger.errors import LedgerUnavailable
 
 # One logger name for every step of a commit.
 log = logging.getLogger("airflow_provider_eo.core.commit")

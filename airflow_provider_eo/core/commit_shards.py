@@ -8,16 +8,10 @@ import time
 from collections.abc import Callable
 
 from airflow_provider_eo import names, staging, staging_fs
-from airflow_provider_eo.core.shard import (
-    ShardCommittable,
-)
+from airflow_provider_eo.core.shard import ShardCommittable
 from airflow_provider_eo.kafka.client_config import librdkafka_config
 from airflow_provider_eo.kafka.publisher import with_dead_letter_limits
-from airflow_provider_eo.ledger import (
-    CheckpointRecord,
-    CommitPlan,
-    Ledger,
-)
+from airflow_provider_eo.ledger import CheckpointRecord, CommitPlan, Ledger
 from airflow_provider_eo.pipeline import Pipeline
 
 

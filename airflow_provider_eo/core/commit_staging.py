@@ -7,24 +7,10 @@ import dataclasses
 
 from airflow_provider_eo import names, staging, staging_fs
 from airflow_provider_eo.core.abort import abort_checkpoint
-from airflow_provider_eo.core.shard import (
-    REAL_KAFKA,
-    KafkaClients,
-)
-from airflow_provider_eo.errors import (
-    StagingError,
-    StagingUnreadable,
-)
-from airflow_provider_eo.ledger import (
-    Actor,
-    CheckpointRecord,
-    CommitPlan,
-    Ledger,
-    PipelineRecord,
-)
-from airflow_provider_eo.ledger.errors import (
-    CheckpointNotFound,
-)
+from airflow_provider_eo.core.shard import REAL_KAFKA, KafkaClients
+from airflow_provider_eo.errors import StagingError, StagingUnreadable
+from airflow_provider_eo.ledger import Actor, CheckpointRecord, CommitPlan, Ledger, PipelineRecord
+from airflow_provider_eo.ledger.errors import CheckpointNotFound
 from airflow_provider_eo.pipeline import Pipeline
 
 

@@ -16,11 +16,7 @@ from airflow_provider_eo.kafka.producer_pool import (
     LIBRDKAFKA_BATCH_SIZE,
     LIBRDKAFKA_MESSAGE_MAX_BYTES,
 )
-from airflow_provider_eo.kafka.publish_errors import (
-    Abortable,
-    serve,
-    sorted_error,
-)
+from airflow_provider_eo.kafka.publish_errors import Abortable, serve, sorted_error
 from airflow_provider_eo.names import HEADER_PROVENANCE
 from airflow_provider_eo.provenance import compact_provenance_values
 

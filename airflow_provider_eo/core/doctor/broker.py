@@ -4,10 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from airflow_provider_eo.core.doctor.report import (
-    BROKER_DEFAULT_MAX_TXN_TIMEOUT_MS,
-    Finding,
-)
+from airflow_provider_eo.core.doctor.report import BROKER_DEFAULT_MAX_TXN_TIMEOUT_MS, Finding
 
 
 def judge_transaction_timeout(

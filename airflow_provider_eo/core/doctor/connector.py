@@ -7,9 +7,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from airflow_provider_eo.core.doctor.report import (
-    Finding,
-)
+from airflow_provider_eo.core.doctor.report import Finding
 
 _KAFKA_CONNECTOR = re.compile(
     r"spark-sql-kafka-0-10_(?P<scala>[0-9.]+)[:-](?P<version>\d+\.\d+\.\d+[^:,/]*?)(?:\.jar)?$"

@@ -7,9 +7,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from airflow_provider_eo.core.doctor.report import (
-    Finding,
-)
+from airflow_provider_eo.core.doctor.report import Finding
 from airflow_provider_eo.errors import PipelineIdentityMismatch, PipelineNameInUse
 from airflow_provider_eo.ledger import PipelineRecord
 from airflow_provider_eo.pipeline import Pipeline

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from airflow_provider_eo.core.doctor.report import (
-    Finding,
-)
+from airflow_provider_eo.core.doctor.report import Finding
 
 
 def transactional_namespace(prefix: str, pipeline: str) -> str:

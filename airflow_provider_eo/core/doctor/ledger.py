@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from airflow_provider_eo.core.doctor.report import (
-    Finding,
-)
+from airflow_provider_eo.core.doctor.report import Finding
 
 
 def judge_ledger(current: str | None, head: str, *, dialect: str, url: str) -> Finding:

@@ -6,10 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from airflow_provider_eo.core.doctor.report import (
-    Finding,
-    Severity,
-)
+from airflow_provider_eo.core.doctor.report import Finding, Severity
 from airflow_provider_eo.ledger import CheckpointRecord
 
 

@@ -23,10 +23,7 @@ from airflow_provider_eo.core.doctor.facts import (
 from airflow_provider_eo.core.doctor.identity import judge_marker_group, judge_prefix, judge_same_name
 from airflow_provider_eo.core.doctor.ledger import judge_ledger
 from airflow_provider_eo.core.doctor.query import QueryLocationFacts, judge_query
-from airflow_provider_eo.core.doctor.report import (
-    DoctorReport,
-    Finding,
-)
+from airflow_provider_eo.core.doctor.report import DoctorReport, Finding
 from airflow_provider_eo.core.doctor.staging import judge_staging, judge_staging_shared
 from airflow_provider_eo.core.doctor.topics import judge_sink_topic, judge_source_topics
 from airflow_provider_eo.core.doctor.transactions import judge_open_transactions, judge_transactions

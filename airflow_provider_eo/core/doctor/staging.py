@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from airflow_provider_eo.core.doctor.report import (
-    Finding,
-)
+from airflow_provider_eo.core.doctor.report import Finding
 
 
 def judge_staging(staging_dir: str, error: str | None) -> Finding:

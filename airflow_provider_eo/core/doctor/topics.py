@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from airflow_provider_eo.core.doctor.report import (
-    Finding,
-)
+from airflow_provider_eo.core.doctor.report import Finding
 from airflow_provider_eo.ledger import CheckpointRecord
 
 

@@ -5,9 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Mapping
 
-from airflow_provider_eo.core.doctor.report import (
-    Finding,
-)
+from airflow_provider_eo.core.doctor.report import Finding
 from airflow_provider_eo.core.hanging import PipelineTransactions
 from airflow_provider_eo.ledger import CheckpointRecord
 

@@ -28,7 +28,8 @@ from eo_fake_kafka import (
 
 from airflow_provider_eo.core import shard as shard_module
 from airflow_provider_eo.core.commit import commit_checkpoint
-from airflow_provider_eo.core.shard import commit_shard, fence_id, pool_key
+from airflow_provider_eo.core.fencing import fence_id
+from airflow_provider_eo.core.shard import commit_shard, pool_key
 from airflow_provider_eo.errors import CommitError, CommitFenced, KafkaAdminError
 from airflow_provider_eo.kafka import producer_pool, publisher
 from airflow_provider_eo.kafka.publisher import PRODUCERS, ProducerPool
