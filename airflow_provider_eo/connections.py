@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_eo.errors import ConfigError
+from airflow_provider_eo.errors import HandoffError as HandoffError
 from airflow_provider_eo.pipeline import Pipeline
 
 __all__ = [
@@ -56,10 +57,6 @@ __all__ = [
 
 _HANDOFF_NAME = "connections.json"
 _CALLABLE = "__eo_callable__"
-
-
-class HandoffError(ConfigError):
-    """The connection hand-off file is missing, unreadable or names other connections."""
 
 
 @dataclasses.dataclass(frozen=True)

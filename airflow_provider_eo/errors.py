@@ -7,12 +7,34 @@ failure kind). Messages name the pipeline/checkpoint/partition and what to do ne
 ::
 
     EoError
-    ├── ConfigError            a setting is impossible or unsafe (PipelineConfigError)
+    ├── ConfigError            a setting is impossible or unsafe: change it (nothing read or written)
+    │   ├── PipelineConfigError    a pipeline setting
+    │   ├── OffsetLogError         the query's checkpoint location lacks what the sink needs
+    │   ├── HandoffError           the connection hand-off file is missing or names other connections
+    │   ├── StreamArgsError        a streaming setting (interval, heartbeat, bounds, mode)
+    │   ├── QueryIdentityMismatch  another query already writes this sink under this name
+    │   ├── CheckpointLocationError  the query's checkpoint location cannot be read or copied
     │   └── WatcherSetupError  an asset watcher cannot load its pipeline in the triggerer
-    ├── LedgerError            the ledger refused or could not record a transition (ledger/errors.py)
+    ├── LedgerError            the ledger refused or could not record a transition
+    │   ├── CheckpointConflict         someone else moved the checkpoint first
+    │   ├── CheckpointNotFound         no such checkpoint, pipeline or savepoint
+    │   │   └── SavepointNotFound
+    │   ├── InvariantViolation         gap, overlap, too many pending, order
+    │   ├── PipelineFingerprintMismatch
+    │   ├── CommitLeaseHeld            another committer holds the commit lease: wait or recover
+    │   │   └── CommitInProgress       an abort or fence refused while a committer holds it
+    │   ├── LedgerUnavailable          the database cannot be reached: retry later
+    │   ├── InvalidTransition          not in the state machine's table (a bug)
+    │   ├── NothingCommitted           a savepoint of a pipeline with no COMMITTED checkpoint
+    │   ├── StreamRunConflict          another run of the streaming application is alive
+    │   ├── StreamRunNotFound
+    │   ├── StreamRunSuperseded        this run was replaced: stop at once
+    │   ├── TransactionalIdPrefixMismatch  another prefix than the pinned one
+    │   └── LedgerOnNetworkFilesystem  a SQLite ledger on a network filesystem (also a ConfigError)
     ├── KafkaFailure           Kafka refused or failed a request
     │   ├── KafkaAccessDenied  the broker's ACLs refused an operation on a resource
     │   ├── KafkaAdminError    an admin call (topics, offsets, groups)
+    │   │   ├── KafkaLoginRefused  the SASL login or TLS handshake was refused: fix credentials
     │   │   └── TransactionAdminUnavailable  Kafka's Java transaction admin calls could not run
     │   ├── SourceError        a source topic/partition is missing or inconsistent
     │   │   └── DataLossError  planned offsets were deleted before they were read
@@ -31,6 +53,8 @@ failure kind). Messages name the pipeline/checkpoint/partition and what to do ne
     │       ├── ForeignOutputInSink  a new ledger found this name's output from another ledger
     │       ├── PipelineNameInUse  another deployment runs this name (to another sink)
     │       └── AbortRefused   an abort was refused (live committer, published shard, COMMITTED)
+    ├── BatchOutOfStep         a query's batch and the ledger disagree (a foreign checkpoint location)
+    │   └── BatchRangesDiffer  the offset log gives a batch other ranges than the ledger
     ├── StagingError           staged output missing or not matching its manifest
     ├── StagingUnreadable      staging could not be read (I/O): retry, nothing aborted
     │   └── StagingNotVisible  the manifest is not visible from this process (another host?)
@@ -44,7 +68,15 @@ failure kind). Messages name the pipeline/checkpoint/partition and what to do ne
     ├── RestoreRefused         a restore/reset was refused (partitions differ, offsets gone)
     ├── BackfillRefused        a backfill request was refused before anything was planned
     ├── RecoverError           `eo recover` could not fence or finish (nothing published twice)
-    └── StackError             the local development stack (stack/errors.py)
+    └── StackError             the local development stack
+        └── DemoNeedsCheckout  the Airflow demo needs a source checkout's dags/
+
+Every class is defined here; the modules that raise them export them too
+(``ledger.errors``, ``stack.errors``, ``pipeline.PipelineConfigError``, ...).
+A spark-mode commit task's error is rebuilt in the driver by its class name in this module.
+
+The operators' and sensors' task failures derive from Airflow's ``AirflowException``
+instead (Airflow reads them), so they live beside their operators.
 
 :class:`ControlSignal` is not part of the tree: its subclasses are raised and caught inside
 the provider to steer a retry loop and never reach a user.
@@ -55,6 +87,9 @@ derive from it.
 
 from __future__ import annotations
 
+import datetime as dt
+from typing import Any
+
 
 class EoError(RuntimeError):
     """Root of the provider's errors. The CLI and the operators catch this one class."""
@@ -64,6 +99,41 @@ class ConfigError(EoError, ValueError):
     """A setting is impossible or unsafe. Nothing was read or written; change the setting."""
 
 
+class OffsetLogError(ConfigError):
+    """The query's checkpoint location lacks, or holds in an unknown form, what the sink needs."""
+
+
+class HandoffError(ConfigError):
+    """The connection hand-off file is missing, unreadable or names other connections."""
+
+
+class StreamArgsError(ConfigError):
+    """A streaming setting is impossible (commit mode, interval, heartbeat, bounds). Nothing
+    was read or written; change the setting.
+
+    ``str()`` names the settings as the Python API and the operator do (``interval``);
+    :attr:`cli_message` as ``eo stream``'s flags (``--interval``).
+    """
+
+    def __init__(self, message: str, *, cli_message: str) -> None:
+        super().__init__(message)
+        self.cli_message = cli_message
+
+
+class QueryIdentityMismatch(ConfigError):
+    """Another Structured Streaming query (another checkpoint location) already writes this
+    sink under this name."""
+
+
+class PipelineConfigError(ConfigError):
+    """An impossible or unsafe pipeline setting; the message says what to change."""
+
+
+class CheckpointLocationError(ConfigError):
+    """The query's checkpoint location (or a copy's destination) cannot be read, lacks what
+    is asked of it, or is not empty where a copy is to be written; nothing was copied."""
+
+
 class WatcherSetupError(ConfigError):
     """An Airflow asset watcher of a pipeline cannot run where the triggerer runs it: the
     pipeline's module cannot be imported there and the settings recorded when the DAG was
@@ -71,6 +141,142 @@ class WatcherSetupError(ConfigError):
     it names is not defined there. Nothing was read or written. Install the pipeline's module
     where the triggerer runs (Airflow's triggerer does not load DAG bundles), or name the
     cluster and the ledger by connection (``kafka_conn_id`` / ``ledger_conn_id``)."""
+
+
+class LedgerError(EoError):
+    """The ledger refused or could not record something. Its transitions are atomic: a
+    refused one changed nothing, so no data is at risk; the message says what to do."""
+
+
+class CheckpointConflict(LedgerError):
+    """A conditional transition matched no row: someone else moved the checkpoint first."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        pipeline: str = "",
+        checkpoint_id: int | None = None,
+        expected: str | None = None,
+        actual: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.pipeline = pipeline
+        self.checkpoint_id = checkpoint_id
+        self.expected = expected
+        self.actual = actual
+
+
+class CheckpointNotFound(LedgerError):
+    """No checkpoint (or pipeline, or savepoint) with that id."""
+
+
+class InvariantViolation(LedgerError):
+    """A request would break a ledger invariant (gap, overlap, too many pending, order)."""
+
+
+class PipelineFingerprintMismatch(LedgerError):
+    """The pipeline's settings changed since its checkpoints were recorded."""
+
+
+class CommitLeaseHeld(LedgerError):
+    """Another committer holds an unexpired commit lease on the checkpoint."""
+
+    def __init__(self, message: str, *, owner: str | None = None) -> None:
+        super().__init__(message)
+        self.owner = owner
+
+
+class LedgerUnavailable(LedgerError):
+    """The ledger database cannot be reached; nothing was changed, retry later."""
+
+
+class SavepointNotFound(CheckpointNotFound):
+    """No savepoint with that name for the pipeline."""
+
+
+class InvalidTransition(LedgerError):
+    """A move that is not in the state machine's table of allowed transitions.
+
+    A programming error, not a race: the ledger refuses it before touching the row, so
+    nothing changed and no data is at risk.
+    """
+
+    def __init__(self, message: str, *, pipeline: str, checkpoint_id: int, source: str, target: str) -> None:
+        super().__init__(message)
+        self.pipeline = pipeline
+        self.checkpoint_id = checkpoint_id
+        self.source = source
+        self.target = target
+
+
+class NothingCommitted(LedgerError):
+    """A savepoint was asked for a pipeline with no COMMITTED checkpoint (at or below the
+    one in flight): there is no consistent position to name yet. Nothing was recorded; run
+    the pipeline until a checkpoint commits, then ask again."""
+
+
+class StreamRunConflict(LedgerError):
+    """Another run of the pipeline's streaming application is alive (``other``: its
+    :class:`~airflow_provider_eo.ledger.records.StreamRunRecord`)."""
+
+    def __init__(self, message: str, other: Any) -> None:
+        super().__init__(message)
+        self.other = other
+
+
+class StreamRunNotFound(LedgerError):
+    """No stream run with that id in the ledger (not registered yet, or another ledger)."""
+
+
+class StreamRunSuperseded(LedgerError):
+    """This run's row is no longer RUNNING (declared LOST and replaced, or ended by someone
+    else): the process must stop at once."""
+
+
+class TransactionalIdPrefixMismatch(LedgerError):
+    """A committer or planner is configured with another transactional-id prefix than the
+    one pinned for the pipeline. Refused before anything is produced, so no data is at risk:
+    Kafka fences committers only within one transactional id, so one pipeline has one
+    prefix for life."""
+
+    def __init__(self, message: str, *, pipeline: str, pinned: str, configured: str) -> None:
+        super().__init__(message)
+        self.pipeline = pipeline
+        self.pinned = pinned
+        self.configured = configured
+
+
+class LedgerOnNetworkFilesystem(LedgerError, ConfigError):
+    """The SQLite ledger file would live on a network filesystem, where SQLite's WAL and
+    file locks are unreliable. Nothing was opened or created; put the file on a local disk
+    or use PostgreSQL."""
+
+
+class CommitInProgress(CommitLeaseHeld):
+    """A committer holds the commit lease of a checkpoint of the pipeline: aborting it, or
+    fencing the pipeline's transactional ids (shared by all its checkpoints), would let it
+    publish what the abort replans or kill it. Nothing was changed, no data is at risk: wait
+    until its lease runs out (``until``) or for that commit to finish, or stop it first; when
+    that committer is known to be dead, ``--force-live`` (``force_live=True``) takes its lease
+    at once. ``lost``: the refused fencer had held the lease and a committer took it over, so
+    that committer is alive and ``--force-live`` is no way out."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        pipeline: str,
+        checkpoint_id: int,
+        owner: str | None,
+        until: dt.datetime | None,
+        lost: bool = False,
+    ) -> None:
+        super().__init__(message, owner=owner)
+        self.pipeline = pipeline
+        self.checkpoint_id = checkpoint_id
+        self.until = until
+        self.lost = lost
 
 
 class KafkaFailure(EoError):
@@ -96,6 +302,12 @@ class KafkaAdminError(KafkaFailure):
     """A Kafka admin call (topics, offsets, groups) failed. Nothing was published or committed."""
 
 
+class KafkaLoginRefused(KafkaAdminError):
+    """The cluster refused the client's SASL login or TLS handshake (wrong password, unknown
+    user, mechanism not enabled, untrusted certificate). Nothing was read or written; fix
+    the credentials or certificates."""
+
+
 class TransactionAdminUnavailable(KafkaAdminError):
     """Kafka's transaction admin calls (list, describe, abort: the Java client's, which
     librdkafka lacks) could not run or did not answer: no Java runtime, no kafka-clients jar,
@@ -117,6 +329,20 @@ class DataLossError(SourceError):
 
     #: The PLANNED checkpoint whose ranges are gone (None: offsets not planned yet).
     checkpoint_id: int | None = None
+
+
+class BatchOutOfStep(EoError):
+    """The query's batch and the ledger disagree in a way only a tampered or foreign
+    checkpoint location explains; nothing was staged or published."""
+
+
+class BatchRangesDiffer(BatchOutOfStep):
+    """The query's offset log gives a batch other ranges than the ledger recorded for it
+    (or ranges past what the pipeline published, for a batch it holds no checkpoint of):
+    the checkpoint location is not the one that wrote the ledger's batches. Skipping the
+    batch would let Spark record it done with records never published; nothing was staged
+    or published. Restart the query from the location that wrote the ledger's batches, or
+    write this query under another pipeline name."""
 
 
 class CommitError(KafkaFailure):
@@ -358,3 +584,13 @@ class PipelineNameInUse(CommitError):
     published: no data is at risk. The message names the other identity, the topics it
     publishes to and the choices: another pipeline name for one of the two, or, if that
     deployment is retired for good, deleting its markers."""
+
+
+class StackError(EoError):
+    """The local development stack could not be fetched, started or stopped; the message says
+    what to do. It holds no pipeline data: nothing is at risk."""
+
+
+class DemoNeedsCheckout(StackError):
+    """The Airflow demo runs the example DAGs of a source checkout's ``dags/`` folder, which
+    the installed package does not ship. Nothing was started; no data is involved."""

@@ -13,6 +13,15 @@ import socket
 from airflow_provider_eo import processes
 from airflow_provider_eo.ledger.records import Actor, CommitPlan
 from airflow_provider_eo.pipeline import Pipeline
+from airflow_provider_eo.provenance import HEADER_PROVENANCE as HEADER_PROVENANCE
+from airflow_provider_eo.provenance import PROVENANCE_COMPACT as PROVENANCE_COMPACT
+from airflow_provider_eo.provenance import PROVENANCE_IDENTITY_CHARS as PROVENANCE_IDENTITY_CHARS
+from airflow_provider_eo.provenance import compact_provenance as compact_provenance
+from airflow_provider_eo.provenance import compact_provenance_prefix as compact_provenance_prefix
+from airflow_provider_eo.provenance import parse_checkpoint_field as parse_checkpoint_field
+from airflow_provider_eo.provenance import parse_provenance as parse_provenance
+from airflow_provider_eo.provenance import provenance_checkpoint_field as provenance_checkpoint_field
+from airflow_provider_eo.provenance import varint as varint
 
 CONNECTIONS_FILE_ENV = "EO_CONNECTIONS_FILE"
 """Environment variable naming the private file through which an Airflow task hands the
@@ -151,190 +160,6 @@ def attempt_dir(pipeline: Pipeline, checkpoint_id: int, attempt: str) -> str:
 
 MANIFEST = "_eo_manifest.json"
 """Written last into an attempt folder: its presence means the staged output is complete."""
-
-# The provenance header on every published record (read by the auditor, the sink guard and
-# the read-back). One header, not three: each header costs librdkafka a separate allocation
-# and copy per record. What it says, in the text form earlier versions wrote (three
-# space-separated fields):
-#   "<pipeline>:<checkpoint_id>:<identity8> <sink_partition>:<index> <topic>:<partition>:<offset>"
-# (identity8 is the first 8 characters of the pipeline's ledger identity, so the output
-# itself proves which ledger published a checkpoint when its marker expired; records
-# published before it existed have "<pipeline>:<checkpoint_id>". The index is the record's
-# position in the checkpoint's staged output of that sink partition, unique per checkpoint;
-# the source position is "-" when the transform dropped provenance). Pipeline and topic
-# names cannot contain spaces; pipeline names cannot contain ':'.
-#
-# eo writes the same fields in a compact binary form (:func:`compact_provenance_prefix`):
-#   0x01 | varint len(pipeline) | pipeline | varint len(identity8) | identity8
-#        | varint checkpoint_id | varint sink_partition | varint index
-#        [ | varint source partition | varint source offset | source topic ]
-# (unsigned LEB128 varints; no source part when the transform dropped provenance; the
-# topic takes the rest of the value). The text form always starts with a pipeline name's
-# first character (a letter or digit), never 0x01, so a reader tells the two apart by the
-# first byte; :func:`parse_provenance` reads both and returns the text form's fields, so
-# records of either form count alike (sinks hold both).
-HEADER_PROVENANCE = "eo.prov"
-PROVENANCE_IDENTITY_CHARS = 8
-PROVENANCE_COMPACT = 0x01
-"""First byte of the compact ``eo.prov`` form (never the first byte of the text form)."""
-
-
-def provenance_checkpoint_field(pipeline_name: str, checkpoint_id: int, identity: str) -> str:
-    """The first field of the ``eo.prov`` header: ``<pipeline>:<checkpoint_id>:<identity8>``."""
-    return f"{pipeline_name}:{checkpoint_id}:{identity[:PROVENANCE_IDENTITY_CHARS]}"
-
-
-def parse_checkpoint_field(field: bytes, pipeline_name: str) -> tuple[int, str | None] | None:
-    """(checkpoint id, identity8 or ``None`` for the old two-part form) of an ``eo.prov``
-    first field of pipeline ``pipeline_name``; ``None`` when it names another pipeline or is
-    not one of ours."""
-    prefix = f"{pipeline_name}:".encode()
-    if not field.startswith(prefix):
-        return None
-    rest = field[len(prefix) :].split(b":")
-    if len(rest) > 2 or not rest[0].isdigit():
-        return None
-    return int(rest[0]), (rest[1].decode(errors="replace") if len(rest) == 2 else None)
-
-
-def varint(value: int) -> bytes:
-    """Unsigned LEB128 of a non-negative int (the compact ``eo.prov`` form's numbers)."""
-    if value < 0:
-        raise ValueError(f"a provenance number cannot be negative: {value}")
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def compact_provenance_prefix(checkpoint_field: bytes, sink_partition: int) -> bytes:
-    """The part of the compact ``eo.prov`` value shared by every record a checkpoint
-    publishes to one sink partition, from the text first field
-    (``<pipeline>:<checkpoint_id>[:<identity8>]``): marker, pipeline, identity8,
-    checkpoint id and sink partition. Each record adds its index and source position."""
-    parts = checkpoint_field.split(b":")
-    if len(parts) not in (2, 3) or not parts[0] or not parts[1].isdigit():
-        raise ValueError(
-            f"provenance checkpoint field {checkpoint_field!r} is not "
-            "<pipeline>:<checkpoint_id>[:<identity8>]"
-        )
-    pipeline, identity = parts[0], parts[2] if len(parts) == 3 else b""
-    return b"".join(
-        (
-            bytes((PROVENANCE_COMPACT,)),
-            varint(len(pipeline)),
-            pipeline,
-            varint(len(identity)),
-            identity,
-            varint(int(parts[1])),
-            varint(sink_partition),
-        )
-    )
-
-
-def compact_provenance(
-    checkpoint_field: bytes, sink_partition: int, index: int, source: tuple[str, int, int] | None
-) -> bytes:
-    """One record's compact ``eo.prov`` value (the commit builds them in bulk, in Arrow)."""
-    value = compact_provenance_prefix(checkpoint_field, sink_partition) + varint(index)
-    if source is None:
-        return value
-    topic, partition, offset = source
-    return value + varint(partition) + varint(offset) + topic.encode()
-
-
-def _read_varint(value: bytes, pos: int) -> tuple[int, int]:
-    """(number, position after it) of the unsigned LEB128 at ``value[pos]``."""
-    byte = value[pos]  # IndexError when the value ends inside the number
-    if byte < 0x80:
-        return byte, pos + 1
-    result = shift = 0
-    while shift < 64:
-        byte = value[pos]  # IndexError when the value ends inside the number
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return result, pos
-        shift += 7
-    raise ValueError("varint longer than 64 bits")
-
-
-def _read_head(head: bytes) -> tuple[bytes, bytes] | None:
-    """(first text field, ``b"<sink_partition>:"``) of a compact value's head: everything up
-    to and including the sink partition; None when malformed."""
-    try:
-        size, pos = _read_varint(head, 1)
-        pipeline, pos = head[pos : pos + size], pos + size
-        size, pos = _read_varint(head, pos)
-        identity, pos = head[pos : pos + size], pos + size
-        if pos > len(head):  # a length past the end of the value
-            return None
-        checkpoint_id, pos = _read_varint(head, pos)
-        sink_partition, pos = _read_varint(head, pos)
-    except (IndexError, ValueError):
-        return None
-    if pos != len(head) or not pipeline or b":" in pipeline or b" " in pipeline:
-        return None
-    if b":" in identity or b" " in identity:
-        return None
-    first = (
-        b"%s:%d:%s" % (pipeline, checkpoint_id, identity)
-        if identity
-        else b"%s:%d" % (pipeline, checkpoint_id)
-    )
-    return first, b"%d:" % sink_partition
-
-
-_HEADS: dict[bytes, tuple[bytes, bytes] | None] = {}
-"""Read heads of compact values (a checkpoint's records in one sink partition share one)."""
-_UNREAD: tuple[bytes, bytes] = (b"", b"")
-
-
-def _read_compact(value: bytes) -> tuple[bytes, bytes, bytes] | None:
-    end = len(value)
-    try:
-        # where the head ends: two lengths with their bytes, then two varints
-        size, pos = _read_varint(value, 1)
-        size, pos = _read_varint(value, pos + size)
-        pos += size
-        for _ in range(2):
-            while value[pos] >= 0x80:
-                pos += 1
-            pos += 1
-        head = value[:pos]
-        known = _HEADS.get(head, _UNREAD)  # one lookup: safe while another thread clears
-        if known is _UNREAD:
-            if len(_HEADS) >= 4096:
-                _HEADS.clear()
-            known = _HEADS[head] = _read_head(head)
-        if known is None:
-            return None
-        index, pos = _read_varint(value, pos)
-        if pos == end:
-            return known[0], known[1] + b"%d" % index, b"-"
-        partition, pos = _read_varint(value, pos)
-        offset, pos = _read_varint(value, pos)
-    except (IndexError, ValueError):
-        return None
-    topic = value[pos:]
-    if not topic or b" " in topic:
-        return None
-    return known[0], known[1] + b"%d" % index, b"%s:%d:%d" % (topic, partition, offset)
-
-
-def parse_provenance(value: bytes) -> tuple[bytes, bytes, bytes] | None:
-    """Split an ``eo.prov`` header value, text or compact form, into (``pipeline:checkpoint``,
-    ``sink_partition:index``, ``topic:partition:offset`` or ``-``), in the text form's
-    spelling whichever form it was written in; None when it is not one of ours."""
-    if value[:1] == b"\x01":
-        return _read_compact(value)
-    parts = value.split(b" ")
-    if len(parts) != 3:
-        return None
-    return parts[0], parts[1], parts[2]
-
 
 DEAD_LETTERS_DIR = "dead"
 """The folder of an attempt holding its dead letters (Parquet), beside ``data``."""

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from airflow_provider_eo.errors import ConfigError
+from airflow_provider_eo.errors import PipelineConfigError as PipelineConfigError
 from airflow_provider_eo.ledger.urls import DEFAULT_LEDGER_URL
 
 StartupMode = Literal["earliest", "latest", "group", "timestamp", "offsets"]
@@ -55,10 +55,6 @@ COMMIT_MODES = ("local", "spark", "auto")
 
 #: The events a pipeline's ``notifiers`` may name (docs/observability.md, "Notifications").
 NOTIFY_EVENTS = ("checkpoint_aborted", "data_loss", "dead_letters", "stream_stalled")
-
-
-class PipelineConfigError(ConfigError):
-    """An impossible or unsafe pipeline setting; the message says what to change."""
 
 
 @dataclass(frozen=True)

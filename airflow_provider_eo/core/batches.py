@@ -34,7 +34,9 @@ from typing import Literal
 from airflow_provider_eo import names
 from airflow_provider_eo.connections import require_applied
 from airflow_provider_eo.core.plan import check_may_plan
-from airflow_provider_eo.errors import ConfigError, EoError
+from airflow_provider_eo.errors import BatchOutOfStep as BatchOutOfStep
+from airflow_provider_eo.errors import BatchRangesDiffer as BatchRangesDiffer
+from airflow_provider_eo.errors import QueryIdentityMismatch as QueryIdentityMismatch
 from airflow_provider_eo.kafka import admin
 from airflow_provider_eo.kafka.client_config import librdkafka_config
 from airflow_provider_eo.ledger import (
@@ -62,25 +64,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 Action = Literal["skip", "stage", "commit", "commit_previous", "plan"]
-
-
-class QueryIdentityMismatch(ConfigError):
-    """Another Structured Streaming query (another checkpoint location) already writes this
-    sink under this name."""
-
-
-class BatchOutOfStep(EoError):
-    """The query's batch and the ledger disagree in a way only a tampered or foreign
-    checkpoint location explains; nothing was staged or published."""
-
-
-class BatchRangesDiffer(BatchOutOfStep):
-    """The query's offset log gives a batch other ranges than the ledger recorded for it
-    (or ranges past what the pipeline published, for a batch it holds no checkpoint of):
-    the checkpoint location is not the one that wrote the ledger's batches. Skipping the
-    batch would let Spark record it done with records never published; nothing was staged
-    or published. Restart the query from the location that wrote the ledger's batches, or
-    write this query under another pipeline name."""
 
 
 @dataclass(frozen=True)

@@ -25,12 +25,15 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Mapping
 from types import TracebackType
+from typing import Any
 
-from airflow_provider_eo.core.shard import REAL_KAFKA, KafkaClients, fence_id
+from airflow_provider_eo.core.kafka_clients import REAL_KAFKA, KafkaClients
 from airflow_provider_eo.errors import AbortRefused, EoError
+from airflow_provider_eo.kafka.acls import commit_denied
 from airflow_provider_eo.kafka.client_config import librdkafka_config
-from airflow_provider_eo.kafka.publisher import ProducerLost
+from airflow_provider_eo.kafka.publisher import PRODUCERS, ProducerLost, connect, kafka_call
 from airflow_provider_eo.ledger import Actor, Ledger, LedgerError
 from airflow_provider_eo.ledger.leases import CommitInProgress
 from airflow_provider_eo.pipeline import Pipeline
@@ -152,3 +155,34 @@ def fence(
 
 
 __all__ = ["FENCE_LEASE_S", "FenceLease", "fence", "fence_owner"]
+
+
+def fence_id(
+    transactional_id: str,
+    *,
+    config: Mapping[str, Any],
+    sink_topic: str,
+    transaction_timeout_ms: int,
+    where: str,
+    clients: KafkaClients = REAL_KAFKA,
+) -> None:
+    """``init_transactions`` with a fresh producer on ``transactional_id``: bumps its epoch,
+    so the broker aborts any open transaction of an earlier producer and fences it. Raises
+    :class:`ProducerLost` when the broker did not answer (the caller says what to do)."""
+    timeout_s = transaction_timeout_ms / 1000
+    # An idle producer this process kept for the id is fenced by this: close it now.
+    PRODUCERS.discard(lambda key: isinstance(key, tuple) and key[0] is clients and key[2] == transactional_id)
+    producer = clients.producer(config, transactional_id, transaction_timeout_ms, None, None)
+    try:
+        kafka_call("metadata", connect, producer, sink_topic, timeout_s, where=where)
+        kafka_call(
+            "init_transactions",
+            producer.init_transactions,
+            timeout_s,
+            where=where,
+            denied=lambda err: commit_denied(
+                err, f"{where}fencing {transactional_id}", transactional_id=transactional_id, config=config
+            ),
+        )
+    finally:
+        del producer

@@ -31,17 +31,27 @@ from __future__ import annotations
 
 import enum
 import os
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Hashable, Iterable
 from time import monotonic
-from typing import Any, Protocol
+from typing import Any
 
 import pyarrow as pa
 from confluent_kafka import KafkaException
 
-from airflow_provider_eo import names, staging, staging_fs
+from airflow_provider_eo import names, staging
+from airflow_provider_eo.core.committable import (
+    Publisher,
+    ShardCommittable,
+    ShardFailure,
+    ShardHooks,
+    ShardResult,
+    ShardRunner,
+    ShardTask,
+)
 from airflow_provider_eo.core.fault_seam import fault_point, fault_triggered
+from airflow_provider_eo.core.kafka_clients import REAL_KAFKA, KafkaClients, RealKafka
 from airflow_provider_eo.core.markers import NO_MARKER, decide_marker
+from airflow_provider_eo.core.shard_errors import refused_record_error, timed_out_error
 from airflow_provider_eo.errors import (
     CommitAccessDenied,
     CommitError,
@@ -49,10 +59,9 @@ from airflow_provider_eo.errors import (
     LedgerBehindSink,
     TransactionTimedOut,
 )
-from airflow_provider_eo.kafka.acls import access_denied, commit_denied
+from airflow_provider_eo.kafka.acls import commit_denied
 from airflow_provider_eo.kafka.admin import unwritable_topic
 from airflow_provider_eo.kafka.publisher import (
-    PRODUCERS,
     Abortable,
     DeliveryFailures,
     ProducerLost,
@@ -62,7 +71,6 @@ from airflow_provider_eo.kafka.publisher import (
     fatal_cause,
     kafka_call,
     known_commit_outcome,
-    largest_record,
     offsets,
     produce_dead_letters,
     produce_staged,
@@ -90,289 +98,6 @@ def outcome_of(exc: BaseException) -> Outcome:
     if isinstance(exc, ProducerLost):
         return Outcome.AMBIGUOUS
     return Outcome.PERMANENT
-
-
-class KafkaClients(Protocol):
-    """The Kafka side of a shard transaction, made fakeable (Flink passes a producer
-    factory to its committer for the same reason)."""
-
-    def producer(
-        self,
-        config: Mapping[str, Any],
-        transactional_id: str,
-        timeout_ms: int,
-        on_failure: DeliveryFailures | None,
-        topic_max_bytes: int | None,
-    ) -> Any:
-        """A fresh transactional producer (confluent_kafka.Producer's interface)."""
-
-    def committed_marks(
-        self, config: Mapping[str, Any], group: str, partitions: list[tuple[str, int]], *, stable: bool = True
-    ) -> dict[tuple[str, int], tuple[int, str]]:
-        """Committed offsets of ``group`` with their metadata. ``stable``: a pending
-        transactional offset commit of one of ``partitions`` is waited out (until its
-        transaction ends, or the read times out); else only what is committed now is read,
-        without waiting."""
-
-    def marks_elsewhere(
-        self, config: Mapping[str, Any], group: str, sink_topic: str
-    ) -> dict[tuple[str, int], tuple[int, str]]:
-        """Committed offsets of ``group`` with their metadata on every topic but
-        ``sink_topic`` (not waiting for open transactions)."""
-
-    def group_metadata(self, config: Mapping[str, Any], group: str) -> Any:
-        """Consumer-group metadata for ``send_offsets_to_transaction``."""
-
-    def last_published_checkpoint(
-        self, config: Mapping[str, Any], topic: str, partition: int, pipeline_name: str, identity: str
-    ) -> int:
-        """The highest checkpoint of this pipeline identity in ``topic[partition]``'s
-        committed output (-1: none)."""
-
-    def partition_count(self, config: Mapping[str, Any], topic: str) -> int:
-        """Partitions of ``topic``."""
-
-    def topic_max_message_bytes(self, config: Mapping[str, Any], topic: str, default: int) -> int:
-        """The topic's ``max.message.bytes``."""
-
-    def open_transactions(self, config: Mapping[str, Any], topic: str) -> dict[int, tuple[int, int]]:
-        """Partitions of ``topic`` whose last stable offset is below the high watermark:
-        partition -> (stable, high)."""
-
-
-class RealKafka:
-    """:class:`KafkaClients` on the real cluster (stateless, so picklable)."""
-
-    def producer(
-        self,
-        config: Mapping[str, Any],
-        transactional_id: str,
-        timeout_ms: int,
-        on_failure: DeliveryFailures | None,
-        topic_max_bytes: int | None,
-    ) -> Any:
-        """:func:`kafka.publisher.new_producer`."""
-        from airflow_provider_eo.kafka.publisher import new_producer
-
-        return new_producer(config, transactional_id, timeout_ms, on_failure, topic_max_bytes=topic_max_bytes)
-
-    def committed_marks(
-        self, config: Mapping[str, Any], group: str, partitions: list[tuple[str, int]], *, stable: bool = True
-    ) -> dict[tuple[str, int], tuple[int, str]]:
-        """:func:`kafka.admin.committed_group_marks`."""
-        from airflow_provider_eo.kafka import admin
-
-        return admin.committed_group_marks(config, group, partitions, stable=stable)
-
-    def marks_elsewhere(
-        self, config: Mapping[str, Any], group: str, sink_topic: str
-    ) -> dict[tuple[str, int], tuple[int, str]]:
-        """:func:`kafka.admin.committed_group_marks_everywhere` but ``sink_topic``."""
-        from airflow_provider_eo.kafka import admin
-
-        return admin.committed_group_marks_everywhere(config, group, exclude=[sink_topic])
-
-    def group_metadata(self, config: Mapping[str, Any], group: str) -> Any:
-        """:func:`kafka.publisher.group_metadata`."""
-        from airflow_provider_eo.kafka.publisher import group_metadata
-
-        return group_metadata(config, group)
-
-    def last_published_checkpoint(
-        self, config: Mapping[str, Any], topic: str, partition: int, pipeline_name: str, identity: str
-    ) -> int:
-        """:func:`kafka.audit.last_published_checkpoint` (reads the partition's tail)."""
-        from airflow_provider_eo.kafka import audit
-
-        return audit.last_published_checkpoint(dict(config), topic, partition, pipeline_name, identity)
-
-    def partition_count(self, config: Mapping[str, Any], topic: str) -> int:
-        """:func:`kafka.admin.partition_count`."""
-        from airflow_provider_eo.kafka import admin
-
-        return admin.partition_count(config, topic)
-
-    def topic_max_message_bytes(self, config: Mapping[str, Any], topic: str, default: int) -> int:
-        """:func:`kafka.admin.topic_max_message_bytes`."""
-        from airflow_provider_eo.kafka import admin
-
-        return admin.topic_max_message_bytes(config, topic, default)
-
-    def open_transactions(self, config: Mapping[str, Any], topic: str) -> dict[int, tuple[int, int]]:
-        """Last stable offset vs high watermark of every partition, read_committed."""
-        from airflow_provider_eo.kafka import admin
-
-        stable, high = admin.sink_offsets(config, topic, admin.partition_count(config, topic))
-        return {p: (stable[p], high[p]) for p in sorted(high) if stable.get(p, high[p]) < high[p]}
-
-
-REAL_KAFKA = RealKafka()
-
-
-@dataclass(frozen=True)
-class ShardCommittable:
-    """Everything one shard's transaction needs, frozen from the checkpoint's commit plan
-    and manifest: picklable, no ledger, no live client."""
-
-    pipeline: str
-    identity: str  # the ledger's identity of the pipeline (markers and provenance name it)
-    checkpoint_id: int
-    shard: int
-    transactional_id: str
-    sink_topic: str
-    staging_location: str
-    parts: tuple[tuple[int, tuple[staging.StagedFile, ...]], ...]  # sink partition -> files
-    marker_group: str
-    group_id: str | None  # the pipeline's consumer group, moved by this shard's seal (or None)
-    group_offsets: tuple[tuple[str, int, int], ...]  # (topic, partition, end) sent with the seal
-    kafka: tuple[tuple[str, Any], ...]  # librdkafka client config
-    transaction_timeout_ms: int
-    topic_max_bytes: int | None = None
-    # The checkpoint's dead letters (the shard that moves the group publishes them) and
-    # their topic.
-    dead_letter_topic: str | None = None
-    dead_letters: tuple[staging.StagedFile, ...] = ()
-    # How the staged files are opened (S3 settings and credentials: never logged); the
-    # same on an executor as in the committing process.
-    staging_store: staging_fs.StagingStore | None = None
-
-    @property
-    def config(self) -> dict[str, Any]:
-        """The librdkafka client config."""
-        return dict(self.kafka)
-
-    @property
-    def where(self) -> str:
-        """The prefix of every error message: pipeline, checkpoint, shard."""
-        return f"pipeline {self.pipeline!r}, checkpoint {self.checkpoint_id}, shard {self.shard}: "
-
-    @property
-    def timeout_s(self) -> float:
-        """The transaction timeout in seconds."""
-        return self.transaction_timeout_ms / 1000
-
-    @property
-    def partitions(self) -> list[int]:
-        """The shard's sink partitions that have staged files."""
-        return [p for p, _files in self.parts]
-
-    @property
-    def records(self) -> int:
-        """Records staged for this shard."""
-        return sum(f.records for _p, files in self.parts for f in files)
-
-    def files_of(self, partition: int) -> list[staging.StagedFile]:
-        """The staged files of one sink partition, in publish order."""
-        return next((list(files) for p, files in self.parts if p == partition), [])
-
-    def batches(self, partition: int) -> Iterator[pa.RecordBatch]:
-        """The staged rows of one sink partition, as Arrow batches (bounded memory)."""
-        return staging.iter_batches(self.staging_location, self.files_of(partition), store=self.staging_store)
-
-
-class ShardHooks(Protocol):
-    """What the caller records around one shard's transaction (the ledger, in local mode).
-    Called at fixed points of :func:`commit_shard`."""
-
-    def may_have_published(self) -> bool:
-        """When the marker is missing: could a try of this checkpoint have begun a
-        transaction for the shard (a shard row exists)? False means certainly not."""
-
-    def before_begin(self) -> None:
-        """Right before ``begin_transaction``: take the commit lease and record the shard
-        PENDING (the missing-marker proof relies on the row existing before any begin)."""
-
-    def committed(self, records: int) -> None:
-        """The shard's transaction is committed (or the marker shows it was)."""
-
-
-@dataclass(frozen=True)
-class ShardResult:
-    """What :func:`commit_shard` did for one shard."""
-
-    shard: int
-    records: int  # records produced by this call
-    skipped: bool  # the marker already showed the checkpoint: nothing was sent
-    rounds: int
-
-
-@dataclass(frozen=True)
-class Publisher:
-    """The process that published (or found published) one shard.
-
-    :param executor: the Spark executor id (``"driver"``: a task in the driver's JVM, local
-        mode; ``"local"``: a local-mode commit, in the committing process itself).
-    :param attempt: the Spark task attempt that did it (0 for a local commit).
-    :param skipped: the shard's marker already showed the checkpoint: nothing was sent.
-    :param publish_s: seconds the publishing transaction took (None when skipped).
-    """
-
-    shard: int
-    host: str
-    pid: int
-    records: int
-    executor: str = "local"
-    attempt: int = 0
-    skipped: bool = False
-    publish_s: float | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        """The JSON form (``eo commit --json``'s ``publishers``)."""
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class ShardTask:
-    """What a commit task gets: the shard's committable and whether the ledger had a row for
-    the shard before this commit started (a try before it may have begun a transaction)."""
-
-    committable: ShardCommittable
-    row_before: bool
-
-
-@dataclass(frozen=True)
-class ShardFailure:
-    """A shard task's error, returned (not raised) so the driver re-raises it as the same
-    eo error with its message; :func:`commit_shard` already ran its own rounds, so Spark
-    must not retry the task for it (only for a lost process)."""
-
-    shard: int
-    error: str  # the class name, in airflow_provider_eo.errors when it is an eo error
-    message: str
-    host: str
-    pid: int
-
-
-class ShardRunner(Protocol):
-    """Runs shard transactions somewhere else than this process (a spark-mode commit:
-    spark/commit.py runs each in a Spark task). The commit driver keeps the ledger."""
-
-    @property
-    def master(self) -> str:
-        """Where the shards would run (a Spark master URL: ``local[...]`` or a cluster)."""
-
-    @property
-    def session_running(self) -> bool:
-        """A Spark session is already running (a commit would not pay its start)."""
-
-    @property
-    def executors_elsewhere(self) -> bool:
-        """The running session has executors on other hosts than this one (True when not
-        known yet)."""
-
-    def run(
-        self, tasks: list[ShardTask], on_outcome: Callable[[Publisher | ShardFailure], None]
-    ) -> list[tuple[int, Publisher | ShardFailure | BaseException]]:
-        """Commit ``tasks`` in parallel; ``on_outcome`` (called in the caller's thread) gets
-        each shard's outcome as it arrives. Returns every shard's outcome, or the exception
-        of a shard whose run failed as a whole (its process lost too often)."""
-
-    def unavailable(self) -> str | None:
-        """Why no shard can run there now (None: it can); a caller may then commit locally."""
-
-    def cancel(self, pipeline: str, checkpoint_id: int) -> None:
-        """Stop the checkpoint's shards: none that has not started begins (called from
-        another thread while :meth:`run` waits, when the commit lost its lease)."""
 
 
 def pool_key(committable: ShardCommittable, clients: KafkaClients) -> Hashable:
@@ -540,30 +265,9 @@ class ShardTransaction:
         )
 
     def timed_out_error(self, exc: BaseException) -> TransactionTimedOut:
-        """The error for a transaction the broker aborted for its timeout, with the measured
-        publish time and what to change."""
-        c = self.committable
-        seconds = self.open_seconds()
-        sent = self.sent.records
-        progress = f"It had sent none of the shard's {c.records} records by then"
-        if sent > 0 and seconds > 0:
-            rate = sent / seconds
-            progress = (
-                f"It had sent {sent} of the shard's {c.records} records by then ({rate:,.1f} "
-                f"records/s: all {c.records} take about {c.records / rate:,.1f} s)"
-            )
-        return TransactionTimedOut(
-            f"{c.where}the transaction of {c.transactional_id!r} was open {seconds:.1f} s, as long "
-            f"as its transaction.timeout.ms ({c.transaction_timeout_ms} ms) or longer, so the "
-            f"broker aborted it ({_kafka_words(exc)}). {progress}. Nothing of it is "
-            "visible and the checkpoint stays PREPARED; a redo of the same size would time out "
-            "again. Raise the pipeline's transaction_timeout_ms (up to the broker's "
-            "transaction.max.timeout.ms, 15 minutes by default) and retry the commit, or abort "
-            f"the checkpoint (`eo abort MODULE:ATTR {c.checkpoint_id} --reason TEXT`; refused "
-            "once another shard of it has published) and lower max_records_per_checkpoint, so "
-            "its range is replanned smaller. A pause of this process or a stalled broker counts "
-            "toward the timeout too."
-        )
+        """The error for a transaction the broker aborted for its timeout
+        (:func:`~airflow_provider_eo.core.shard_errors.timed_out_error`)."""
+        return timed_out_error(self.committable, self.open_seconds(), self.sent.records, exc)
 
     def seal(self) -> None:
         """Send the marker (naming the writing ledger) and, when this shard moves it, the
@@ -653,47 +357,9 @@ class ShardTransaction:
             pass  # a fenced producer: its reports add nothing to the failure being handled
 
     def refused_record_error(self, exc: BaseException) -> CommitError:
-        """The error for a record the broker refuses every time, naming the largest staged
-        record of each refused partition."""
-        c = self.committable
-        message = self.failures.describe()
-        if self.failures.denied_topic is not None:
-            return access_denied(
-                f"{c.where}publishing",
-                "WRITE",
-                "topic",
-                self.failures.denied_topic,
-                config=c.config,
-                cause=f"{message}; the shard's transaction was aborted, nothing of it is visible",
-                error=CommitAccessDenied,
-            )
-        for partition in sorted(self.failures.partitions & set(c.partitions)):
-            found = largest_record(c.batches(partition))
-            if found is not None:
-                index, src, size = found
-                message += (
-                    f"; the largest record of sink partition {partition} is record "
-                    f"{index} of its staged output (source {src}, {size} bytes of key+value)"
-                )
-        return CommitError(
-            f"{c.where}{message}. The broker refuses this record every time, so "
-            "the shard's transaction was aborted (nothing of it is visible) and the "
-            "checkpoint stays PREPARED. A size refusal means the sink topic "
-            f"{c.sink_topic!r} lowered max.message.bytes (or the broker its "
-            "message.max.bytes) after prepare checked it: raise it above the record's "
-            "size and retry the commit. An authorization refusal needs WRITE on the "
-            "sink topic."
-        )
-
-
-def _kafka_words(exc: BaseException) -> str:
-    """The Kafka error behind a sorted one, in the broker's and librdkafka's words (the sorted
-    error's own explanation would guess at the cause)."""
-    cause = exc.__cause__
-    if isinstance(cause, KafkaException):
-        err = cause.args[0]
-        return f"{err.name()}: {err.str()}"
-    return str(exc)
+        """The error for a record the broker refuses every time
+        (:func:`~airflow_provider_eo.core.shard_errors.refused_record_error`)."""
+        return refused_record_error(self.committable, self.failures)
 
 
 def commit_shard(
@@ -787,37 +453,6 @@ def commit_shard(
     )
 
 
-def fence_id(
-    transactional_id: str,
-    *,
-    config: Mapping[str, Any],
-    sink_topic: str,
-    transaction_timeout_ms: int,
-    where: str,
-    clients: KafkaClients = REAL_KAFKA,
-) -> None:
-    """``init_transactions`` with a fresh producer on ``transactional_id``: bumps its epoch,
-    so the broker aborts any open transaction of an earlier producer and fences it. Raises
-    :class:`ProducerLost` when the broker did not answer (the caller says what to do)."""
-    timeout_s = transaction_timeout_ms / 1000
-    # An idle producer this process kept for the id is fenced by this: close it now.
-    PRODUCERS.discard(lambda key: isinstance(key, tuple) and key[0] is clients and key[2] == transactional_id)
-    producer = clients.producer(config, transactional_id, transaction_timeout_ms, None, None)
-    try:
-        kafka_call("metadata", connect, producer, sink_topic, timeout_s, where=where)
-        kafka_call(
-            "init_transactions",
-            producer.init_transactions,
-            timeout_s,
-            where=where,
-            denied=lambda err: commit_denied(
-                err, f"{where}fencing {transactional_id}", transactional_id=transactional_id, config=config
-            ),
-        )
-    finally:
-        del producer
-
-
 __all__ = [
     "MAX_SHARD_ROUNDS",
     "REAL_KAFKA",
@@ -833,7 +468,6 @@ __all__ = [
     "ShardTask",
     "ShardTransaction",
     "commit_shard",
-    "fence_id",
     "outcome_of",
     "pool_key",
 ]

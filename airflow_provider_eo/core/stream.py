@@ -55,173 +55,51 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import queue
 import signal
-import socket
 import threading
 import time
 import traceback
-import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_provider_eo.connections import require_applied
-from airflow_provider_eo.core.metrics import MetricsSink, PipelineMetrics
-from airflow_provider_eo.core.prepare import Stager, prepare_checkpoint
+from airflow_provider_eo.core.metrics import MetricsSink
+from airflow_provider_eo.core.prepare import Stager
 from airflow_provider_eo.core.shard import ShardRunner
 from airflow_provider_eo.core.stream_contract import DEFAULT_HEARTBEAT_S, CommitMode, check_stream_settings
+from airflow_provider_eo.core.stream_run import RunHeartbeat, new_run_id, register_run
+from airflow_provider_eo.core.stream_steps import (
+    StreamCheckpoint,
+    StreamResult,
+    StreamSteps,
+    default_steps,
+    planned_records,
+    unfinished_checkpoints,
+)
 from airflow_provider_eo.errors import EoError, PipelineStopped
-from airflow_provider_eo.ledger import Actor, CheckpointRecord, CheckpointState, Ledger, StreamRunRecord
+from airflow_provider_eo.ledger import Actor, CheckpointRecord, CheckpointState, Ledger
 from airflow_provider_eo.pipeline import Pipeline
-from airflow_provider_eo.processes import pid_alive
 
 _UNFINISHED = frozenset({CheckpointState.PLANNED, CheckpointState.PREPARED})
 
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class StreamCheckpoint:
-    """One checkpoint the stream carried: prepared here (or resumed) and, inline, committed."""
-
-    checkpoint_id: int
-    records: int
-    prepare_s: float | None  # None: it was PREPARED already (resumed)
-    commit_s: float | None  # None: left to Airflow (commit="airflow")
-    state: str
-    resumed: bool = False
-    planned_at: float = 0.0  # time.time() when planned (or resumed)
-    done_at: float = 0.0  # time.time() when committed (inline) or prepared (airflow)
-
-    def summary(self) -> dict[str, Any]:
-        """The per-checkpoint line of ``eo stream`` (id, records, prepare and commit time)."""
-        return {
-            "checkpoint": self.checkpoint_id,
-            "records": self.records,
-            "prepare_s": None if self.prepare_s is None else round(self.prepare_s, 3),
-            "commit_s": None if self.commit_s is None else round(self.commit_s, 3),
-            "state": self.state,
-            **({"resumed": True} if self.resumed else {}),
-        }
-
-
-@dataclass
-class StreamResult:
-    """What one ``run_stream`` did (the summary ``eo stream`` prints on exit)."""
-
-    pipeline: str
-    commit: CommitMode
-    checkpoints: list[StreamCheckpoint] = field(default_factory=list)
-    reason: str = ""
-    seconds: float = 0.0
-    backpressure_waits: int = 0  # intervals skipped because max_pending were unfinished
-    empty_intervals: int = 0  # intervals with nothing new to read
-    unfinished: list[int] = field(default_factory=list)  # left PLANNED/PREPARED on exit
-    run_id: str | None = None  # the run's row in the ledger (eo_stream_runs)
-
-    @property
-    def records(self) -> int:
-        """Records of every checkpoint carried."""
-        return sum(c.records for c in self.checkpoints)
-
-    def summary(self) -> dict[str, Any]:
-        """``checkpoints`` (count), ``records`` and the rest, JSON-ready."""
-        return {
-            "pipeline": self.pipeline,
-            "commit": self.commit,
-            "checkpoints": len(self.checkpoints),
-            "records": self.records,
-            "seconds": round(self.seconds, 3),
-            "reason": self.reason,
-            "backpressure_waits": self.backpressure_waits,
-            "empty_intervals": self.empty_intervals,
-            "unfinished": self.unfinished,
-            **({"run_id": self.run_id} if self.run_id else {}),
-        }
-
-
-@dataclass
-class StreamSteps:
-    """The protocol steps the stream drives (real ones by :func:`default_steps`; unit tests
-    pass fakes). ``plan_next`` plans the next checkpoint even while earlier ones are
-    unfinished (``None``: nothing new); ``prepare`` returns (records, seconds); ``commit``
-    returns seconds; ``unfinished`` lists the PLANNED/PREPARED checkpoints in id order;
-    ``state`` reads one checkpoint's state; ``full`` tells whether a plan was cut (by the
-    pipeline's ``max_records_per_checkpoint``, or to a size whose commit fits the transaction
-    timeout): more input is waiting."""
-
-    plan_next: Callable[[], CheckpointRecord | None]
-    prepare: Callable[[int], tuple[int, float]]
-    commit: Callable[[int], float]
-    unfinished: Callable[[], list[CheckpointRecord]]
-    state: Callable[[int], CheckpointState]
-    resume_planned: Callable[[CheckpointRecord], CheckpointRecord | None] = lambda cp: cp
-    full: Callable[[CheckpointRecord], bool] = lambda cp: False
-
-
-def unfinished_checkpoints(ledger: Ledger, pipeline: str) -> list[CheckpointRecord]:
-    """Every PLANNED/PREPARED checkpoint of ``pipeline``, lowest id first, with its ranges.
-
-    One read of those checkpoints only (an index holds just them), so a start costs the same
-    after a million finished checkpoints as after ten.
-    """
-    return ledger.unfinished_checkpoints(pipeline)
-
-
-def default_steps(
-    pipeline: Pipeline,
-    ledger: Ledger,
-    stager: Stager,
-    actor: Actor,
-    runner: ShardRunner | None = None,
-    metrics: MetricsSink | None = None,
-) -> StreamSteps:
-    """The real steps: core.plan (next_only), core.prepare with ``stager``, core.commit
-    (through ``runner`` in spark commit mode: the commit of N runs as Spark jobs while N+1
-    prepares). Each prepare and each commit that finishes a checkpoint is reported to
-    ``metrics`` (:mod:`airflow_provider_eo.core.metrics`)."""
-    from airflow_provider_eo.core.commit import commit_checkpoint
-    from airflow_provider_eo.core.plan import (
-        plan_checkpoint,
-        resume_or_drop_lost,
-        sized_to_transaction_timeout,
-    )
-
-    report = PipelineMetrics(metrics, pipeline.name)
-
-    def prepare(cid: int) -> tuple[int, float]:
-        result = prepare_checkpoint(pipeline, ledger, cid, stager=stager, actor=actor)
-        if result.attempt is not None:  # None: prepared already, nothing measured
-            report.prepared(result.seconds)
-        return result.records, result.seconds
-
-    def commit(cid: int) -> float:
-        result = commit_checkpoint(pipeline, ledger, cid, actor=actor, runner=runner)
-        mine = result.note != "already COMMITTED" and not result.by_another
-        if result.checkpoint.state is CheckpointState.COMMITTED and mine:
-            report.committed(result.checkpoint, result.seconds)
-            report.lag_after(pipeline.kafka, result.checkpoint)  # one bounded Kafka call
-        return result.seconds
-
-    return StreamSteps(
-        plan_next=lambda: plan_checkpoint(pipeline, ledger, actor=actor, next_only=True),
-        prepare=prepare,
-        commit=commit,
-        unfinished=lambda: unfinished_checkpoints(ledger, pipeline.name),
-        state=lambda cid: ledger.get(pipeline.name, cid).state,
-        resume_planned=lambda cp: resume_or_drop_lost(pipeline, ledger, cp, actor=actor),
-        full=lambda cp: (
-            planned_records(cp) >= pipeline.max_records_per_checkpoint
-            or sized_to_transaction_timeout(ledger, cp)
-        ),
-    )
-
-
-def planned_records(cp: CheckpointRecord) -> int:
-    """How many offsets ``cp`` plans to read (all its ranges)."""
-    return sum(r.end - r.start for r in cp.ranges)
+# The names of the stream's other modules stay importable from here.
+__all__ = [
+    "RunHeartbeat",
+    "StreamCheckpoint",
+    "StreamResult",
+    "StreamSteps",
+    "default_steps",
+    "drive_stream",
+    "new_run_id",
+    "planned_records",
+    "register_run",
+    "run_stream",
+    "stop_on_signals",
+    "unfinished_checkpoints",
+]
 
 
 class _Committer(threading.Thread):
@@ -461,98 +339,6 @@ def drive_stream(
             raise err
         raise RuntimeError(f"pipeline {pipeline!r}: the stream's committer failed: {err}") from err
     return result
-
-
-def new_run_id() -> str:
-    """A fresh stream run id: sortable by start time, unique."""
-    return f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:12]}"
-
-
-def register_run(
-    ledger: Ledger,
-    pipeline: str,
-    *,
-    run_id: str,
-    commit: str,
-    heartbeat_s: float,
-    actor: Actor | None = None,
-    log_path: str | None = None,
-) -> StreamRunRecord:
-    """Register this process's run; a RUNNING run of this host whose process is gone is
-    declared LOST on the way (a restart after SIGKILL need not wait for its heartbeat to
-    go stale)."""
-    from airflow_provider_eo.ledger.streams import StreamRunConflict
-
-    host = socket.gethostname()
-    kwargs: dict[str, Any] = {
-        "run_id": run_id,
-        "host": host,
-        "pid": os.getpid(),
-        "commit_mode": commit,
-        "heartbeat_s": heartbeat_s,
-        "dag_id": actor.dag_id if actor else None,
-        "task_id": actor.task_id if actor else None,
-        "log_path": log_path,
-        "actor": actor,
-    }
-    try:
-        return ledger.register_stream_run(pipeline, **kwargs)
-    except StreamRunConflict as exc:
-        other = exc.other
-        if other.host != host or pid_alive(other.pid):
-            raise
-        log.warning(
-            "pipeline %s: stream run %s (pid %d on this host) is gone; declaring it LOST",
-            pipeline,
-            other.run_id,
-            other.pid,
-        )
-        return ledger.register_stream_run(pipeline, dead=[other.run_id], **kwargs)
-
-
-class RunHeartbeat(threading.Thread):
-    """Beats the run's row every ``interval_s``; a stop request (or a superseded row) sets
-    ``stop``. A ledger that does not answer is logged and tried again next beat: the plan
-    needs the ledger anyway and fails loudly there."""
-
-    def __init__(self, ledger: Ledger, run_id: str, interval_s: float, stop: threading.Event) -> None:
-        super().__init__(name="eo-stream-heartbeat", daemon=True)
-        self.ledger = ledger
-        self.run_id = run_id
-        self.interval_s = interval_s
-        self.stop = stop
-        self.halt = threading.Event()
-        self.stop_requested_by: str | None = None
-        self.superseded: str | None = None
-
-    def finish(self) -> None:
-        """Stop beating, and wait for a beat in progress (it must not land after the end)."""
-        self.halt.set()
-        if self.is_alive():
-            self.join(timeout=30)
-
-    def run(self) -> None:
-        from airflow_provider_eo.ledger.streams import StreamRunSuperseded
-
-        while not self.halt.wait(self.interval_s):
-            try:
-                run = self.ledger.heartbeat_stream_run(self.run_id)
-            except StreamRunSuperseded as exc:
-                log.error("%s", exc)
-                self.superseded = str(exc)
-                self.stop.set()
-                return
-            except Exception as exc:  # the ledger did not answer: try again next beat
-                log.warning("stream run %s: heartbeat failed: %s", self.run_id, exc)
-                continue
-            if run.stop_requested_at is not None and not self.stop.is_set():
-                log.warning(
-                    "stream run %s: stop requested by %s; stopping after the in-flight checkpoints",
-                    self.run_id,
-                    run.stop_requested_by,
-                )
-                self.stop_requested_by = run.stop_requested_by or "?"
-                self.stop.set()
 
 
 def run_stream(

@@ -30,7 +30,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Literal
 
-from airflow_provider_eo.errors import ConfigError
+from airflow_provider_eo.errors import StreamArgsError as StreamArgsError
 from airflow_provider_eo.ledger.records import Actor
 
 CommitMode = Literal["inline", "airflow"]
@@ -40,19 +40,6 @@ DEFAULT_INTERVAL_S = 5.0
 DEFAULT_HEARTBEAT_S = 5.0
 #: How many lines of the driver's traceback its failure line keeps.
 TRACEBACK_LINES = 20
-
-
-class StreamArgsError(ConfigError):
-    """A streaming setting is impossible (commit mode, interval, heartbeat, bounds). Nothing
-    was read or written; change the setting.
-
-    ``str()`` names the settings as the Python API and the operator do (``interval``);
-    :attr:`cli_message` as ``eo stream``'s flags (``--interval``).
-    """
-
-    def __init__(self, message: str, *, cli_message: str) -> None:
-        super().__init__(message)
-        self.cli_message = cli_message
 
 
 @dataclass(frozen=True)

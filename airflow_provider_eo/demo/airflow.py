@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_eo.demo.sample import DEMO_TOPIC, seed_demo_topics
+from airflow_provider_eo.errors import DemoNeedsCheckout as DemoNeedsCheckout
 from airflow_provider_eo.render import (
     FAILED,
     OK,
@@ -29,16 +30,10 @@ from airflow_provider_eo.render import (
     print_checkpoints,
     print_dag_run,
 )
-from airflow_provider_eo.stack.errors import StackError
 
 RESULT_PREFIX = "EO_AIRFLOW_DEMO_RESULT "
 DAG_FILES = ("eo_pipeline.py", "eo_demo_pipelines.py")
 RUNS = 3
-
-
-class DemoNeedsCheckout(StackError):
-    """The Airflow demo runs the example DAGs of a source checkout's ``dags/`` folder, which
-    the installed package does not ship. Nothing was started; no data is involved."""
 
 
 def dags_source(root: Path | None = None) -> Path:

@@ -17,6 +17,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 
 from airflow_provider_eo.errors import KafkaAdminError
+from airflow_provider_eo.errors import KafkaLoginRefused as KafkaLoginRefused
 from airflow_provider_eo.kafka.client_config import librdkafka_config
 
 # Errors that retrying cannot fix: the credentials, the mechanism or the certificates.
@@ -27,12 +28,6 @@ _REFUSED = {
     KafkaError.ILLEGAL_SASL_STATE: "refused the login",
     KafkaError._SSL: "failed the TLS handshake",
 }
-
-
-class KafkaLoginRefused(KafkaAdminError):
-    """The cluster refused the client's SASL login or TLS handshake (wrong password, unknown
-    user, mechanism not enabled, untrusted certificate). Nothing was read or written; fix
-    the credentials or certificates."""
 
 
 def check_login(

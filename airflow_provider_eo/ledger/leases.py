@@ -25,6 +25,7 @@ from sqlalchemy import ColumnElement, or_, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from airflow_provider_eo.errors import CommitInProgress as CommitInProgress
 from airflow_provider_eo.ledger.engine import Database, rowcount, utcnow
 from airflow_provider_eo.ledger.errors import CommitLeaseHeld, InvariantViolation
 from airflow_provider_eo.ledger.events import add_event
@@ -46,32 +47,6 @@ FORCE_LIVE_HINT = (
     "`eo abort … --force-live` or `eo recover --force-live` takes its lease now; a live "
     "committer would be fenced and its commit would fail."
 )
-
-
-class CommitInProgress(CommitLeaseHeld):
-    """A committer holds the commit lease of a checkpoint of the pipeline: aborting it, or
-    fencing the pipeline's transactional ids (shared by all its checkpoints), would let it
-    publish what the abort replans or kill it. Nothing was changed, no data is at risk: wait
-    until its lease runs out (``until``) or for that commit to finish, or stop it first; when
-    that committer is known to be dead, ``--force-live`` (``force_live=True``) takes its lease
-    at once. ``lost``: the refused fencer had held the lease and a committer took it over, so
-    that committer is alive and ``--force-live`` is no way out."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        pipeline: str,
-        checkpoint_id: int,
-        owner: str | None,
-        until: dt.datetime | None,
-        lost: bool = False,
-    ) -> None:
-        super().__init__(message, owner=owner)
-        self.pipeline = pipeline
-        self.checkpoint_id = checkpoint_id
-        self.until = until
-        self.lost = lost
 
 
 def _in_progress(

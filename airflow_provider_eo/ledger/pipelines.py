@@ -9,6 +9,7 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from airflow_provider_eo.errors import TransactionalIdPrefixMismatch as TransactionalIdPrefixMismatch
 from airflow_provider_eo.ledger.engine import Database, rowcount, utcnow
 from airflow_provider_eo.ledger.errors import LedgerError, PipelineFingerprintMismatch
 from airflow_provider_eo.ledger.events import add_event
@@ -16,19 +17,6 @@ from airflow_provider_eo.ledger.mapping import pipeline_record
 from airflow_provider_eo.ledger.models import Lineage, Pipeline
 from airflow_provider_eo.ledger.reads import pipeline_row
 from airflow_provider_eo.ledger.records import Actor, PipelineRecord
-
-
-class TransactionalIdPrefixMismatch(LedgerError):
-    """A committer or planner is configured with another transactional-id prefix than the
-    one pinned for the pipeline. Refused before anything is produced, so no data is at risk:
-    Kafka fences committers only within one transactional id, so one pipeline has one
-    prefix for life."""
-
-    def __init__(self, message: str, *, pipeline: str, pinned: str, configured: str) -> None:
-        super().__init__(message)
-        self.pipeline = pipeline
-        self.pinned = pinned
-        self.configured = configured
 
 
 def pin_prefix(s: Session, pid: int, name: str, prefix: str) -> str:

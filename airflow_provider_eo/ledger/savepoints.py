@@ -9,20 +9,15 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from airflow_provider_eo.errors import NothingCommitted as NothingCommitted
 from airflow_provider_eo.ledger.engine import Database, utcnow
-from airflow_provider_eo.ledger.errors import InvariantViolation, LedgerError, SavepointNotFound
+from airflow_provider_eo.ledger.errors import InvariantViolation, SavepointNotFound
 from airflow_provider_eo.ledger.events import add_event
 from airflow_provider_eo.ledger.mapping import actor_columns, savepoint_record
 from airflow_provider_eo.ledger.models import Checkpoint, CheckpointRange, Lineage, Savepoint
 from airflow_provider_eo.ledger.reads import pipeline_row, require_checkpoint
 from airflow_provider_eo.ledger.records import Actor, SavepointRecord, savepoint_position
 from airflow_provider_eo.ledger.states import CheckpointState
-
-
-class NothingCommitted(LedgerError):
-    """A savepoint was asked for a pipeline with no COMMITTED checkpoint (at or below the
-    one in flight): there is no consistent position to name yet. Nothing was recorded; run
-    the pipeline until a checkpoint commits, then ask again."""
 
 
 def _exists(pipeline: str, row: Savepoint) -> InvariantViolation:

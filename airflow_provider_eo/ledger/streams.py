@@ -20,6 +20,9 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from airflow_provider_eo.errors import StreamRunConflict as StreamRunConflict
+from airflow_provider_eo.errors import StreamRunNotFound as StreamRunNotFound
+from airflow_provider_eo.errors import StreamRunSuperseded as StreamRunSuperseded
 from airflow_provider_eo.ledger.engine import Database, rowcount
 from airflow_provider_eo.ledger.errors import LedgerError
 from airflow_provider_eo.ledger.events import add_event
@@ -36,23 +39,6 @@ RUN_STATES = (RUNNING, ENDED, FAILED, LOST)
 
 #: A RUNNING run whose heartbeat is older than this many heartbeats is LOST.
 STALE_FACTOR = 4.0
-
-
-class StreamRunConflict(LedgerError):
-    """Another run of the pipeline's streaming application is alive (``other``)."""
-
-    def __init__(self, message: str, other: StreamRunRecord) -> None:
-        super().__init__(message)
-        self.other = other
-
-
-class StreamRunNotFound(LedgerError):
-    """No stream run with that id in the ledger (not registered yet, or another ledger)."""
-
-
-class StreamRunSuperseded(LedgerError):
-    """This run's row is no longer RUNNING (declared LOST and replaced, or ended by someone
-    else): the process must stop at once."""
 
 
 def _record(run: StreamRun, pipeline: str, now: dt.datetime | None = None) -> StreamRunRecord:

@@ -27,8 +27,7 @@ from pathlib import Path
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from airflow_provider_eo.errors import ConfigError
-from airflow_provider_eo.ledger.errors import LedgerError
+from airflow_provider_eo.errors import LedgerOnNetworkFilesystem as LedgerOnNetworkFilesystem
 from airflow_provider_eo.paths import eo_home
 
 DEFAULT_LEDGER_URL = "sqlite:///ledger.db"
@@ -122,12 +121,6 @@ NETWORK_FILESYSTEMS: frozenset[str] = frozenset(
 )
 
 _MOUNTINFO_ESCAPE = re.compile(r"\\([0-7]{3})")
-
-
-class LedgerOnNetworkFilesystem(LedgerError, ConfigError):
-    """The SQLite ledger file would live on a network filesystem, where SQLite's WAL and
-    file locks are unreliable. Nothing was opened or created; put the file on a local disk
-    or use PostgreSQL."""
 
 
 @dataclass(frozen=True)

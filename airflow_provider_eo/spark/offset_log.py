@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_eo.errors import ConfigError
+from airflow_provider_eo.errors import OffsetLogError as OffsetLogError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -31,10 +31,6 @@ __all__ = [
 ]
 
 TP = tuple[str, int]
-
-
-class OffsetLogError(ConfigError):
-    """The query's checkpoint location lacks, or holds in an unknown form, what the sink needs."""
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from airflow_provider_eo.errors import CheckpointLocationError as CheckpointLocationError
 from airflow_provider_eo.errors import ConfigError
 from airflow_provider_eo.staging_fs import StagingStore, with_store
 
@@ -43,11 +44,6 @@ __all__ = [
     "read_location",
     "remove_copy",
 ]
-
-
-class CheckpointLocationError(ConfigError):
-    """The query's checkpoint location (or a copy's destination) cannot be read, lacks what
-    is asked of it, or is not empty where a copy is to be written; nothing was copied."""
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,8 @@ from eo_harness import wait_for
 
 from airflow_provider_eo import names
 from airflow_provider_eo.core.abort import abort_checkpoint
-from airflow_provider_eo.core.commit import _LeaseKeeper, commit_checkpoint, resolve_commit_mode
+from airflow_provider_eo.core.commit import commit_checkpoint, resolve_commit_mode
+from airflow_provider_eo.core.commit_on_spark import _LeaseKeeper
 from airflow_provider_eo.core.shard import Publisher, ShardCommittable, ShardFailure, ShardTask
 from airflow_provider_eo.errors import (
     AbortRefused,
@@ -600,7 +601,7 @@ def test_a_commit_that_loses_its_lease_cancels_its_jobs_and_never_starts_the_las
 ) -> None:
     cp = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=SINK_PARTITIONS)
     clients = FakeClients(broker)
-    from airflow_provider_eo.core import commit as commit_module
+    from airflow_provider_eo.core import commit_on_spark as commit_module
 
     class QuickKeeper(_LeaseKeeper):  # the commit's lease lasts 1.2 s instead of 2 * timeout + 30
         def __init__(self, *args: Any, cancel: Callable[[], None]) -> None:
@@ -642,7 +643,7 @@ def test_a_cancel_that_comes_after_the_tasks_committed_loses_nothing_and_duplica
 ) -> None:
     cp = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=SINK_PARTITIONS)
     clients = FakeClients(broker)
-    from airflow_provider_eo.core import commit as commit_module
+    from airflow_provider_eo.core import commit_on_spark as commit_module
 
     class QuickKeeper(_LeaseKeeper):
         def __init__(self, *args: Any, cancel: Callable[[], None]) -> None:

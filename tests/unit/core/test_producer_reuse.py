@@ -28,9 +28,10 @@ from eo_fake_kafka import (
 
 from airflow_provider_eo.core import shard as shard_module
 from airflow_provider_eo.core.commit import commit_checkpoint
-from airflow_provider_eo.core.shard import commit_shard, fence_id, pool_key
+from airflow_provider_eo.core.fencing import fence_id
+from airflow_provider_eo.core.shard import commit_shard, pool_key
 from airflow_provider_eo.errors import CommitError, CommitFenced, KafkaAdminError
-from airflow_provider_eo.kafka import publisher
+from airflow_provider_eo.kafka import producer_pool, publisher
 from airflow_provider_eo.kafka.publisher import PRODUCERS, ProducerPool
 from airflow_provider_eo.ledger import CheckpointState, Ledger
 from airflow_provider_eo.pipeline import Pipeline
@@ -220,7 +221,7 @@ def test_a_producer_never_crosses_a_fork(monkeypatch: pytest.MonkeyPatch) -> Non
     broker = FakeBroker()
     producer = FakeProducer(broker, TID, None)
     pool.give("key", producer, publisher.DeliveryFailures())
-    monkeypatch.setattr(publisher.os, "getpid", lambda: -1)  # now "in a child"
+    monkeypatch.setattr(producer_pool.os, "getpid", lambda: -1)  # now "in a child"
     assert pool.take("key") is None
     assert not producer.closed  # the parent's: neither used nor destroyed here
     pool.give("key", producer, publisher.DeliveryFailures())

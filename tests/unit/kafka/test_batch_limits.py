@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from airflow_provider_eo.kafka.publisher import BATCH_FRAMING_BYTES, _batch_limits, with_dead_letter_limits
+from airflow_provider_eo.kafka.producer_pool import _batch_limits
+from airflow_provider_eo.kafka.publisher import BATCH_FRAMING_BYTES, with_dead_letter_limits
 
 
 def test_no_topic_limit_leaves_librdkafka_defaults() -> None:
