@@ -86,7 +86,9 @@ _ENVIRONMENT = (
     (
         # The Java client's ACL refusals (Topic/Group/TransactionalId/ClusterAuthorization):
         # the broker refuses every record alike, so no record is searched for or blamed.
-        re.compile(r"\w+AuthorizationException"),
+        # (A bounded name: an unbounded \w+ backtracks quadratically over a long run of word
+        # characters, e.g. a large record's value quoted in the error.)
+        re.compile(r"\w{1,64}AuthorizationException"),
         "grant the ACL the Kafka error names (`eo doctor --acls` prints every ACL the pipeline needs)",
     ),
     (
@@ -97,11 +99,22 @@ _ENVIRONMENT = (
 )
 
 
+#: How much of a job's error text the environment patterns read, from each end: the error
+#: names sit in the first and last lines; the middle may quote megabytes of a record.
+_ERROR_TEXT_EDGE = 64 * 1024
+
+
+def _head_and_tail(text: str) -> str:
+    if len(text) <= 2 * _ERROR_TEXT_EDGE:
+        return text
+    return text[:_ERROR_TEXT_EDGE] + "\n...\n" + text[-_ERROR_TEXT_EDGE:]
+
+
 def environment_failure(exc: BaseException) -> str | None:
     """What to fix when ``exc`` is a failure of the executors' environment rather than of a
     record (None otherwise): a module missing on the executors, mismatched Pythons, a
     function that cannot be pickled."""
-    text = str(exc)
+    text = _head_and_tail(str(exc))
     for pattern, advice in _ENVIRONMENT:
         if pattern.search(text):
             missing = _MISSING_MODULE.search(text)

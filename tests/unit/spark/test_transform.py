@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from airflow_provider_eo.errors import PrepareError, TransformError
@@ -108,3 +111,19 @@ def test_environment_failures_are_told_apart(text: str, expected: str) -> None:
 )
 def test_record_and_kafka_failures_are_not_environment_failures(text: str) -> None:
     assert transform.environment_failure(RuntimeError(text)) is None
+
+
+def test_environment_failure_reads_a_huge_error_text_in_linear_time() -> None:
+    """A job's error may quote a large record (a run of megabytes of word characters): the
+    patterns read it at once, and still find the name at either end. Run in a child process
+    so a regression (quadratic backtracking: hours for this text) fails by its timeout."""
+    code = (
+        "from airflow_provider_eo.spark.transform import environment_failure\n"
+        "blob = 'x' * 1_500_000\n"
+        "assert environment_failure(RuntimeError(blob)) is None\n"
+        "hit = environment_failure(RuntimeError(blob + ' TopicAuthorizationException: no'))\n"
+        "assert hit is not None and 'eo doctor --acls' in hit, hit\n"
+        "hit = environment_failure(RuntimeError('ImportError: x ' + blob))\n"
+        "assert hit is not None and 'py_files' in hit, hit\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=30)
