@@ -2058,6 +2058,11 @@ class Torture:
             except Exception:  # not registered yet
                 return None
 
+    def _ss_wrote(self, query_id: str) -> bool:
+        """The query's newest batch is one of query ``query_id``."""
+        now = self._ss_newest()
+        return now is not None and now.query_id == query_id
+
     def _ss_ends(self) -> dict[tuple[str, int], int]:
         """The query's sink high watermarks."""
         q = self._ss_query()
@@ -2119,8 +2124,23 @@ class Torture:
             for r in newest.ranges:
                 ends.setdefault(r.topic, {})[str(r.partition)] = r.end
             spec = json.dumps(ends) if starting == "ends" else starting
+            assert self.pipeline is not None
+            source = [(self.pipeline.source_topics[0], p) for p in range(self.source_partitions)]
+            at_start = admin.list_offsets(self.config, source, spec="latest")
             error, qid = self._ss_run(new, allow_new_query=True, starting=spec)
             outcome = "continued"
+            if error is None and starting == "latest" and not self._ss_wrote(qid):
+                # No batch: "latest" was the source's end when it started, and the location
+                # keeps that start. Once the source has moved on, its first batch starts there
+                # (past the old query's ends when records came in between).
+                deadline = time.monotonic() + 60
+                while time.monotonic() < deadline and all(
+                    o <= at_start.get(tp, 0)
+                    for tp, o in admin.list_offsets(self.config, source, spec="latest").items()
+                ):
+                    time.sleep(0.5)
+                error, qid = self._ss_run(new, allow_new_query=True, starting=spec)
+                outcome = "no batch at first, run again"
             if error is not None:
                 self._ss_check_unchanged(before, f"new query ({starting}) at {new}, refused")
                 found = re.search(r"startingOffsets=(\{.*?\}\})", error)
@@ -2140,12 +2160,9 @@ class Torture:
                         self._violation(f"new query from the refusal's startingOffsets: {error[-300:]}")
                 else:
                     outcome = "failed"
-            elif starting == "earliest":
-                now = self._ss_newest()
-                if now is not None and now.query_id == qid:
-                    self._violation(f"new query from the earliest offsets at {new} was not refused")
-            now = self._ss_newest()
-            if error is None and now is not None and now.query_id == qid:
+            elif starting == "earliest" and self._ss_wrote(qid):
+                self._violation(f"new query from the earliest offsets at {new} was not refused")
+            if error is None and self._ss_wrote(qid):
                 q.location = new  # the new query continues the pipeline
             else:
                 outcome += "; old location goes on"
