@@ -2036,16 +2036,23 @@ class Torture:
             .select("key", "value")
         )
         error: str | None = None
-        query = sink.start(frame, location, output_mode="append", available_now=True)
+        query_id = ""
         try:
+            query = sink.start(frame, location, output_mode="append", available_now=True)
+            query_id = str(query.id)
             if not query.awaitTermination(timeout_s):
                 query.stop()
                 error = f"still running after {timeout_s}s (stopped)"
         except StreamingQueryException as exc:
             error = " ".join(str(exc).split())
+        except Exception as exc:  # the start refused: the text says why
+            error = f"{type(exc).__name__}: " + " ".join(str(exc).split())
         finally:
-            sink.close()
-        return error, str(query.id)
+            try:
+                sink.close()
+            except Exception as exc:  # the run's end in the ledger: not the query's outcome
+                self.log(f"  sink.close(): {type(exc).__name__}: {str(exc)[:200]}")
+        return error, query_id
 
     def _ss_newest(self) -> Any:
         """The query's newest live batch checkpoint (None before its first)."""
