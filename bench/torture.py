@@ -1933,9 +1933,11 @@ class Torture:
             gone = _process_state(task) in ("", "Z")
             ended = _resume_and_reap(task)
             task = None
+            found = len(self.violations)
             self._check_sink_unchanged(
                 after, f"the held commit task of checkpoint {cid}, going on after the {how}"
             )
+            unchanged = "sink unchanged" if len(self.violations) == found else "THE SINK MOVED"
             code_next = None
             if how == "abort":
                 self._spawn(n)
@@ -1951,7 +1953,7 @@ class Torture:
                 f"exit {code} ({state.value}); driver {'resumed' if resume else 'killed'}: exit "
                 f"{code_driver}{', lease given up' if lost else ''}; held task "
                 f"{'cancelled with its job' if gone else 'went on'}{'' if ended else ' (SIGKILLed)'}, "
-                f"sink unchanged; next run-once exit {code_next}, {twice} published twice"
+                f"{unchanged}; next run-once exit {code_next}, {twice} published twice"
             )
         finally:
             if driver.poll() is None:  # an early return or an error: the driver goes
