@@ -4,7 +4,7 @@ Usage: .venv/bin/python bench/torture.py --cycles N --seed S [--prepare child|mi
        [--rate R] [--max-records M] [--kinds k1,k2]
 
 The short seeded run (every fault kind once and a spare cycle; about 100 s on 2 cores with
-the first 9 kinds and 10 cycles): ``bench/torture.py --cycles 13 --seed 11 --max-records
+the first 9 kinds and 10 cycles): ``bench/torture.py --cycles 15 --seed 11 --max-records
 5000 --rate 15`` (large checkpoints and a slow feeder keep the catch-up to a few runs).
 
 A broker of its own (4+ source, 3+ sink partitions; ``max.message.bytes`` 64 KiB on the sink,
