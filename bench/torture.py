@@ -4,7 +4,7 @@ Usage: .venv/bin/python bench/torture.py --cycles N --seed S [--prepare child|mi
        [--rate R] [--max-records M] [--kinds k1,k2]
 
 The short seeded run (every fault kind once and a spare cycle; about 100 s on 2 cores with
-the first 9 kinds and 10 cycles): ``bench/torture.py --cycles 13 --seed 11 --max-records
+the first 9 kinds and 10 cycles): ``bench/torture.py --cycles 15 --seed 11 --max-records
 5000 --rate 15`` (large checkpoints and a slow feeder keep the catch-up to a few runs).
 
 A broker of its own (4+ source, 3+ sink partitions; ``max.message.bytes`` 64 KiB on the sink,
@@ -72,6 +72,26 @@ picks (seeded) one fault kind and runs one ``eo run-once`` child while injecting
                       raised to 1 MiB and the next run-once must commit it, the record one
                       dead letter and not in the sink. A commit still failing then is let
                       through by raising the sink's limit for one run (a violation already).
+- ``spark_lease_lapse`` ``eo commit --commit-mode spark`` of checkpoint N with its first shard's
+                      Spark task held before its shard began (``EO_FAULT=commit.task_start``,
+                      ``zombie``) and its driver then stopped (SIGSTOP) until the commit lease
+                      lapses; then ``eo abort N`` (nothing published: it must abort) or another
+                      committer (``eo run-once``: it must commit N) acts on the lapsed lease; the
+                      driver is killed or resumed (its lease keeper finds the lease gone and
+                      cancels its jobs: it must not exit 0) and the held task goes on, its
+                      ``init_transactions`` after the other's fence: the sink must not move (the
+                      abort's mark, or the commit's marker, stops it); the next run-once
+                      publishes nothing twice;
+- ``ss_new_location`` a Structured Streaming query through ``KafkaExactlyOnceSink`` (identity
+                      over the same source into a sink topic of its own, availableNow runs in
+                      this process, a SQLite ledger) runs from its checkpoint location, then
+                      starts again from a NEW one: without ``allow_new_query`` it must be refused
+                      (QueryIdentityMismatch), its sink unchanged, and the old location goes on;
+                      with it, started from the earliest or latest offsets or from the old
+                      query's ends, it is refused naming those ends (unless it started there)
+                      and, started there at another new location, continues the pipeline. Its
+                      sink must never hold a record twice; after the catch-up it is audited
+                      against the source like the pipeline's (``ss_sink`` in the last line).
 
 A check a fault kind makes on the spot that fails is a *violation* (it fails the run). A
 failed run-once is simply retried by the next cycle (restart-from-checkpoint). Afterwards
@@ -90,9 +110,10 @@ run-once child prepare by itself (slower, the most literal form).
 The last line is machine-readable:
 ``torture: seed=<n> cycles=<n> faults=<n> kinds=<k:n,...> in=<n> out=<n> dead_letters=<n> duplicates=<n>
 missing=<n> by_value=dup:<n>,miss:<n> source_audit=records:<n>,dup:<n>,miss:<n>,unexpected:<n>,
-dropped:<n>,dead_letters:<n> group_offsets_ok=<bool> violations=<n> misrefused=<n>
-bench_crashes=<n>``
-(``duplicates`` and ``missing`` are the larger of the two audits; ``misrefused`` counts
+dropped:<n>,dead_letters:<n> ss_sink=records:<n>,out:<n>,dup:<n>,miss:<n>,audit_ok:<bool>
+group_offsets_ok=<bool> violations=<n> misrefused=<n> bench_crashes=<n>``
+(``duplicates`` and ``missing`` are the larger of the two audits of the pipeline, plus the
+Structured Streaming query's (``ss_sink``, ``none`` when ``ss_new_location`` never ran); ``misrefused`` counts
 ``stale_ledger`` runs refused safely, sink unchanged, but with another error than
 LedgerBehindSink: not a failure of exactly-once). The exit status is 0 when the run is
 exactly once (``Result.ok``) and, with at least one cycle per fault kind, every kind was
@@ -108,6 +129,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -148,9 +170,11 @@ KINDS = (
     "expire_markers_abort",
     "hanging_txn",
     "oversize_dead_letter",
+    "spark_lease_lapse",
+    "ss_new_location",
 )
 # After every kind has been injected once, faults are drawn with these weights.
-WEIGHTS = (2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1)
+WEIGHTS = (2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1)
 REF = "eo_test_pipelines:from_env"  # the child's pipeline: $EO_TEST_PIPELINE_JSON
 PG_SCRIPT = ROOT / "scripts" / "postgres.sh"
 EO = str(Path(sys.executable).with_name("eo"))
@@ -171,6 +195,10 @@ KILL_COMMIT_STEPS = (
     "commit.after_commit_txn",
     "commit.before_ledger",
 )
+# The Structured Streaming side query of ss_new_location: its sink topic takes the largest
+# source record, and a micro-batch reads at most this many records per trigger.
+SS_SINK_MAX_MESSAGE_BYTES = 1024 * 1024
+SS_MAX_OFFSETS = 2000
 
 
 def _stderr(msg: str) -> None:
@@ -197,6 +225,10 @@ class Result:
     value_missing: int = 0  # by value: committed input records neither in the sink nor dead letters
     group_offsets_ok: bool = False
     audit: dict[str, Any] = field(default_factory=dict)  # the source-based audit (eo audit)
+    # ss_new_location's Structured Streaming query, counted against the same source: records
+    # (committed source records), out, dup, miss (by value), audit (its `eo audit` verdict);
+    # empty when the kind never ran
+    ss: dict[str, Any] = field(default_factory=dict)
     violations: list[str] = field(default_factory=list)  # checks made by a fault kind, failed
     # stale_ledger runs refused with another error than LedgerBehindSink (the sink unchanged)
     misrefused: list[str] = field(default_factory=list)
@@ -217,13 +249,25 @@ class Result:
         )
 
     @property
+    def ss_ok(self) -> bool:
+        """The Structured Streaming query (when ss_new_location ran) published every committed
+        source record exactly once by value, and its ``eo audit`` (every staged record of its
+        batches once) passed."""
+        s = self.ss
+        if not s:
+            return True
+        return s.get("dup") == 0 and s.get("miss") == 0 and bool(s.get("audit_ok"))
+
+    @property
     def ok(self) -> bool:
-        """Nothing duplicated, nothing missing by either audit, group offsets at the committed
-        ends, and no fault kind's own check failed."""
+        """Nothing duplicated, nothing missing by either audit (nor by the Structured
+        Streaming query's), group offsets at the committed ends, and no fault kind's own check
+        failed."""
         return (
             self.duplicates == 0
             and self.missing == 0
             and self.audit_ok
+            and self.ss_ok
             and self.group_offsets_ok
             and not self.violations
         )
@@ -253,12 +297,19 @@ class Result:
             f"unexpected:{a.get('unexpected')},dropped:{a.get('dropped')},"
             f"dead_letters:{a.get('dead_letters')}"
         )
+        q = self.ss
+        ss = (
+            f"records:{q.get('records')},out:{q.get('out')},dup:{q.get('dup')},miss:{q.get('miss')},"
+            f"audit_ok:{q.get('audit_ok')}"
+            if q
+            else "none"
+        )
         return (
             f"torture: seed={self.seed} cycles={self.cycles} faults={self.faults} kinds={kinds} "
             f"in={self.records_in} out={self.records_out} dead_letters={self.dead_letters_out} "
             f"duplicates={self.duplicates} "
             f"missing={self.missing} by_value=dup:{self.value_duplicates},miss:{self.value_missing} "
-            f"source_audit={source_audit} group_offsets_ok={self.group_offsets_ok} "
+            f"source_audit={source_audit} ss_sink={ss} group_offsets_ok={self.group_offsets_ok} "
             f"violations={len(self.violations)} misrefused={len(self.misrefused)} "
             f"bench_crashes={len(self.bench_crashes)}"
         )
@@ -545,11 +596,63 @@ def _digest(value: bytes | None) -> bytes:
     return hashlib.blake2b(value or b"", digest_size=16).digest()
 
 
+def _why(error: str, chars: int = 300) -> str:
+    """The part of a streaming query's error that says why: from eo's error class on (Spark
+    wraps it in the query's plan), else its beginning."""
+    at = error.find("airflow_provider_eo.errors.")
+    return error[at : at + chars] if at >= 0 else error[:chars]
+
+
+def _process_state(pid: int) -> str:
+    """The state letter of process ``pid`` (``T`` stopped, ``Z`` a zombie); ``""`` when gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0]
+    except (OSError, IndexError):
+        return ""
+
+
+def _resume_and_reap(pid: int, timeout_s: float = 120.0) -> bool:
+    """SIGCONT a stopped process (not our child) and wait until it ended: True, or False
+    when it had to be SIGKILLed after ``timeout_s``."""
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        return True
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if _process_state(pid) in ("", "Z"):
+            return True
+        time.sleep(0.2)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return False
+
+
 def read_uncommitted(config: dict[str, Any], topic: str, timeout_s: float = 120.0) -> list[Any]:
     """Every record in ``topic`` up to its high watermark, aborted transactions included."""
     parts = admin.partitions_of(config, [topic])[topic]
     ends = high_watermarks(config, [(topic, p) for p in parts])
     return read_topic(config, topic, ends, isolation="read_uncommitted", timeout_s=timeout_s)
+
+
+@dataclass
+class SsQuery:
+    """ss_new_location's Structured Streaming query: identity over the run's source into a
+    sink topic of its own, its ledger a SQLite file (stale_ledger and stop_postgres leave it
+    alone), started from ``location`` (a new one once a new query continues it)."""
+
+    name: str
+    sink_topic: str
+    ledger_url: str
+    staging_dir: str
+    root: Path
+    locations: int = 0  # checkpoint locations made after the first (ckpt-0)
+    location: str = ""  # the query's current checkpoint location
+
+    def __post_init__(self) -> None:
+        self.location = self.location or str(self.root / "ckpt-0")
 
 
 class Torture:
@@ -595,6 +698,8 @@ class Torture:
         self.violations: list[str] = []  # a fault kind's own check that failed
         self.misrefused: list[str] = []  # refused safely, but not with the error expected
         self.snapshot_db: str | None = None  # stale_ledger's old copy, while it exists
+        self.ss: SsQuery | None = None  # ss_new_location's query, from its first cycle
+        self._ss_spark: Any = None  # a session of its own when the run prepares in children
 
     # -- set-up and tear-down ------------------------------------------------------------
     def up(self) -> None:
@@ -663,6 +768,8 @@ class Torture:
         self._reap()
         if self.feeder is not None:
             self.feeder.stop()
+        if self._ss_spark is not None:
+            self._ss_spark.stop()
         # While the broker still answers: clients left to the interpreter's exit would wait
         # on a stopped broker's connections.
         admin.close_shared_clients()
@@ -705,13 +812,17 @@ class Torture:
         args: Sequence[str] = ("run-once", REF, "--json"),
         log_name: str | None = None,
         pipeline: Pipeline | None = None,
+        once: Path | None = None,
     ) -> subprocess.Popen[bytes]:
         """Start ``eo <args>`` (run-once by default) as the cycle's child; ``fault`` fires
         the ``hit``-th time the child reaches it (``hit=2`` of a commit step: in the second
-        commit shard, after the first committed)."""
+        commit shard, after the first committed); with ``once``, only in the first of the
+        child's processes that gets there (``EO_FAULT_ONCE``: a Spark task's Python worker)."""
         env = self._env(pipeline)
         if fault:
             env["EO_FAULT"], env["EO_FAULT_ACTION"], env["EO_FAULT_HIT"] = fault, action, str(hit)
+            if once is not None:
+                env["EO_FAULT_ONCE"] = str(once)
         self._last_code = None
         out = (self.work / (log_name or f"cycle-{cycle:04d}.log")).open("ab")
         # Its own process group: a kill takes the child's Spark JVM with it.
@@ -1729,6 +1840,421 @@ class Torture:
             return 1, " ".join(f"Traceback (not an EoError) {type(exc).__name__}: {exc}".split())
         return 0, ""
 
+    # -- a spark-mode commit's lease lapsing, the sink's query restarted elsewhere ----------------
+    def _fault_spark_lease_lapse(self, n: int) -> str | None:
+        """``eo commit --commit-mode spark`` of checkpoint N, its first shard's Spark task held
+        before its shard began (``EO_FAULT=commit.task_start``, ``zombie``: a task queued
+        behind others, a slow executor), its driver then stopped (SIGSTOP) until the commit
+        lease lapses. Another process acts on the lapsed lease: ``eo abort N`` (nothing was
+        published: it must abort) or another committer (``eo run-once``: it must commit N).
+        Then the driver is killed or resumed (its lease keeper finds the lease gone and
+        cancels its jobs: it must not exit 0), and the held task goes on, its
+        ``init_transactions`` after the other's fence: it must publish nothing (the abort's
+        mark, or the marker of the commit). The next run-once publishes nothing twice."""
+        assert self.pipeline is not None and self.ledger is not None
+        cp = self._prepared(n)
+        if cp is not None and cp.shards:  # a commit of it began before: finish it first
+            self._advance(n)
+            if self.spark is not None:
+                self._prepare_here()
+            cp = self._prepared(n)
+        if cp is None or cp.commit_plan is None or cp.shards:
+            return None  # a PREPARED checkpoint, no commit of it begun
+        cid = cp.checkpoint_id
+        before = self._quiet_sink_ends()
+        flag = self.work / f"cycle-{n:04d}-task"
+        log_name = f"cycle-{n:04d}-spark.log"
+        driver = self._spawn(
+            n,
+            fault="commit.task_start",
+            action="zombie",
+            once=flag,
+            args=("commit", REF, "--commit-mode", "spark", "--json"),
+            log_name=log_name,
+        )
+        task: int | None = None
+        try:
+            pid_file = Path(f"{flag}.pid")
+
+            def held() -> bool:
+                text = pid_file.read_text().strip() if pid_file.exists() else ""
+                return bool(text) and _process_state(int(text)) == "T"
+
+            if not self._wait(held, 300):
+                self.log(f"  no commit task held: {self._child_text(log_name)[-300:]}")
+                return None
+            task = int(pid_file.read_text())
+            # The driver (eo and its Spark JVM; the held task left its process group) stops
+            # renewing: its lease lapses, the driver alive but silent.
+            self._signal(signal.SIGSTOP)
+            stopped = time.monotonic()
+            self._lease_run_out(cid)
+            lapsed = time.monotonic() - stopped
+            self.child = None  # the driver stays stopped while another process acts
+            how = self.rng.choice(("abort", "commit"))
+            if how == "abort":
+                code, text = self._call(
+                    n, "abort", [EO, "abort", REF, str(cid), "--reason", "torture: spark-mode lease lapsed"]
+                )
+                state = self._state_of(cid)
+                if code != 0 or state is not CheckpointState.ABORTED or "Traceback" in text:
+                    self._violation(
+                        f"abort of checkpoint {cid} after its spark-mode committer's lease lapsed, "
+                        f"nothing published: exit {code}, now {state.value} (must be ABORTED): "
+                        f"{text[-300:]}"
+                    )
+                self._check_sink_unchanged(before, f"abort of checkpoint {cid} (lease lapsed)")
+            else:
+                second = f"cycle-{n:04d}-second.log"
+                self._spawn(n, log_name=second)
+                code = self._reap() or 0
+                state = self._state_of(cid)
+                if code != 0 or state is not CheckpointState.COMMITTED:
+                    self._violation(
+                        f"run-once after checkpoint {cid}'s spark-mode committer's lease lapsed: exit "
+                        f"{code}, now {state.value} (must be COMMITTED): {self._child_text(second)[-300:]}"
+                    )
+            after = self._quiet_sink_ends()
+            resume = self.rng.random() < 0.5
+            if resume:
+                # Its lease keeper renews at once, finds the lease taken, cancels the
+                # checkpoint's jobs (the held task with them, or it goes on below).
+                os.killpg(driver.pid, signal.SIGCONT)
+            else:
+                os.killpg(driver.pid, signal.SIGKILL)
+            self.child = driver
+            code_driver = self._reap(timeout_s=180)
+            driver_text = self._child_text(log_name)
+            if resume and code_driver == 0:
+                self._violation(
+                    f"the spark-mode driver of checkpoint {cid}, resumed after {how} took its lapsed "
+                    f"lease, exited 0: {driver_text[-300:]}"
+                )
+            gone = _process_state(task) in ("", "Z")
+            ended = _resume_and_reap(task)
+            task = None
+            found = len(self.violations)
+            self._check_sink_unchanged(
+                after, f"the held commit task of checkpoint {cid}, going on after the {how}"
+            )
+            unchanged = "sink unchanged" if len(self.violations) == found else "THE SINK MOVED"
+            code_next = None
+            if how == "abort":
+                self._spawn(n)
+                code_next = self._reap()
+            twice = self._duplicated_since(before)
+            if twice:
+                self._violation(
+                    f"checkpoint {cid} ({how} after its lease lapsed): {twice} sink records twice"
+                )
+            lost = "gave up its commit lease" in driver_text
+            return (
+                f"checkpoint {cid}: task held, driver stopped, lease lapsed after {lapsed:.0f}s; {how} "
+                f"exit {code} ({state.value}); driver {'resumed' if resume else 'killed'}: exit "
+                f"{code_driver}{', lease given up' if lost else ''}; held task "
+                f"{'cancelled with its job' if gone else 'went on'}{'' if ended else ' (SIGKILLed)'}, "
+                f"{unchanged}; next run-once exit {code_next}, {twice} published twice"
+            )
+        finally:
+            if driver.poll() is None:  # an early return or an error: the driver goes
+                self.child = driver
+                self._signal(signal.SIGCONT)
+                self._signal(signal.SIGKILL)
+                self._reap()
+            if task is not None:
+                _resume_and_reap(task)
+
+    def _ss_session(self) -> Any:
+        """The SparkSession the Structured Streaming query runs in: the run's own, else one
+        started for it (``--prepare child``)."""
+        if self.spark is not None:
+            return self.spark
+        if self._ss_spark is None:
+            from airflow_provider_eo.spark.session import get_spark
+
+            self._ss_spark = get_spark("eo-torture-ss")
+        return self._ss_spark
+
+    def _ss_query(self) -> SsQuery:
+        """ss_new_location's query, made on first use (its sink topic, ledger and first
+        checkpoint location)."""
+        if self.ss is None:
+            sink = f"torture-ss-{self.seed}"
+            admin.ensure_topic(
+                self.config,
+                sink,
+                partitions=self.sink_partitions,
+                topic_config={"max.message.bytes": str(SS_SINK_MAX_MESSAGE_BYTES)},
+            )
+            root = self.work / "ss"
+            root.mkdir(parents=True, exist_ok=True)
+            self.ss = SsQuery(
+                name=f"torture-ss-{self.seed}-{uuid.uuid4().hex[:6]}",
+                sink_topic=sink,
+                ledger_url=f"sqlite:///{root / 'ledger.db'}",
+                staging_dir=str(root / "staging"),
+                root=root,
+            )
+        return self.ss
+
+    def _ss_sink(self, allow_new_query: bool = False) -> Any:
+        from airflow_provider_eo.streaming import KafkaExactlyOnceSink
+
+        q = self._ss_query()
+        return KafkaExactlyOnceSink(
+            name=q.name,
+            kafka=dict(self.config),
+            sink_topic=q.sink_topic,
+            ledger_url=q.ledger_url,
+            staging_dir=q.staging_dir,
+            commit_shards=2,
+            commit_mode="local",
+            transaction_timeout_ms=self.transaction_timeout_ms,
+            allow_new_query=allow_new_query,
+            heartbeat_s=1.0,
+        )
+
+    def _ss_run(
+        self,
+        location: str,
+        *,
+        allow_new_query: bool = False,
+        starting: str = "earliest",
+        timeout_s: int = 300,
+    ) -> tuple[str | None, str, int]:
+        """Run the query from ``location`` (``availableNow``: what the source holds now, in
+        micro-batches): (None, or the text of the error it ended with; its query id; the
+        input rows of its batches)."""
+        from pyspark.errors import StreamingQueryException
+
+        assert self.pipeline is not None
+        spark = self._ss_session()
+        sink = self._ss_sink(allow_new_query)
+        frame = (
+            spark.readStream.format("kafka")
+            .option("kafka.bootstrap.servers", self.config["bootstrap.servers"])
+            .option("subscribe", self.pipeline.source_topics[0])
+            .option("startingOffsets", starting)
+            # Records of aborted source transactions are no input (as for the pipeline's reads).
+            .option("kafka.isolation.level", "read_committed")
+            .option("maxOffsetsPerTrigger", SS_MAX_OFFSETS)
+            .load()
+            .select("key", "value")
+        )
+        error: str | None = None
+        query: Any = None
+        try:
+            query = sink.start(frame, location, output_mode="append", available_now=True)
+            if not query.awaitTermination(timeout_s):
+                query.stop()
+                error = f"still running after {timeout_s}s (stopped)"
+        except StreamingQueryException as exc:
+            error = " ".join(str(exc).split())
+        except Exception as exc:  # the start refused: the text says why
+            error = f"{type(exc).__name__}: " + " ".join(str(exc).split())
+        finally:
+            try:
+                sink.close()
+            except Exception as exc:  # the run's end in the ledger: not the query's outcome
+                self.log(f"  sink.close(): {type(exc).__name__}: {str(exc)[:200]}")
+        if query is None:
+            return error, "", 0
+        rows = sum(int(p.get("numInputRows", 0) or 0) for p in query.recentProgress)
+        return error, str(query.id), rows
+
+    def _ss_newest(self) -> Any:
+        """The query's newest live batch checkpoint (None before its first)."""
+        from airflow_provider_eo.core.batches import newest_checkpoint
+
+        q = self._ss_query()
+        with Ledger(q.ledger_url) as ledger:
+            try:
+                return newest_checkpoint(ledger, q.name)
+            except Exception:  # not registered yet
+                return None
+
+    def _ss_wrote(self, query_id: str) -> bool:
+        """The query's newest batch is one of query ``query_id``."""
+        now = self._ss_newest()
+        return now is not None and now.query_id == query_id
+
+    def _ss_ends(self) -> dict[tuple[str, int], int]:
+        """The query's sink high watermarks."""
+        q = self._ss_query()
+        return high_watermarks(self.config, [(q.sink_topic, p) for p in range(self.sink_partitions)])
+
+    def _ss_values(self) -> Counter[bytes]:
+        return Counter(_digest(m.value()) for m in read_sink(self.config, self._ss_query().sink_topic))
+
+    def _ss_check_unchanged(self, before: dict[tuple[str, int], int], what: str) -> None:
+        after = self._ss_ends()
+        if after != before:
+            moved = {p: (before.get((t, p)), o) for (t, p), o in after.items() if before.get((t, p)) != o}
+            self._violation(f"{what}: the query's sink moved {moved}")
+
+    def _ss_fresh_location(self) -> str:
+        q = self._ss_query()
+        q.locations += 1
+        return str(q.root / f"ckpt-{q.locations}")
+
+    def _fault_ss_new_location(self, n: int) -> str | None:
+        """A Structured Streaming query through ``KafkaExactlyOnceSink`` (identity over the
+        run's source into a sink topic of its own) runs from its checkpoint location, then
+        starts again from a NEW location (a new query id, batch ids from 0). Without
+        ``allow_new_query`` it must be refused (QueryIdentityMismatch, "another checkpoint
+        location"), nothing published, and the old location goes on. With it, from the
+        source's earliest or latest offsets, or from the old query's ends: refused unless it
+        starts at those ends (the refusal names them; a start there, at another new location,
+        continues the pipeline). Never a duplicate (checked here) or a loss (the audit)."""
+        q = self._ss_query()
+        error, _qid, _rows = self._ss_run(q.location)
+        newest = self._ss_newest()
+        if error is not None or newest is None:
+            self.log(f"  the query from {q.location}: {_why(error) if error else 'no batch'}")
+            return None
+        first_cid = newest.checkpoint_id
+        before = self._ss_ends()
+        new = self._ss_fresh_location()
+        allow = self.rng.random() < 0.5
+        if not allow:
+            error, qid, rows = self._ss_run(new)
+            refused = (
+                error is not None
+                and "QueryIdentityMismatch" in error
+                and "another checkpoint location" in error
+            )
+            if not refused:
+                self._violation(
+                    f"query started again from the new location {new} without allow_new_query: "
+                    f"{'not refused' if error is None else 'failed otherwise: ' + _why(error)}"
+                )
+            self._ss_check_unchanged(before, f"query from the new location {new}, refused")
+            resumed = self._ss_run(q.location)[0]
+            if resumed is not None:
+                self._violation(f"the query from its old location after the refusal: {_why(resumed)}")
+            what = f"without allow_new_query: {'refused' if refused else 'NOT refused'}; old location went on"
+        else:
+            starting = self.rng.choice(("earliest", "latest", "ends"))
+            ends: dict[str, dict[str, int]] = {}
+            for r in newest.ranges:
+                ends.setdefault(r.topic, {})[str(r.partition)] = r.end
+            spec = json.dumps(ends) if starting == "ends" else starting
+            assert self.pipeline is not None
+            source = [(self.pipeline.source_topics[0], p) for p in range(self.source_partitions)]
+            at_start = admin.list_offsets(self.config, source, spec="latest")
+            error, qid, rows = self._ss_run(new, allow_new_query=True, starting=spec)
+            outcome = "continued"
+            if error is None and starting == "latest" and not self._ss_wrote(qid):
+                # No batch: "latest" was the source's end when it started, and the location
+                # keeps that start. Once the source has moved on, its first batch starts there
+                # (past the old query's ends when records came in between).
+                deadline = time.monotonic() + 60
+                while time.monotonic() < deadline and all(
+                    o <= at_start.get(tp, 0)
+                    for tp, o in admin.list_offsets(self.config, source, spec="latest").items()
+                ):
+                    time.sleep(0.5)
+                error, qid, rows = self._ss_run(new, allow_new_query=True, starting=spec)
+                outcome = "no batch at first, run again"
+            if error is not None:
+                self._ss_check_unchanged(before, f"new query ({starting}) at {new}, refused")
+                found = re.search(r"startingOffsets=(\{.*?\}\})", error)
+                if "QueryIdentityMismatch" not in error or found is None or starting == "ends":
+                    self._violation(
+                        f"new query with allow_new_query from {starting} at {new}: {_why(error)} "
+                        "(must continue from the old query's ends, or be refused naming them)"
+                    )
+                    found = None
+                if found is not None:
+                    new = self._ss_fresh_location()  # the refused one's offset log holds its start
+                    error, qid, rows = self._ss_run(new, allow_new_query=True, starting=found.group(1))
+                    outcome = (
+                        f"{'' if outcome == 'continued' else outcome + '; '}refused, then from "
+                        f"{found.group(1)}: {'continued' if error is None else 'failed'}"
+                    )
+                    if error is not None:
+                        self._violation(f"new query from the refusal's startingOffsets: {_why(error)}")
+                else:
+                    outcome = "failed"
+            elif starting == "earliest" and self._ss_wrote(qid):
+                self._violation(f"new query from the earliest offsets at {new} was not refused")
+            if error is None and rows and not self._ss_wrote(qid):
+                # Input read, nothing refused, no batch of it recorded: skipped as if published.
+                self._violation(
+                    f"new query ({starting}) at {new} read {rows} records in batches neither refused "
+                    "nor recorded: skipped unpublished"
+                )
+            if error is None and self._ss_wrote(qid):
+                q.location = new  # the new query continues the pipeline
+            else:
+                outcome += "; old location goes on"
+                if (resumed := self._ss_run(q.location)[0]) is not None:
+                    self._violation(f"the query from its old location after the new one: {_why(resumed)}")
+            what = f"allow_new_query from {starting}: {outcome}"
+        counts = self._ss_values()
+        twice = sum(c - 1 for c in counts.values() if c > 1)
+        if twice:
+            self._violation(f"the query's sink holds {twice} records more than once after a new location")
+        last = self._ss_newest()
+        return (
+            f"{what}; batches {first_cid} -> {last.checkpoint_id if last else None}, "
+            f"{sum(counts.values())} in its sink, {twice} twice"
+        )
+
+    def ss_catch_up(self, max_runs: int = 5) -> None:
+        """Run ss_new_location's query (when it ran) until its batches reach the source's ends."""
+        if self.ss is None:
+            return
+        assert self.pipeline is not None
+        source = [(self.pipeline.source_topics[0], p) for p in range(self.source_partitions)]
+        ends = admin.list_offsets(self.config, source, spec="latest")
+        for i in range(max_runs):
+            error, _qid, _rows = self._ss_run(self.ss.location)
+            newest = self._ss_newest()
+            heads = {(r.topic, r.partition): r.end for r in newest.ranges} if newest is not None else {}
+            behind = {tp: (heads.get(tp), e) for tp, e in ends.items() if heads.get(tp, 0) < e}
+            if error is None and not behind:
+                self.log(f"the Structured Streaming query caught up after {i + 1} run(s)")
+                return
+            self.log(f"query catch-up run {i}: {_why(error) if error else 'ok'}; behind {behind}")
+        self._violation(f"the Structured Streaming query did not catch up in {max_runs} runs")
+
+    def ss_audit(self, result: Result, committed: Counter[bytes]) -> None:
+        """Count the query's sink against the committed source records, by value and with
+        ``eo audit``'s source-based auditor."""
+        from airflow_provider_eo.core.audit import audit_pipeline
+
+        if self.ss is None:
+            return
+        out = self._ss_values()
+        extra, lost = out - committed, committed - out
+        report = None
+        sink = self._ss_sink()
+        try:
+            with Ledger(self.ss.ledger_url) as ledger:
+                report = audit_pipeline(sink.as_pipeline(), ledger)
+        except Exception as exc:
+            self.log(f"the query's audit failed: {type(exc).__name__}: {str(exc)[:300]}")
+        finally:
+            sink.close()
+        audit = report.as_dict() if report is not None else {}
+        # Its output names no source positions (a query's state may aggregate them), so `eo
+        # audit` checks its batches against what they staged; against the source it is
+        # counted by value here.
+        result.ss = {
+            "records": sum(committed.values()),
+            "out": sum(out.values()),
+            "dup": max(
+                sum(extra.values()), int(audit.get("duplicates", 0)) + int(audit.get("unexpected", 0))
+            ),
+            "miss": max(sum(lost.values()), int(audit.get("missing", 0))),
+            "audit_ok": bool(audit.get("ok")) and audit.get("source_expired", 0) == 0,
+            "locations": self.ss.locations,
+        }
+        result.duplicates += result.ss["dup"]
+        result.missing += result.ss["miss"]
+        self.log(f"the query's audit: {result.ss}")
+
     # -- catch-up and audit ------------------------------------------------------------------
     def catch_up(self, max_runs: int = 200) -> None:
         """Stop the feeder; run-once until nothing is unfinished and every source partition
@@ -1795,6 +2321,7 @@ class Torture:
         result.value_duplicates, result.value_missing = sum(extra.values()), sum(lost.values())
         result.duplicates = max(result.value_duplicates, report.duplicates + report.unexpected)
         result.missing = max(result.value_missing, report.missing)
+        self.ss_audit(result, committed)
         # Group offsets: the last committed ends (no checkpoint is unfinished after catch-up).
         source = [(topic, p) for p in range(self.source_partitions)]
         heads = {tp: o for tp, o in self.ledger.next_starts(self.pipeline.name).items() if tp in source}
@@ -1885,6 +2412,7 @@ def run(
                 f"{time.monotonic() - cycle_started:.1f}s"
             )
         t.catch_up()
+        t.ss_catch_up()
         t.audit(result)
     finally:
         result.seconds = time.monotonic() - started
