@@ -20,7 +20,7 @@ sweep() {
   local pids=() p
   for p in /proc/[0-9]*; do
     [ "${p#/proc/}" = $$ ] && continue
-    if tr '\0' '\n' < "$p/environ" 2>/dev/null | grep -qx "EO_TEST_RUN=$EO_TEST_RUN"; then
+    if tr '\0' '\n' 2>/dev/null < "$p/environ" | grep -qx "EO_TEST_RUN=$EO_TEST_RUN"; then
       pids+=("${p#/proc/}")
     fi
   done

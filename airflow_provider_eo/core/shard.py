@@ -246,7 +246,7 @@ class ShardTransaction:
             )
         # Acknowledged by the broker before the commit step (commit would flush anyway; this
         # makes the crash point before the commit well-defined).
-        serve("flush", self.producer.flush, c.timeout_s, where=c.where)
+        serve("flush", self.producer.flush, c.timeout_s, where=c.where, in_transaction=True)
         if self.failures:  # a refused record: the transaction can only be aborted now
             raise Abortable(self.failures.describe())
         return produced

@@ -144,18 +144,44 @@ def fatal_cause(exc: SystemError) -> KafkaException | None:
     return cause if isinstance(cause, KafkaException) else None
 
 
-def serve(what: str, fn: Callable[..., T], *args: Any, where: str = "") -> T:
+def serve(
+    what: str, fn: Callable[..., T], *args: Any, where: str = "", in_transaction: bool = False
+) -> T:
     """``poll()`` or ``flush()``: serve delivery reports; a fatal error raised meanwhile is
-    sorted like the Kafka error it is (:func:`fatal_cause`), never passed on raw."""
+    sorted like the Kafka error it is (:func:`fatal_cause`), never passed on raw.
+
+    confluent-kafka sometimes loses the fatal error on the way (``SystemError: ... returned
+    NULL without setting an exception``, seen when the broker fenced a producer mid-flush).
+    With ``in_transaction`` (the producer has an open transaction), the producer is then
+    asked with ``begin_transaction``: a fatal producer answers with its fatal error; a
+    healthy one refuses it for its open transaction and nothing changes.
+    """
     try:
         return fn(*args)
     except KafkaException as exc:
         raise sorted_error(what, exc, where) from exc
     except SystemError as exc:
         cause = fatal_cause(exc)
+        if cause is None and in_transaction:
+            cause = _fatal_state(getattr(fn, "__self__", None))
         if cause is None:
             raise
         raise sorted_error(what, cause, where) from cause
+
+
+def _fatal_state(producer: Any) -> KafkaException | None:
+    """The fatal error of ``producer`` (a transactional producer with an open transaction),
+    or None when it has none."""
+    if producer is None or not hasattr(producer, "begin_transaction"):
+        return None
+    try:
+        producer.begin_transaction()
+    except KafkaException as exc:
+        err = exc.args[0] if exc.args else None
+        return exc if isinstance(err, KafkaError) and err.fatal() else None
+    except Exception:  # not a Kafka answer: nothing learned
+        return None
+    return None
 
 
 def kafka_call(

@@ -288,3 +288,36 @@ def test_largest_record_names_its_index_and_source() -> None:
     assert largest_record([small, _staged_batch(0), big]) == (3 + 2, "orders:2:102", 502)
     assert largest_record([]) is None
     assert largest_record([_staged_batch(2, with_src=False)]) == (1, "-", 4)
+
+
+class _FencedMidFlush:
+    """A transactional producer fenced while flushing, whose fatal error confluent-kafka
+    lost on the way (``SystemError`` with no cause); ``begin_transaction`` answers with it."""
+
+    def __init__(self, fatal: bool) -> None:
+        self.fatal = fatal
+        self.begun = 0
+
+    def flush(self, timeout: float) -> int:
+        raise SystemError("<built-in method flush> returned NULL without setting an exception")
+
+    def begin_transaction(self) -> None:
+        self.begun += 1
+        if self.fatal:
+            raise KafkaException(KafkaError(KafkaError._FENCED, "fenced by a newer instance", fatal=True))
+        raise KafkaException(KafkaError(KafkaError._STATE, "Operation not valid in state InTransaction"))
+
+
+def test_a_fatal_error_lost_by_the_client_mid_flush_is_found_and_sorted() -> None:
+    from airflow_provider_eo.kafka.publish_errors import serve
+
+    fenced = _FencedMidFlush(fatal=True)
+    with pytest.raises(CommitFenced, match="failed fatally"):
+        serve("flush", fenced.flush, 1.0, where="p: ", in_transaction=True)
+    healthy = _FencedMidFlush(fatal=False)  # not fatal: the SystemError stays what it is
+    with pytest.raises(SystemError):
+        serve("flush", healthy.flush, 1.0, in_transaction=True)
+    outside = _FencedMidFlush(fatal=True)  # no open transaction: never probed
+    with pytest.raises(SystemError):
+        serve("flush", outside.flush, 1.0)
+    assert outside.begun == 0
