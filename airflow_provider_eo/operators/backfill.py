@@ -8,7 +8,7 @@ import re
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -314,10 +314,10 @@ class EoBackfillOperator(OpenLineageMixin, PipelineTaskMixin, SparkSubmitOperato
         live: Pipeline,
         result: BackfillResult,
         *,
-        this_task: set[int],
         sink_topic: str,
         start_ms: int,
         end_ms: int,
+        this_task: Collection[int] = (),
     ) -> None:
         """Give the target topic's asset event (an outlet naming ``sink_topic``) the whole
         interval's COMMITTED checkpoints: those this try committed (``this_task``, across its
@@ -337,7 +337,7 @@ class EoBackfillOperator(OpenLineageMixin, PipelineTaskMixin, SparkSubmitOperato
                 cp.time_filter == (start_ms, end_ms) or cp.checkpoint_id in this_task
             ):
                 found.setdefault(cp.checkpoint_id, cp)
-        this_try = this_task | {cp.checkpoint_id for cp in result.checkpoints}
+        this_try = set(this_task) | {cp.checkpoint_id for cp in result.checkpoints}
         checkpoints = [
             checkpoint_extra(live, cp, sink_topic=sink_topic, already_committed=cid not in this_try)
             for cid, cp in sorted(found.items())
