@@ -1,4 +1,6 @@
-"""Start a streaming driver that outlives the Airflow task (``EoStreamOperator(deferrable=True)``).
+"""Start a Spark driver that outlives the Airflow task: a streaming application
+(``EoStreamOperator(deferrable=True)``, ``EoQueryOperator(deferrable=True)``) or one
+checkpoint's prepare (``EoBackfillOperator(deferrable=True)``).
 
 The task builds the Spark provider's :class:`SparkSubmitHook` as usual (its connection is
 resolved in the task, where Airflow's secrets are reachable) and hands it, pickled into a
@@ -14,6 +16,13 @@ spark-submit. When spark-submit exits, the launcher settles the run's row in the
   no resources) — a FAILED row with spark-submit's error, so the task fails with it.
 
 The task meanwhile defers to :class:`~airflow_provider_eo.triggers.stream.EoStreamRunTrigger`.
+
+A prepare (``prepare_checkpoint``) has no run row: when spark-submit exits and the checkpoint
+is not PREPARED, the launcher appends a
+:data:`~airflow_provider_eo.ledger.events.PREPARE_LAUNCH_FAILED` event to that checkpoint with
+spark-submit's error and the launch's id, and the task's
+:class:`~airflow_provider_eo.triggers.checkpoint.EoCheckpointTrigger` (``launch_id``) fails
+on it at once instead of waiting for its deadline.
 The hook and the ledger URL reach the launcher in a file only its user reads, removed as it
 reads it (never on a command line or in the environment).
 """
@@ -46,16 +55,21 @@ def launch_detached(
     run_id: str,
     ledger_url: str,
     log_path: Path,
+    prepare_checkpoint: int | None = None,
 ) -> int:
     """Start the launcher for ``hook.submit(application)`` in a new session, its output
-    appended to ``log_path``; returns the launcher's pid. Does not wait."""
+    appended to ``log_path``; returns the launcher's pid. Does not wait.
+
+    :param run_id: the stream run's id; for a prepare, the launch's id (in its failure event).
+    :param prepare_checkpoint: the application is the prepare of this checkpoint of
+        ``pipeline`` (settled by :func:`settle_prepare`, not as a stream run)."""
     spec_dir = Path(tempfile.mkdtemp(prefix="eo-stream-launch-"))  # mode 0700
     spec = spec_dir / "hook.pickle"
     with open(spec, "wb") as f:
         # The hook carries the resolved Spark connection and the ledger URL may carry a
         # password: a file only this user reads, never the launcher's environment.
         os.chmod(spec, 0o600)
-        pickle.dump({"hook": hook, "ledger_url": ledger_url}, f)
+        pickle.dump({"hook": hook, "ledger_url": ledger_url, "prepare_checkpoint": prepare_checkpoint}, f)
     log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     env = dict(os.environ)
     for name in _BLOCKED_DB_VARS:
@@ -120,11 +134,44 @@ def settle_run(ledger_url: str, pipeline: str, run_id: str, *, failure: str | No
         return "recorded: died without ending its run"
 
 
+def settle_prepare(
+    ledger_url: str, pipeline: str, checkpoint_id: int, launch_id: str, *, failure: str | None, log_path: str
+) -> str:
+    """After a detached prepare's spark-submit exited: when the checkpoint is not PREPARED (or
+    COMMITTED), record a :data:`~airflow_provider_eo.ledger.events.PREPARE_LAUNCH_FAILED`
+    event naming ``launch_id`` and the error, which the waiting trigger reads.
+    Returns what was done, for the log."""
+    from airflow_provider_eo.ledger import CheckpointNotFound, CheckpointState, Ledger
+    from airflow_provider_eo.ledger.events import PREPARE_LAUNCH_FAILED
+
+    with Ledger(ledger_url, create=False) as ledger:
+        try:
+            state = ledger.get(pipeline, checkpoint_id).state
+        except CheckpointNotFound as exc:
+            return f"not recorded: {exc}"
+        if state in (CheckpointState.PREPARED, CheckpointState.COMMITTED):
+            return f"checkpoint {checkpoint_id} is {state.value}"
+        why = failure or f"spark-submit exited 0 but checkpoint {checkpoint_id} is {state.value}"
+        ledger.record_event(
+            pipeline,
+            checkpoint_id,
+            PREPARE_LAUNCH_FAILED,
+            details={
+                "launch_id": launch_id,
+                "error": why[-3000:],
+                "host": socket.gethostname(),
+                "log_path": log_path,
+            },
+        )
+        return f"recorded: checkpoint {checkpoint_id} is {state.value} ({why[:200]})"
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m airflow_provider_eo.detach SPEC APPLICATION PIPELINE RUN_ID LOG``."""
     spec, application, pipeline, run_id, log_path = (argv or sys.argv[1:])[:5]
     failure: str | None = None
     ledger_url = ""
+    prepare_checkpoint: int | None = None
     try:
         try:
             with open(spec, "rb") as f:
@@ -133,11 +180,17 @@ def main(argv: list[str] | None = None) -> int:
             Path(spec).unlink(missing_ok=True)
             Path(spec).parent.rmdir()
         ledger_url = str(launch.get("ledger_url") or "")
+        prepare_checkpoint = launch.get("prepare_checkpoint")
         launch["hook"].submit(application)
     except Exception as exc:  # spark-submit failed (its tail is in the message), or the hook
         failure = f"{type(exc).__name__}: {exc}"
         traceback.print_exc()
-    if ledger_url:
+    if ledger_url and prepare_checkpoint is not None:
+        done = settle_prepare(
+            ledger_url, pipeline, int(prepare_checkpoint), run_id, failure=failure, log_path=log_path
+        )
+        print(f"eo: {done}", flush=True)
+    elif ledger_url:
         print(
             f"eo: {settle_run(ledger_url, pipeline, run_id, failure=failure, log_path=log_path)}", flush=True
         )

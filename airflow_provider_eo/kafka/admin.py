@@ -353,6 +353,12 @@ def committed_group_offsets(
     return {tp: offset for tp, (offset, _meta) in marks.items()}
 
 
+#: Seconds :func:`committed_group_marks` waits for a group's offsets before it asks the broker
+#: whether the principal may describe the group (a refusal then fails at once, not at the
+#: read's time-out); a read still waiting goes on until the time-out.
+ACCESS_CHECK_AFTER_S = 2.0
+
+
 def committed_group_marks(
     config: Mapping[str, Any],
     group: str,
@@ -381,18 +387,28 @@ def committed_group_marks(
         return {}
     consumer = group_consumer(config, group, stable=stable)
     deadline = time.monotonic() + timeout_s
+    asked = False
     while True:
+        remaining = deadline - time.monotonic()
         try:
-            found = consumer.committed(tps, timeout=max(1.0, deadline - time.monotonic()))
+            # Until the group's access was asked, a short wait: a refused coordinator look-up
+            # (DESCRIBE on the group) is not reported by committed(), which librdkafka retries
+            # until the time-out.
+            found = consumer.committed(
+                tps, timeout=max(1.0, remaining if asked else min(remaining, ACCESS_CHECK_AFTER_S))
+            )
             break
         except KafkaException as exc:
-            _raise_if_denied(exc.args[0], config, group, tps)
-            if not _transient(exc.args[0]) or time.monotonic() >= deadline:
-                # librdkafka retries a refused coordinator look-up (DESCRIBE on the group)
-                # until the time-out: ask the broker whether the group is refused.
+            err = exc.args[0]
+            _raise_if_denied(err, config, group, tps)
+            if not asked:  # once: ask the broker whether the group is refused
+                asked = True
                 _raise_if_denied(_group_access(config, group), config, group, tps)
+            waited_out = err.code() == KafkaError._TIMED_OUT
+            if not (_transient(err) or waited_out) or time.monotonic() >= deadline:
                 raise KafkaAdminError(f"reading offsets of group {group!r} failed: {exc}") from exc
-            time.sleep(0.3)
+            if not waited_out:
+                time.sleep(0.3)
     for tp in found:
         if tp.error is not None:
             _raise_if_denied(tp.error, config, group, [tp])

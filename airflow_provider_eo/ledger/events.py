@@ -16,6 +16,11 @@ from airflow_provider_eo.ledger.reads import pipeline_row
 from airflow_provider_eo.ledger.records import Actor, EventRecord
 from airflow_provider_eo.ledger.states import CheckpointState
 
+#: The event a detached prepare's launcher records on its checkpoint when spark-submit ended
+#: and the checkpoint is not PREPARED; ``details``: ``launch_id``, ``error``, ``host``,
+#: ``log_path``.
+PREPARE_LAUNCH_FAILED = "prepare_launch_failed"
+
 
 def add_event(
     s: Session,
@@ -53,3 +58,18 @@ def list_events(db: Database, pipeline: str, checkpoint_id: int | None = None) -
         if checkpoint_id is not None:
             stmt = stmt.where(Event.checkpoint_id == checkpoint_id)
         return [event_record(pipeline, e) for e in s.execute(stmt.order_by(Event.id)).scalars()]
+
+
+def record_event(
+    db: Database,
+    pipeline: str,
+    checkpoint_id: int | None,
+    kind: str,
+    *,
+    details: Mapping[str, Any] | None = None,
+) -> None:
+    """Append one event that changes no state (a note, in its own transaction): e.g. a
+    detached prepare whose spark-submit ended without the checkpoint PREPARED, which the
+    task waiting on that checkpoint in the triggerer reads."""
+    with db.write() as s:
+        add_event(s, pipeline_row(s, db, pipeline).id, checkpoint_id, kind, details=details)

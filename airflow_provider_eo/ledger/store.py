@@ -129,6 +129,7 @@ class Ledger:
     get = _delegate(reads.get)
     list_checkpoints = _delegate(reads.list_checkpoints)
     next_starts = _delegate(reads.next_starts)
+    record_event = _delegate(events.record_event)
     events = _delegate(events.list_events)
 
     # -- the Airflow UI's page (read-only, index-bounded) ------------------------------------

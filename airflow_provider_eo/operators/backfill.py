@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+import os
+import re
+import tempfile
+import time
+import uuid
+from collections.abc import Collection, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
@@ -11,7 +17,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow_provider_eo import names
 from airflow_provider_eo.assets import checkpoint_extra, emit, topic_outlets
 from airflow_provider_eo.connections import ConnectionSettings
-from airflow_provider_eo.ledger import CheckpointState, Ledger, LedgerError
+from airflow_provider_eo.ledger import CheckpointRecord, CheckpointState, Ledger, LedgerError
 from airflow_provider_eo.operators._openlineage import OpenLineageMixin
 from airflow_provider_eo.operators.base import (
     PIPELINE_TEMPLATE_FIELDS,
@@ -20,9 +26,16 @@ from airflow_provider_eo.operators.base import (
     open_ledger,
 )
 from airflow_provider_eo.operators.savepoint import parse_bool
-from airflow_provider_eo.operators.submit import PrepareNotRecorded, remember_spark_target, submit_prepare
+from airflow_provider_eo.operators.submit import (
+    PrepareNotRecorded,
+    configure_submit,
+    prepare_application,
+    remember_spark_target,
+    spark_target,
+    submit_prepare,
+)
 from airflow_provider_eo.pipeline import Pipeline
-from airflow_provider_eo.version_compat import AirflowFailException, Context
+from airflow_provider_eo.version_compat import AirflowFailException, Context, default_deferrable
 
 if TYPE_CHECKING:
     from airflow_provider_eo.core.backfill import BackfillResult
@@ -115,6 +128,14 @@ class EoBackfillOperator(OpenLineageMixin, PipelineTaskMixin, SparkSubmitOperato
     :param conn_id: the Spark connection (``spark_default``); see
         :class:`SparkSubmitOperator` for every other argument (``conf``, ``jars``,
         ``env_vars``, ``deploy_mode``, ...).
+    :param deferrable: client deploy mode: start each prepare detached and wait in the
+        triggerer (no worker slot held while Spark prepares). ``None``: Airflow's
+        ``[operators] default_deferrable``.
+    :param poll_interval: deferrable: seconds between the triggerer's reads of the ledger.
+    :param prepare_timeout: deferrable: seconds one checkpoint's prepare may take before the
+        task fails (a retry resumes the checkpoint).
+    :param log_dir: deferrable: where each detached prepare's log goes on the worker (default:
+        the temp folder's ``eo-prepare``); the path is in the task log.
     """
 
     template_fields: Sequence[str] = (
@@ -141,6 +162,10 @@ class EoBackfillOperator(OpenLineageMixin, PipelineTaskMixin, SparkSubmitOperato
         ledger_conn_id: str | None = None,
         conn_id: str = "spark_default",
         name: str = names.PREPARE_APP,
+        deferrable: bool | None = None,
+        poll_interval: float = 5.0,
+        prepare_timeout: float = 3600.0,
+        log_dir: str | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("application", "")
@@ -152,8 +177,34 @@ class EoBackfillOperator(OpenLineageMixin, PipelineTaskMixin, SparkSubmitOperato
         self.sink_topic = sink_topic
         self.transform = transform
         self.allow_live_sink = allow_live_sink
+        self.deferrable = default_deferrable() if deferrable is None else bool(deferrable)
+        self.poll_interval = float(poll_interval)
+        self.prepare_timeout = float(prepare_timeout)
+        self.log_dir = log_dir
 
     def execute(self, context: Context) -> dict[str, Any]:  # type: ignore[override]
+        return self._run(context, earlier=[], earlier_records=0)
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        """A detached prepare ended (the checkpoint is PREPARED, or it failed or timed out):
+        commit it and go on with the interval, deferring again on the next prepare. The
+        checkpoints this task committed before it deferred come back in the event (``echo``)."""
+        echo = event.get("echo") or {}
+        if event.get("status") != "success":
+            raise PrepareNotRecorded(
+                f"task {self.task_id!r}: backfill {event.get('pipeline')!r}, checkpoint "
+                f"{event.get('checkpoint_id')} is {event.get('state')}: {event.get('reason')}. Retry "
+                "this task: the retry resumes this checkpoint"
+            )
+        return self._run(
+            context,
+            earlier=[int(c) for c in echo.get("checkpoints") or ()],
+            earlier_records=int(echo.get("records") or 0),
+        )
+
+    def _run(self, context: Context, *, earlier: list[int], earlier_records: int) -> dict[str, Any]:
+        """Run the backfill to its end, or until a prepare defers; ``earlier``: the checkpoints
+        (and their ``earlier_records``) this task committed before it last deferred."""
         start_ms = to_epoch_ms(self.start, field="start")
         end_ms = to_epoch_ms(self.end, field="end")
         sink_topic = str(self.sink_topic or "").strip()
@@ -167,9 +218,41 @@ class EoBackfillOperator(OpenLineageMixin, PipelineTaskMixin, SparkSubmitOperato
         if transform:
             extra_args += ["--backfill-transform", transform]
 
+        detached = self.deferrable and spark_target(self)[1] != "cluster"
+        committed: list[int] = list(earlier)
+        records = [earlier_records]
+
         def prepare(backfill: Pipeline, ledger: Ledger, checkpoint_id: int) -> None:
+            if detached:  # defers (raises TaskDeferred) unless the checkpoint is already prepared
+                self._prepare_detached(
+                    context,
+                    backfill,
+                    ledger,
+                    checkpoint_id,
+                    extra_args=extra_args,
+                    overrides=overrides,
+                    echo={"checkpoints": committed, "records": records[0]},
+                )
+                return
             self._prepare(
                 context, backfill, ledger, checkpoint_id, extra_args=extra_args, overrides=overrides
+            )
+
+        def progress(cp: CheckpointRecord) -> None:
+            committed.append(cp.checkpoint_id)
+            records[0] += cp.records or 0
+            self.log.info(
+                "backfill of %s: checkpoint %s committed (%s records)",
+                live.name,
+                cp.checkpoint_id,
+                cp.records,
+            )
+
+        if self.deferrable and not detached:
+            self.log.info(
+                "backfill of %s: cluster deploy mode: the Spark provider tracks each prepare driver "
+                "from this worker slot (deferrable applies to client deploy mode)",
+                live.name,
             )
 
         # Imported here, not with the module: DAG files import operators, and parsing stays light.
@@ -186,12 +269,7 @@ class EoBackfillOperator(OpenLineageMixin, PipelineTaskMixin, SparkSubmitOperato
                 allow_live_sink=allow_live_sink,
                 actor=actor_for(context),
                 prepare=prepare,
-                progress=lambda cp: self.log.info(
-                    "backfill of %s: checkpoint %s committed (%s records)",
-                    live.name,
-                    cp.checkpoint_id,
-                    cp.records,
-                ),
+                progress=progress,
                 # No Spark in this worker: a spark-mode pipeline's backfill commits here, and
                 # the task log says so (the same markers and ledger rows as a Spark commit).
                 say=self.log.warning,
@@ -200,8 +278,8 @@ class EoBackfillOperator(OpenLineageMixin, PipelineTaskMixin, SparkSubmitOperato
         out = {
             "pipeline": summary.get("pipeline", live.name),
             "backfill_pipeline": summary.get("backfill_pipeline"),
-            "checkpoints": summary.get("checkpoints"),
-            "records": summary.get("records"),
+            "checkpoints": [*earlier, *(summary.get("checkpoints") or [])],
+            "records": earlier_records + int(summary.get("records") or 0),
             "start": dt.datetime.fromtimestamp(start_ms / 1000, dt.timezone.utc).isoformat(),
             "end": dt.datetime.fromtimestamp(end_ms / 1000, dt.timezone.utc).isoformat(),
             "sink_topic": sink_topic,
@@ -215,7 +293,15 @@ class EoBackfillOperator(OpenLineageMixin, PipelineTaskMixin, SparkSubmitOperato
             start=out["start"],
             end=out["end"],
         )
-        self._emit_asset_event(context, live, result, sink_topic=sink_topic, start_ms=start_ms, end_ms=end_ms)
+        self._emit_asset_event(
+            context,
+            live,
+            result,
+            this_task=set(out["checkpoints"]),
+            sink_topic=sink_topic,
+            start_ms=start_ms,
+            end_ms=end_ms,
+        )
         return out
 
     def lineage_sink_topic(self, pipeline: Pipeline) -> str | None:
@@ -231,11 +317,12 @@ class EoBackfillOperator(OpenLineageMixin, PipelineTaskMixin, SparkSubmitOperato
         sink_topic: str,
         start_ms: int,
         end_ms: int,
+        this_task: Collection[int] = (),
     ) -> None:
         """Give the target topic's asset event (an outlet naming ``sink_topic``) the whole
-        interval's COMMITTED checkpoints: those this try committed and those an earlier try
-        or run of the same interval did (the ledger's checkpoints of the backfill pipeline
-        with this interval as their time filter)."""
+        interval's COMMITTED checkpoints: those this try committed (``this_task``, across its
+        deferrals) and those an earlier try or run of the same interval did (the ledger's
+        checkpoints of the backfill pipeline with this interval as their time filter)."""
         sinks = topic_outlets(self.outlets, sink_topic)
         if not sinks:
             return
@@ -246,9 +333,11 @@ class EoBackfillOperator(OpenLineageMixin, PipelineTaskMixin, SparkSubmitOperato
             except LedgerError:  # nothing was ever planned for this target
                 listed = []
         for cp in listed:
-            if cp.state is CheckpointState.COMMITTED and cp.time_filter == (start_ms, end_ms):
+            if cp.state is CheckpointState.COMMITTED and (
+                cp.time_filter == (start_ms, end_ms) or cp.checkpoint_id in this_task
+            ):
                 found.setdefault(cp.checkpoint_id, cp)
-        this_try = {cp.checkpoint_id for cp in result.checkpoints}
+        this_try = set(this_task) | {cp.checkpoint_id for cp in result.checkpoints}
         checkpoints = [
             checkpoint_extra(live, cp, sink_topic=sink_topic, already_committed=cid not in this_try)
             for cid, cp in sorted(found.items())
@@ -308,3 +397,90 @@ class EoBackfillOperator(OpenLineageMixin, PipelineTaskMixin, SparkSubmitOperato
                 f"{checkpoint_id} is {state.value}; see the driver log, then retry this task "
                 "(the retry resumes this checkpoint)"
             )
+
+    def _prepare_detached(
+        self,
+        context: Context,
+        backfill: Pipeline,
+        ledger: Ledger,
+        checkpoint_id: int,
+        *,
+        extra_args: Sequence[str],
+        overrides: ConnectionSettings | None,
+        echo: dict[str, Any],
+    ) -> None:
+        """Start one backfill checkpoint's prepare detached and defer until it is PREPARED
+        (returns at once when it already is)."""
+        from airflow_provider_eo.detach import launch_detached
+        from airflow_provider_eo.triggers.checkpoint import EoCheckpointTrigger
+
+        cp = ledger.get(backfill.name, checkpoint_id)
+        if cp.state in (CheckpointState.PREPARED, CheckpointState.COMMITTED):
+            return
+        ledger_conn_id = self.ledger_connection_id()
+        ledger_ref: dict[str, Any] = (
+            {"ledger_conn_id": ledger_conn_id} if ledger_conn_id else {"ledger_url": backfill.ledger_url}
+        )
+        launch_id = f"prepare-{checkpoint_id}-{uuid.uuid4().hex[:12]}"
+        try:  # checked before anything starts: a ledger URL with a password must come by connection
+            trigger = EoCheckpointTrigger(
+                pipeline=backfill.name,
+                checkpoint_id=checkpoint_id,
+                poll_interval=self.poll_interval,
+                deadline=time.time() + self.prepare_timeout,
+                wait_for="prepared",
+                echo=echo,
+                launch_id=launch_id,
+                **ledger_ref,
+            )
+        except ValueError as exc:
+            raise AirflowFailException(str(exc)) from exc
+        configure_submit(
+            self,
+            context,
+            application=prepare_application(),
+            application_args=[
+                "--pipeline",
+                self.pipeline,
+                "--checkpoint",
+                str(checkpoint_id),
+                *extra_args,
+            ],
+            pipeline_ref=self.pipeline,
+            pipeline_name=backfill.name,
+            overrides=overrides,
+            ship=[backfill.transform],
+            staging_dir=backfill.staging_dir,
+        )
+        safe = re.sub(r"[^A-Za-z0-9._-]", "_", backfill.name)
+        log_dir = Path(self.log_dir) if self.log_dir else Path(tempfile.gettempdir()) / "eo-prepare"
+        log_path = log_dir / f"{safe}-{launch_id}.log"
+        try:
+            pid = launch_detached(
+                self._get_hook(),
+                self.application,
+                pipeline=backfill.name,
+                run_id=launch_id,
+                ledger_url=backfill.ledger_url,
+                log_path=log_path,
+                prepare_checkpoint=checkpoint_id,
+            )
+        finally:
+            # The launcher inherited the hand-off path (the driver deletes the file when it
+            # reads it); this process forgets it, as a resumed task in the same process
+            # (dag.test()) must not hand it to its next submit.
+            os.environ.pop(names.CONNECTIONS_FILE_ENV, None)
+            for key in getattr(self, "_eo_aws_env", None) or ():
+                os.environ.pop(key, None)
+            self._eo_handoff = None
+            self._eo_aws_env: list[str] = []
+        self.log.info(
+            "backfill %s: the prepare of checkpoint %s started detached (launch %s, launcher pid %d "
+            "on this worker); its log: %s. Waiting in the triggerer (no worker slot held).",
+            backfill.name,
+            checkpoint_id,
+            launch_id,
+            pid,
+            log_path,
+        )
+        self.defer(trigger=trigger, method_name="execute_complete")

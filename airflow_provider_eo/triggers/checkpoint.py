@@ -260,6 +260,25 @@ def read_checkpoint_state(ledger_url: str, pipeline: str, checkpoint_id: int) ->
     return cp.state.value, cp.abort_reason
 
 
+def read_launch_failure(ledger_url: str, pipeline: str, checkpoint_id: int, launch_id: str) -> str | None:
+    """The error a detached prepare's launcher recorded for launch ``launch_id`` of the
+    checkpoint (:data:`~airflow_provider_eo.ledger.events.PREPARE_LAUNCH_FAILED`), None while
+    there is none; blocking, read-only."""
+    from airflow_provider_eo.ledger import CheckpointNotFound
+    from airflow_provider_eo.ledger.events import PREPARE_LAUNCH_FAILED
+
+    try:
+        events = ledger_reader(ledger_url).events(pipeline, checkpoint_id)
+    except CheckpointNotFound:
+        return None
+    for event in events:
+        details = dict(event.details or {})
+        if event.kind == PREPARE_LAUNCH_FAILED and details.get("launch_id") == launch_id:
+            where = f" (its log on {details.get('host')}: {details.get('log_path')})"
+            return f"the prepare job ended without the checkpoint PREPARED{where}: {details.get('error')}"
+    return None
+
+
 class EoCheckpointTrigger(BaseTrigger):
     """Poll the ledger, read-only, until one checkpoint is PREPARED (or COMMITTED); with
     ``wait_for="committed"``, until it is COMMITTED.
@@ -271,7 +290,8 @@ class EoCheckpointTrigger(BaseTrigger):
     - ``{"status": "success", "pipeline", "checkpoint_id", "state"}`` when PREPARED or
       COMMITTED (``wait_for="committed"``: COMMITTED);
     - ``{"status": "failed", "pipeline", "checkpoint_id", "state", "reason"}`` when
-      ABORTED or when the checkpoint does not exist;
+      ABORTED, when the checkpoint does not exist, or (``launch_id``) when the detached
+      prepare of that launch ended without the checkpoint PREPARED;
     - ``{"status": "timeout", "pipeline", "checkpoint_id", "state", "reason"}`` when
       ``deadline`` passed first.
 
@@ -288,6 +308,9 @@ class EoCheckpointTrigger(BaseTrigger):
     :param echo: a small JSON object every event carries back as ``"echo"``: what the deferring
         task needs when it resumes (``dag.test()`` hands a resumed task the event alone, not
         the ``kwargs`` it deferred with).
+    :param launch_id: the id of a detached prepare of this checkpoint
+        (:func:`airflow_provider_eo.detach.launch_detached`): its launcher's failure event
+        ends the wait at once with ``failed``.
     """
 
     def __init__(
@@ -301,10 +324,12 @@ class EoCheckpointTrigger(BaseTrigger):
         deadline: float | None = None,
         wait_for: str = "prepared",
         echo: dict[str, Any] | None = None,
+        launch_id: str | None = None,
     ) -> None:
         super().__init__()
         check_ledger_ref(ledger_url, ledger_conn_id, where=f"pipeline {pipeline!r}")
         self.pipeline = pipeline
+        self.launch_id = launch_id
         self.checkpoint_id = int(checkpoint_id)
         self.ledger_url = ledger_url
         self.ledger_conn_id = ledger_conn_id
@@ -326,6 +351,7 @@ class EoCheckpointTrigger(BaseTrigger):
                 "deadline": self.deadline,
                 "wait_for": self.wait_for,
                 "echo": self.echo,
+                "launch_id": self.launch_id,
             },
         )
 
@@ -353,6 +379,13 @@ class EoCheckpointTrigger(BaseTrigger):
                 state, reason = await asyncio.to_thread(
                     read_checkpoint_state, url, self.pipeline, self.checkpoint_id
                 )
+                failure = (
+                    await asyncio.to_thread(
+                        read_launch_failure, url, self.pipeline, self.checkpoint_id, self.launch_id
+                    )
+                    if self.launch_id is not None and state == "PLANNED"
+                    else None
+                )
             except LedgerError as exc:  # unreachable database: keep polling until the deadline
                 self.log.warning("%s: cannot read the ledger (%s); polling again", where, exc)
             else:
@@ -364,6 +397,9 @@ class EoCheckpointTrigger(BaseTrigger):
                     return
                 if state == MISSING:
                     yield self._event("failed", state, reason or f"{where} is not in the ledger")
+                    return
+                if failure is not None:
+                    yield self._event("failed", state, f"{where}: {failure}")
                     return
             if self.deadline is not None and time.time() >= self.deadline:
                 yield self._event(

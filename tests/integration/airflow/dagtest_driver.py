@@ -6,12 +6,15 @@ imported, so each test drives Airflow from its own process.
 
     python dagtest_driver.py --dag-module eo_pipeline --runs 3 \
         [--prepare-fault-runs 1] [--commit-fault-runs 2] [--plan-fault-runs 1] \
-        [--conf JSON] [--logical-dates ISO,ISO] [--mark-success REGEX]
+        [--conf JSON] [--logical-dates ISO,ISO] [--run-after ISO] [--mark-success REGEX]
 
 ``--conf`` is each run's conf: ``dag.test(run_conf=...)`` creates the run through
 ``create_dagrun``, which merges it over the DAG's Params and validates it, as the UI's
 Trigger DAG form and ``airflow dags trigger --conf`` do. ``--logical-dates`` gives one
-run per date (its data interval is the timetable's for that date).
+run per date (its data interval is the timetable's for that date). ``--run-after`` fixes the
+run's ``run_after``, which names the run (``manual__<run_after>``): two drivers given the same
+logical date and run-after run the same DAG run id (the second replaces the first's run, as a
+cleared DAG run's next try would).
 """
 
 from __future__ import annotations
@@ -80,6 +83,7 @@ def main() -> int:
     parser.add_argument("--plan-fault-runs", default="")
     parser.add_argument("--conf", default="")
     parser.add_argument("--logical-dates", default="")
+    parser.add_argument("--run-after", default="")
     parser.add_argument("--mark-success", default=None)
     args = parser.parse_args()
     prepare_faults = {int(x) for x in args.prepare_fault_runs.split(",") if x}
@@ -116,6 +120,8 @@ def main() -> int:
         test_kwargs: dict[str, Any] = {"run_conf": run_conf, "mark_success_pattern": args.mark_success}
         if logical_dates:
             test_kwargs["logical_date"] = logical_dates[n - 1]
+        if args.run_after:
+            test_kwargs["run_after"] = datetime.fromisoformat(args.run_after)
         dr = dag.test(**test_kwargs)
         os.environ.pop("EO_FAULT", None)
         os.environ.pop("EO_FAULT_ACTION", None)

@@ -178,7 +178,13 @@ def test_daily_runs_backfill_their_interval_once(
     assert committed.records == 3 * PER_DAY
     assert done["pipeline"] == pipeline.name and done["transactionalIdPrefix"] == "eo"
     backfills = _task_events(events, "eo_backfill.backfill")
-    assert len(backfills["START"]) == 3
+    # One START and one COMPLETE per task run; a task that deferred on a prepare (the tests'
+    # default deferrable: one deferral per backfill checkpoint) emits START again, with its
+    # run's id, each time it resumes.
+    assert len(backfills["COMPLETE"]) == 3
+    assert len(backfills["START"]) == 3 + len(backfill_cps), backfills["START"]
+    run_ids = {e["run"]["runId"] for e in backfills["COMPLETE"]}
+    assert {e["run"]["runId"] for e in backfills["START"]} == run_ids
     for event in backfills["START"] + backfills["COMPLETE"]:
         assert (_topics(event["inputs"]), _topics(event["outputs"])) == (live_io[0], [(namespace, sink)])
     by_start = {

@@ -32,6 +32,7 @@ from eo_harness import wait_for
 from eo_source_sink import compare_source_and_sink
 from eo_tls import issue, make_ca
 
+from airflow_provider_eo import names
 from airflow_provider_eo.errors import EoError, KafkaAccessDenied
 from airflow_provider_eo.kafka import admin
 from airflow_provider_eo.kafka.acls import AclEntry, acl_bindings, pipeline_acls, role_acls
@@ -46,6 +47,10 @@ MECHANISM = "SCRAM-SHA-512"
 ROLE_USERS = ("planner", "prepare", "committer", "audit", "watcher", "doctor", "recover")
 #: How long a refused role may take to fail (the error must come at once, not after retries).
 REFUSAL_S = 60.0
+#: How long the planner, the first role to meet a refused marker group, may take to fail: a
+#: refused coordinator look-up is retried silently by librdkafka until its 30 s time-out, so
+#: the read asks the broker early whether the group is refused.
+MARKER_REFUSAL_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -349,3 +354,5 @@ def test_each_acl_removed_fails_at_once_naming_it(
     assert removed.resource in text, text
     assert "kafka-acls" in text, text
     assert took < REFUSAL_S, f"the refusal took {took:.0f} s: {text}"
+    if removed.resource == names.marker_group(pipeline):
+        assert took < MARKER_REFUSAL_S, f"the marker group's refusal took {took:.0f} s: {text}"

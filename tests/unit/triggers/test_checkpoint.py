@@ -77,6 +77,7 @@ def test_serialize_round_trip(ledger_url: str) -> None:
         "deadline": 123.0,
         "wait_for": "prepared",
         "echo": None,
+        "launch_id": None,
     }
 
 
@@ -160,6 +161,60 @@ def test_deadline_yields_timeout(ledger_url: str) -> None:
     event = _first_event(trigger)
     assert event["status"] == "timeout" and event["state"] == "PLANNED"
     assert event["checkpoint_id"] == 1
+
+
+def test_a_detached_prepare_that_ended_unprepared_fails_the_wait_at_once(ledger_url: str) -> None:
+    from airflow_provider_eo.detach import settle_prepare
+
+    trigger = EoCheckpointTrigger(
+        pipeline=PIPELINE,
+        checkpoint_id=1,
+        ledger_url=ledger_url,
+        poll_interval=0.05,
+        deadline=time.time() + 60,
+        launch_id="prepare-1-new",
+    )
+    # Another launch's failure (an earlier try's) is not this wait's.
+    assert "recorded" in settle_prepare(
+        ledger_url, PIPELINE, 1, "prepare-1-old", failure="RuntimeError: old", log_path="/tmp/old.log"
+    )
+
+    async def scenario() -> dict[str, Any]:
+        task = asyncio.ensure_future(trigger.run().__anext__())
+        done, _ = await asyncio.wait({task}, timeout=0.3)
+        assert not done  # still PLANNED and this launch has not ended: waiting
+        await asyncio.to_thread(
+            settle_prepare,
+            ledger_url,
+            PIPELINE,
+            1,
+            "prepare-1-new",
+            failure="AirflowException: Cannot execute: spark-submit ... Error code is: 1.",
+            log_path="/tmp/eo-prepare/orders-prepare-1-new.log",
+        )
+        payload: dict[str, Any] = (await asyncio.wait_for(task, 5)).payload
+        return payload
+
+    started = time.monotonic()
+    event = asyncio.run(scenario())
+    assert time.monotonic() - started < 5  # at once, not at the 60 s deadline
+    assert event["status"] == "failed" and event["state"] == "PLANNED", event
+    assert "Error code is: 1" in event["reason"] and "orders-prepare-1-new.log" in event["reason"]
+    assert "old" not in event["reason"]
+
+
+def test_settling_a_prepared_checkpoint_records_nothing(ledger_url: str) -> None:
+    from airflow_provider_eo.detach import settle_prepare
+    from airflow_provider_eo.ledger.events import PREPARE_LAUNCH_FAILED
+
+    _prepare(ledger_url)
+    # spark-submit failed after the driver prepared (e.g. at shutdown): the checkpoint counts.
+    said = settle_prepare(ledger_url, PIPELINE, 1, "l1", failure="boom", log_path="/tmp/l1.log")
+    assert said == "checkpoint 1 is PREPARED"
+    with Ledger(ledger_url) as ledger:
+        assert not [e for e in ledger.events(PIPELINE, 1) if e.kind == PREPARE_LAUNCH_FAILED]
+    trigger = EoCheckpointTrigger(pipeline=PIPELINE, checkpoint_id=1, ledger_url=ledger_url, launch_id="l1")
+    assert _first_event(trigger)["status"] == "success"
 
 
 def test_unreachable_ledger_keeps_polling_until_deadline(tmp_path: Path) -> None:
