@@ -57,26 +57,7 @@ def test_the_query_task_runs_the_application_and_ends_with_its_run(
     source, sink = make_topic("ssa-src", partitions=2), make_topic("ssa-out", partitions=2)
     name = f"ssa-{uuid.uuid4().hex[:6]}"
     ledger_url = f"sqlite:///{airflow_env.home / 'ss-ledger.db'}"
-    spec = {
-        "name": name,
-        "bootstrap": kafka_config["bootstrap.servers"],
-        "source": source,
-        "kind": "count",
-        "checkpoint": str(airflow_env.home / "checkpoint"),
-        "max_offsets": 40,
-        "sink_ref": "eo_ss_sinks:SINK",
-    }
-    airflow_env.env.update(
-        EO_SS_NAME=name,
-        EO_SS_BOOTSTRAP=kafka_config["bootstrap.servers"],
-        EO_SS_SINK=sink,
-        EO_SS_LEDGER_URL=ledger_url,
-        EO_SS_STAGING=str(airflow_env.home / "ss-staging"),
-        EO_SS_APP=str(TESTS / "eo_ss_query.py"),
-        EO_SS_SPEC=json.dumps(spec),
-    )
-    airflow_env.add_dag(TESTS / "eo_ss_sinks.py")
-    airflow_env.add_dag(HERE / "dags" / "eo_ss_query_dag.py")
+    _install_query_dag(airflow_env, kafka_config, name, source, sink, ledger_url, kind="count")
     producer = Producer(kafka_config)
     for i in range(100):
         producer.produce(source, key=f"k{i % 5}", value=str(i), partition=i % 2)
@@ -104,27 +85,9 @@ def test_a_killed_deferred_query_task_reattaches_to_its_running_query(
     name = f"ssk-{uuid.uuid4().hex[:6]}"
     # The fixture's ledger: its teardown stops a detached query this test left running.
     ledger_url = airflow_env.env["EO_LEDGER_URL"]
-    spec = {
-        "name": name,
-        "bootstrap": kafka_config["bootstrap.servers"],
-        "source": source,
-        "kind": "identity",
-        "checkpoint": str(airflow_env.home / "checkpoint"),
-        "max_offsets": 40,
-        "trigger_s": 1,  # runs until a stop request
-        "sink_ref": "eo_ss_sinks:SINK",
-    }
-    airflow_env.env.update(
-        EO_SS_NAME=name,
-        EO_SS_BOOTSTRAP=kafka_config["bootstrap.servers"],
-        EO_SS_SINK=sink,
-        EO_SS_LEDGER_URL=ledger_url,
-        EO_SS_STAGING=str(airflow_env.home / "ss-staging"),
-        EO_SS_APP=str(TESTS / "eo_ss_query.py"),
-        EO_SS_SPEC=json.dumps(spec),
-    )
-    airflow_env.add_dag(TESTS / "eo_ss_sinks.py")
-    airflow_env.add_dag(HERE / "dags" / "eo_ss_query_dag.py")
+    _install_query_dag(
+        airflow_env, kafka_config, name, source, sink, ledger_url, kind="identity", trigger_s=1
+    )  # trigger_s: runs until a stop request
     producer = Producer(kafka_config)
 
     def produce(first: int, n: int) -> None:
@@ -183,3 +146,35 @@ def test_a_killed_deferred_query_task_reattaches_to_its_running_query(
     assert set(values) == {str(i) for i in range(50)} and all(n == 1 for n in values.values()), values
     with Ledger(ledger_url) as ledger:
         assert ledger.live_stream_run(name) is None
+
+
+def _install_query_dag(
+    airflow_env: Any,
+    kafka_config: dict[str, Any],
+    name: str,
+    source: str,
+    sink: str,
+    ledger_url: str,
+    **spec: Any,
+) -> None:
+    """Put the query DAG and its sink in the DAGs folder, the query's settings in the env."""
+    full = {
+        "name": name,
+        "bootstrap": kafka_config["bootstrap.servers"],
+        "source": source,
+        "checkpoint": str(airflow_env.home / "checkpoint"),
+        "max_offsets": 40,
+        "sink_ref": "eo_ss_sinks:SINK",
+        **spec,
+    }
+    airflow_env.env.update(
+        EO_SS_NAME=name,
+        EO_SS_BOOTSTRAP=kafka_config["bootstrap.servers"],
+        EO_SS_SINK=sink,
+        EO_SS_LEDGER_URL=ledger_url,
+        EO_SS_STAGING=str(airflow_env.home / "ss-staging"),
+        EO_SS_APP=str(TESTS / "eo_ss_query.py"),
+        EO_SS_SPEC=json.dumps(full),
+    )
+    airflow_env.add_dag(TESTS / "eo_ss_sinks.py")
+    airflow_env.add_dag(HERE / "dags" / "eo_ss_query_dag.py")
