@@ -150,10 +150,7 @@ def _print_acls(
         sink = load_sink(ref)
         if source_topics and sink is None:
             fail(f"{ref}: --source-topic is for a Structured Streaming sink (a KafkaExactlyOnceSink)")
-        if sink is not None:
-            pipeline = sink.as_pipeline(source_topics or None)
-        else:
-            pipeline = load(ref)
+        pipeline = sink.as_pipeline(source_topics or None) if sink is not None else load(ref)
         entries = pipeline_acls(
             pipeline,
             principal,

@@ -25,6 +25,7 @@ gives it, applied through the AdminClient's ``create_acls``.
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -284,25 +285,36 @@ def test_each_role_as_its_own_user_and_a_stream_run_exactly_once(
     with Ledger(pipeline.ledger_url) as ledger:
         run_roles(pipeline, ledger, spark, user=lambda role: as_user(pipeline, acl_broker, role))
         produce(admin_config, streamed.source_topics[0], 40)
-        # Three checkpoints: 10 more records after each of the first two.
+        # 10 more records after each of the first two checkpoints; the stream ends once it
+        # has committed all 60 (it plans the next checkpoint while the previous one commits,
+        # so where the fed records land is not fixed: at least three checkpoints).
         fed: list[int] = []
+        committed: list[int] = []
+        done = threading.Event()
 
-        def feed(_checkpoint: Any) -> None:
+        def feed(checkpoint: Any) -> None:
+            committed.append(int(checkpoint.records or 0))
             if len(fed) < 2:
                 produce(admin_config, streamed.source_topics[0], 10)
                 fed.append(10)
+            elif sum(committed) >= 60:
+                done.set()
 
         result = run_stream(
             streamed,
             interval_s=0.5,
-            max_checkpoints=3,
+            duration_s=180,
+            stop=done,
             ledger=ledger,
             stager=SparkStager(spark),
             on_checkpoint=feed,
         )
-        assert len(result.checkpoints) == 3 and not result.unfinished, result.summary()
+        assert sum(committed) == 60 and len(result.checkpoints) >= 3, result.summary()
+        assert not result.unfinished, result.summary()
         stream_audit = audit_pipeline(as_user(streamed, acl_broker, "audit"), ledger)
-        assert stream_audit.ok and len(stream_audit.checkpoints) == 3, stream_audit.as_dict()
+        assert stream_audit.ok and len(stream_audit.checkpoints) == len(result.checkpoints), (
+            stream_audit.as_dict()
+        )
         # The audit ran as the audit user: its READ on the stream's sink removed, it is refused.
         assert_audit_refused_without_sink_read(acl_broker, granted, streamed, ledger)
 
@@ -442,11 +454,14 @@ def sink_query(tmp_path: Path, acl_broker: AclBroker, make_topic: Callable[..., 
     sink.close()
 
 
-def run_query(spark: Any, acl_broker: AclBroker, q: SinkQuery) -> tuple[BaseException | None, float]:
+def run_query(
+    spark: Any, acl_broker: AclBroker, q: SinkQuery, **options: str
+) -> tuple[BaseException | None, float]:
     """The user's query, as the ``query`` user: Spark's own Kafka source (its default group
     ids: no ``groupIdPrefix``, no ``kafka.group.id``), records passed through with their
     source position (so the sink is counted against the source by position), written through
-    the sink, ``availableNow``. Its failure (None when it finished) and how long it ran."""
+    the sink, ``availableNow``; ``options``: more options of the source. Its failure (None
+    when it finished) and how long it ran."""
     from pyspark.errors import StreamingQueryException
     from pyspark.sql import functions as F
 
@@ -459,6 +474,7 @@ def run_query(spark: Any, acl_broker: AclBroker, q: SinkQuery) -> tuple[BaseExce
         .option("subscribe", q.pipeline.source_topics[0])
         .option("startingOffsets", "earliest")
         .option("maxOffsetsPerTrigger", str(BATCH_RECORDS))
+        .options(**options)
         .load()
         .select("key", "value", F.struct("topic", "partition", "offset").alias(PROVENANCE_COLUMN))
     )
@@ -549,3 +565,35 @@ def test_structured_streaming_sink_acl_removed_fails_the_query_at_once_naming_it
     print(f"{removed.describe()} removed: the query failed after {took:.1f} s")
     # Nothing published.
     assert read_sink(acl_broker.config("eo-broker"), pipeline.sink_topic) == []
+
+
+def test_a_query_whose_driver_subscribes_needs_read_on_its_group_prefix(
+    acl_broker: AclBroker, sink_query: SinkQuery, spark: Any
+) -> None:
+    """With ``spark.sql.streaming.kafka.useDeprecatedOffsetFetching=true`` the query's driver
+    reads offsets with a consumer that subscribes, so it joins its group
+    (``<groupIdPrefix>-...-driver-<n>``): refused without READ on that group (Spark's error
+    names it), and exactly once with READ on the ``groupIdPrefix`` the query sets, granted
+    as a prefixed ACL (docs/kafka-acls.md)."""
+    pipeline = sink_query.pipeline
+    prefix = f"eo-query.{pipeline.name}"
+    granted = role_acls(pipeline, "User:eo", roles=SINK_ROLES, structured_streaming=True)
+    group_read = AclEntry("query", "User:query", "group", prefix, "prefixed", "READ", "the driver's group")
+    set_acls(acl_broker, granted)
+    produce(acl_broker.config("eo-broker"), pipeline.source_topics[0], BATCH_RECORDS)
+    key = "spark.sql.streaming.kafka.useDeprecatedOffsetFetching"
+    spark.conf.set(key, "true")
+    try:
+        failure, took = run_query(spark, acl_broker, sink_query, groupIdPrefix=prefix)
+        assert failure is not None, "the subscribing driver needed no group ACL"
+        assert "GroupAuthorizationException" in str(failure) and prefix in str(failure), failure
+        print(f"without READ on the group prefix: refused after {took:.1f} s")
+        set_acls(acl_broker, [*granted, group_read])
+        failure, took = run_query(spark, acl_broker, sink_query, groupIdPrefix=prefix)
+        assert failure is None, failure
+    finally:
+        spark.conf.unset(key)
+    report = compare_source_and_sink(
+        acl_broker.config("eo-broker"), list(pipeline.source_topics), pipeline.sink_topic, pipeline.name
+    )
+    assert report.exactly_once and report.source == BATCH_RECORDS, report.describe()
