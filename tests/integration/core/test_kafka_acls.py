@@ -582,17 +582,22 @@ def test_a_query_whose_driver_subscribes_needs_read_on_its_group_prefix(
     set_acls(acl_broker, granted)
     produce(acl_broker.config("eo-broker"), pipeline.source_topics[0], BATCH_RECORDS)
     key = "spark.sql.streaming.kafka.useDeprecatedOffsetFetching"
+    trace = "spark.sql.pyspark.jvmStacktrace.enabled"  # the Kafka error is in the JVM's trace
     spark.conf.set(key, "true")
+    spark.conf.set(trace, "true")
     try:
         failure, took = run_query(spark, acl_broker, sink_query, groupIdPrefix=prefix)
         assert failure is not None, "the subscribing driver needed no group ACL"
-        assert "GroupAuthorizationException" in str(failure) and prefix in str(failure), failure
+        text = str(failure)
+        assert f"GroupAuthorizationException: Not authorized to access group: {prefix}-" in text, text
+        assert took < REFUSAL_S, f"the refusal took {took:.0f} s"
         print(f"without READ on the group prefix: refused after {took:.1f} s")
         set_acls(acl_broker, [*granted, group_read])
         failure, took = run_query(spark, acl_broker, sink_query, groupIdPrefix=prefix)
         assert failure is None, failure
     finally:
         spark.conf.unset(key)
+        spark.conf.unset(trace)
     report = compare_source_and_sink(
         acl_broker.config("eo-broker"), list(pipeline.source_topics), pipeline.sink_topic, pipeline.name
     )
