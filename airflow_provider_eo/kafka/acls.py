@@ -49,11 +49,6 @@ _CLI_RESOURCE = {"topic": "--topic", "group": "--group", "transactional-id": "--
 #: joined, never committed): librdkafka looks their coordinator up all the same.
 READER_GROUP_PREFIX = "eo-read."
 
-#: Spark's Kafka source's default ``groupIdPrefix``: its consumers' group ids are
-#: ``<prefix>-<random uuid>-<hash of the checkpoint location>-driver-<n>`` (the driver's, only
-#: with ``spark.sql.streaming.kafka.useDeprecatedOffsetFetching=true``) and ``...-executor``.
-SPARK_SOURCE_GROUP_PREFIX = "spark-kafka-source-"
-
 
 @dataclass(frozen=True)
 class AclEntry:
