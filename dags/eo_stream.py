@@ -73,6 +73,8 @@ def _stream(commit: str, *, deferrable: bool = False) -> EoStreamOperator:
         checkpoints="{{ params.checkpoints }}",
         duration="{{ params.duration }}",
         spark_conn_id=SPARK_CONN_ID,
+        # Explicit: eo_stream and eo_stream_prepare show the driver as the task's child
+        # whatever Airflow's [operators] default_deferrable says; eo_stream_detached defers.
         deferrable=deferrable,
         heartbeat=HEARTBEAT_S,
         poll_interval=min(5.0, HEARTBEAT_S),

@@ -79,6 +79,7 @@ def doctor_cmd(
             "--role-principal",
             help="With --acls: ROLE=PRINCIPAL for a role that runs as another principal "
             "(roles: planner, prepare, committer, audit, watcher, ui, doctor, recover, "
+            "operator; a Structured Streaming sink's: query, sink, audit, ui, doctor, recover, "
             "operator); repeatable.",
         ),
     ] = None,
@@ -90,6 +91,14 @@ def doctor_cmd(
             "--abort-hanging` ending a hanging transaction: ALTER on the cluster).",
         ),
     ] = False,
+    source_topic: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--source-topic",
+            help="With --acls on a Structured Streaming sink (KafkaExactlyOnceSink): a topic its "
+            "query reads (default: the topics the ledger recorded for its batches); repeatable.",
+        ),
+    ] = None,
 ) -> None:
     """Preflight checks (broker, topics, prefix, markers, open transactions, staging and
     whether Spark's executors share it, connector, ledger); each finding says what to
@@ -97,7 +106,7 @@ def doctor_cmd(
     nothing (the staging probes are removed). With --acls, prints the Kafka ACLs the
     pipeline needs instead."""
     if acls:
-        _print_acls(ref, principal, role_principal or [], operator=operator)
+        _print_acls(ref, principal, role_principal or [], operator=operator, source_topics=source_topic or [])
         return
     from airflow_provider_eo.core.doctor import run_doctor
 
@@ -129,14 +138,25 @@ def doctor_cmd(
     raise typer.Exit(report.exit_code)
 
 
-def _print_acls(ref: str, principal: str, overrides: list[str], *, operator: bool) -> None:
-    """``eo doctor --acls``: the pipeline's ACLs as kafka-acls.sh commands, one role a block."""
+def _print_acls(
+    ref: str, principal: str, overrides: list[str], *, operator: bool, source_topics: list[str]
+) -> None:
+    """``eo doctor --acls``: the pipeline's ACLs as kafka-acls.sh commands, one role a block (a
+    Structured Streaming sink's roles for a ``KafkaExactlyOnceSink``)."""
     from airflow_provider_eo.kafka.acls import kafka_acls_commands, parse_role_principals, pipeline_acls
+    from airflow_provider_eo.streaming.savepoint import load_sink
 
     with reported():
-        pipeline = load(ref)
+        sink = load_sink(ref)
+        if source_topics and sink is None:
+            fail(f"{ref}: --source-topic is for a Structured Streaming sink (a KafkaExactlyOnceSink)")
+        pipeline = sink.as_pipeline(source_topics or None) if sink is not None else load(ref)
         entries = pipeline_acls(
-            pipeline, principal, roles=parse_role_principals(overrides), operator=operator
+            pipeline,
+            principal,
+            roles=parse_role_principals(overrides),
+            operator=operator,
+            structured_streaming=sink is not None,
         )
         bootstrap = str(pipeline.kafka.get("bootstrap.servers") or "<bootstrap>")
     for line in kafka_acls_commands(entries, bootstrap=bootstrap):

@@ -27,6 +27,10 @@ PatternKind = Literal["literal", "prefixed"]
 
 #: The roles, in the order the table lists them.
 ROLES: tuple[str, ...] = ("planner", "prepare", "committer", "audit", "watcher", "ui", "doctor", "recover")
+#: The roles of a Structured Streaming sink's pipeline (``KafkaExactlyOnceSink``): the user's
+#: ``query`` reads the source with Spark's Kafka source, the ``sink`` records, stages and
+#: commits each micro-batch (it plans nothing and reads no source record); no source watcher.
+QUERY_ROLES: tuple[str, ...] = ("query", "sink", "audit", "ui", "doctor", "recover")
 #: Roles that only an operator runs by hand; their ACLs are printed only when asked.
 OPTIONAL_ROLES: tuple[str, ...] = ("operator",)
 
@@ -89,10 +93,15 @@ def pipeline_acls(
     *,
     roles: Mapping[str, str] | None = None,
     operator: bool = False,
+    structured_streaming: bool = False,
 ) -> list[AclEntry]:
     """The least ALLOW ACLs ``pipeline``'s principals need: :func:`role_acls` with the
     entries a principal holds twice, or that another of its entries implies, dropped."""
-    return minimal(role_acls(pipeline, principal, roles=roles, operator=operator))
+    return minimal(
+        role_acls(
+            pipeline, principal, roles=roles, operator=operator, structured_streaming=structured_streaming
+        )
+    )
 
 
 def role_acls(
@@ -101,14 +110,20 @@ def role_acls(
     *,
     roles: Mapping[str, str] | None = None,
     operator: bool = False,
+    structured_streaming: bool = False,
 ) -> list[AclEntry]:
     """Every ALLOW ACL ``pipeline`` needs, role by role (``docs/kafka-acls.md`` is this
     list as a table).
 
     :param principal: the principal every role runs as, unless ``roles`` names another.
-    :param roles: role -> principal overrides (roles: :data:`ROLES`, ``operator``).
+    :param roles: role -> principal overrides (roles: :data:`ROLES`, :data:`QUERY_ROLES`,
+        ``operator``).
     :param operator: also the optional ``operator`` role (``eo recover --abort-hanging``
         ending a hanging transaction no coordinator holds: Kafka's ``WriteTxnMarkers``).
+    :param structured_streaming: ``pipeline`` is a Structured Streaming sink's
+        (:meth:`KafkaExactlyOnceSink.as_pipeline`): the roles of :data:`QUERY_ROLES` (the
+        ``query`` and the ``sink`` in place of the planner, the prepare, the committer and
+        the source watcher).
 
     Each entry is required by its role (the authorizer tests remove each in turn), but the
     ``DESCRIBE_CONFIGS`` ones (``required=False``), which are recommended: without them the
@@ -116,7 +131,10 @@ def role_acls(
     the doctor reports the brokers' transaction time-out as unknown.
     """
     overrides = dict(roles or {})
-    who = {role: _checked_principal(overrides.get(role, principal)) for role in (*ROLES, *OPTIONAL_ROLES)}
+    who = {
+        role: _checked_principal(overrides.get(role, principal))
+        for role in dict.fromkeys((*ROLES, *QUERY_ROLES, *OPTIONAL_ROLES))
+    }
     sources = list(dict.fromkeys(pipeline.source_topics))
     sink = pipeline.sink_topic
     dlq = pipeline.dead_letter_topic if pipeline.dead_letters_enabled else None
@@ -137,55 +155,85 @@ def role_acls(
     ) -> None:
         out.append(AclEntry(role, who[role], kind, resource, pattern, operation, why, required))
 
-    for topic in sources:
+    if structured_streaming:
+        for topic in sources:
+            add(
+                "query",
+                "topic",
+                topic,
+                "READ",
+                "Spark's Kafka source: the driver lists offsets (AdminClient: Metadata, ListOffsets), "
+                "the executors fetch (assign only: their group is never joined)",
+            )
+        for topic in sources:
+            add(
+                "sink",
+                "topic",
+                topic,
+                "DESCRIBE",
+                "the earliest offset of a partition new to the query (ListOffsets)",
+            )
         add(
-            "planner",
+            "sink",
             "topic",
-            topic,
+            sink,
             "DESCRIBE",
-            "partitions (Metadata) and offsets (ListOffsets) to plan a checkpoint",
+            "the sink's partitions for each batch's commit plan and staging",
         )
-    add("planner", "topic", sink, "DESCRIBE", "the sink's partitions and offsets for the commit plan")
-    add("planner", "group", group, "DESCRIBE", "the pipeline group's offsets (startup=group; OffsetFetch)")
-    add("planner", "group", markers, "DESCRIBE", "the commit markers (OffsetFetch)")
+        add("sink", "group", markers, "DESCRIBE", "the commit markers, checked before a batch is recorded")
+    else:
+        for topic in sources:
+            add(
+                "planner",
+                "topic",
+                topic,
+                "DESCRIBE",
+                "partitions (Metadata) and offsets (ListOffsets) to plan a checkpoint",
+            )
+        add("planner", "topic", sink, "DESCRIBE", "the sink's partitions and offsets for the commit plan")
+        add(
+            "planner", "group", group, "DESCRIBE", "the pipeline group's offsets (startup=group; OffsetFetch)"
+        )
+        add("planner", "group", markers, "DESCRIBE", "the commit markers (OffsetFetch)")
 
-    for topic in sources:
+        for topic in sources:
+            add(
+                "prepare",
+                "topic",
+                topic,
+                "READ",
+                "Spark's Java consumer reads the planned ranges (Fetch, ListOffsets)",
+            )
         add(
             "prepare",
             "topic",
-            topic,
-            "READ",
-            "Spark's Java consumer reads the planned ranges (Fetch, ListOffsets)",
+            sink,
+            "DESCRIBE",
+            "the sink's partitions (the output is partitioned like the sink)",
         )
-    add(
-        "prepare",
-        "topic",
-        sink,
-        "DESCRIBE",
-        "the sink's partitions (the output is partitioned like the sink)",
-    )
-    add(
-        "prepare",
-        "topic",
-        sink,
-        "DESCRIBE_CONFIGS",
-        "recommended: the sink's max.message.bytes for the size check (else sink_max_message_bytes)",
-        required=False,
-    )
-    if dlq:
-        add("prepare", "topic", dlq, "DESCRIBE", "the dead-letter topic's partitions")
+        add(
+            "prepare",
+            "topic",
+            sink,
+            "DESCRIBE_CONFIGS",
+            "recommended: the sink's max.message.bytes for the size check (else sink_max_message_bytes)",
+            required=False,
+        )
+        if dlq:
+            add("prepare", "topic", dlq, "DESCRIBE", "the dead-letter topic's partitions")
 
+    committer = "sink" if structured_streaming else "committer"
     add(
-        "committer",
+        committer,
         "transactional-id",
         txn_prefix,
         "WRITE",
         "the shards' transactional ids (InitProducerId, Produce, EndTxn)",
         "prefixed",
     )
-    add("committer", "topic", sink, "WRITE", "publish the checkpoint's output in the shards' transactions")
+    add(committer, "topic", sink, "WRITE", "publish the checkpoint's output in the shards' transactions")
     add(
-        "committer",
+        committer,
         "topic",
         sink,
         "READ",
@@ -193,23 +241,23 @@ def role_acls(
     )
     for topic in sources:
         add(
-            "committer",
+            committer,
             "topic",
             topic,
             "READ",
             "the pipeline group's offsets move on the source partitions (TxnOffsetCommit)",
         )
     if dlq:
-        add("committer", "topic", dlq, "WRITE", "publish the checkpoint's dead letters in its transaction")
+        add(committer, "topic", dlq, "WRITE", "publish the checkpoint's dead letters in its transaction")
     add(
-        "committer",
+        committer,
         "group",
         group,
         "READ",
         "send_offsets_to_transaction moves the pipeline group (AddOffsetsToTxn)",
     )
     add(
-        "committer",
+        committer,
         "group",
         markers,
         "READ",
@@ -217,7 +265,7 @@ def role_acls(
     )
 
     add(
-        "committer",
+        committer,
         "group",
         "eo-readback-",
         "DESCRIBE",
@@ -226,7 +274,7 @@ def role_acls(
         required=False,
     )
     add(
-        "committer",
+        committer,
         "topic",
         sink,
         "DESCRIBE_CONFIGS",
@@ -251,13 +299,14 @@ def role_acls(
         )
 
     for topic in sources:
-        add(
-            "watcher",
-            "topic",
-            topic,
-            "DESCRIBE",
-            "the source watcher compares the source's ends with the ledger (ListOffsets)",
-        )
+        if not structured_streaming:  # a query is started by its own trigger, not on new data
+            add(
+                "watcher",
+                "topic",
+                topic,
+                "DESCRIBE",
+                "the source watcher compares the source's ends with the ledger (ListOffsets)",
+            )
         add("ui", "topic", topic, "DESCRIBE", "the UI's lag column reads the source's ends (ListOffsets)")
 
     for topic in [*sources, sink]:
@@ -283,7 +332,7 @@ def role_acls(
 
     # `eo recover` fences the ids and commits a PREPARED checkpoint by the markers: it is a
     # committer; with --abort-hanging it also lists the sink's producers.
-    for e in [e for e in out if e.role == "committer"]:
+    for e in [e for e in out if e.role == committer]:
         add("recover", e.resource_type, e.resource, e.operation, e.why, e.pattern)
     add("recover", "topic", sink, "READ", "--abort-hanging: the sink's producers (DescribeProducers)")
     add(
@@ -316,6 +365,7 @@ AUDIT_GROUP_PREFIXES: tuple[str, ...] = ("eo-audit-",)
 def minimal(entries: Iterable[AclEntry]) -> list[AclEntry]:
     """``entries`` without repeats and without those another entry of the same principal
     implies (first occurrence kept, order kept)."""
+    entries = list(entries)  # read twice
     held = {e.key for e in entries}
     seen: set[tuple[str, str, str, str, str]] = set()
     out: list[AclEntry] = []
@@ -338,10 +388,10 @@ def parse_role_principals(pairs: Iterable[str]) -> dict[str, str]:
     for pair in pairs:
         role, sep, principal = pair.partition("=")
         role = role.strip()
-        if not sep or role not in (*ROLES, *OPTIONAL_ROLES):
+        known = tuple(dict.fromkeys((*ROLES, *QUERY_ROLES, *OPTIONAL_ROLES)))
+        if not sep or role not in known:
             raise ConfigError(
-                f"--role-principal {pair!r}: give ROLE=PRINCIPAL with ROLE one of "
-                f"{', '.join((*ROLES, *OPTIONAL_ROLES))}"
+                f"--role-principal {pair!r}: give ROLE=PRINCIPAL with ROLE one of {', '.join(known)}"
             )
         out[role] = _checked_principal(principal.strip())
     return out

@@ -144,9 +144,7 @@ def fatal_cause(exc: SystemError) -> KafkaException | None:
     return cause if isinstance(cause, KafkaException) else None
 
 
-def serve(
-    what: str, fn: Callable[..., T], *args: Any, where: str = "", in_transaction: bool = False
-) -> T:
+def serve(what: str, fn: Callable[..., T], *args: Any, where: str = "", in_transaction: bool = False) -> T:
     """``poll()`` or ``flush()``: serve delivery reports; a fatal error raised meanwhile is
     sorted like the Kafka error it is (:func:`fatal_cause`), never passed on raw.
 

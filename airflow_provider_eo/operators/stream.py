@@ -6,11 +6,12 @@ application that plans, prepares and (``commit="inline"``) commits a checkpoint 
 
 Where the driver runs, and what holds a worker slot (honest about both modes):
 
-- **client deploy mode** (``local[*]``, standalone client, YARN client), default: the driver
-  is a child of the task, so the task holds its worker slot for the whole run.
+- **client deploy mode** (``local[*]``, standalone client, YARN client), ``deferrable=False``:
+  the driver is a child of the task, so the task holds its worker slot for the whole run.
   ``duration``/``checkpoints`` bound the run; SIGTERM (task killed, marked failed/success in
   the UI) reaches spark-submit via the Spark provider's ``on_kill``.
-- **client deploy mode, ``deferrable=True``**: the task starts the driver *detached* (a
+- **client deploy mode, ``deferrable=True``** (by default when Airflow's ``[operators]
+  default_deferrable`` is on): the task starts the driver *detached* (a
   launcher in a new session, :mod:`~airflow_provider_eo.detach`; output in a log
   file on the worker) and defers: it holds no worker slot while the stream runs. The
   triggerer watches the run's row in the ledger (:class:`EoStreamRunTrigger`: heartbeat on
@@ -77,7 +78,12 @@ from airflow_provider_eo.operators.submit import (
     spark_target,
 )
 from airflow_provider_eo.triggers.stream import EoStreamRunTrigger
-from airflow_provider_eo.version_compat import AirflowException, AirflowFailException, Context
+from airflow_provider_eo.version_compat import (
+    AirflowException,
+    AirflowFailException,
+    Context,
+    default_deferrable,
+)
 
 STREAM_MODULE = "airflow_provider_eo.apps.stream"
 STREAM_APP = "eo-stream"
@@ -135,7 +141,9 @@ class EoStreamOperator(OpenLineageMixin, PipelineTaskMixin, SparkSubmitOperator)
     :param conf: Spark configuration; see :class:`SparkSubmitOperator` for every other
         argument (``jars``, ``env_vars``, ``deploy_mode``, ...).
     :param deferrable: client mode: start the driver detached and wait in the triggerer,
-        holding no worker slot (see the module docstring).
+        holding no worker slot (see the module docstring). Default: Airflow's ``[operators]
+        default_deferrable``; then in cluster deploy mode the Spark provider tracks the driver
+        from the task (an explicit ``True`` is refused there).
     :param heartbeat: seconds between the run's heartbeats in the ledger; a run silent for 4
         heartbeats counts as lost.
     :param poll_interval: deferrable: seconds between the triggerer's reads of the run.
@@ -168,7 +176,7 @@ class EoStreamOperator(OpenLineageMixin, PipelineTaskMixin, SparkSubmitOperator)
         spark_conn_id: str = "spark_default",
         conf: dict[str, Any] | None = None,
         name: str = STREAM_APP,
-        deferrable: bool = False,
+        deferrable: bool | None = None,
         heartbeat: float = 5.0,
         poll_interval: float = 5.0,
         startup_timeout: float = 600.0,
@@ -183,7 +191,10 @@ class EoStreamOperator(OpenLineageMixin, PipelineTaskMixin, SparkSubmitOperator)
         self.commit = commit
         self.duration = duration
         self.checkpoints = checkpoints
-        self.deferrable = bool(deferrable)
+        self.deferrable = default_deferrable() if deferrable is None else bool(deferrable)
+        # Airflow's default asks for deferral where it applies; an explicit True in cluster
+        # deploy mode is a mistake the task reports.
+        self._deferrable_by_default = deferrable is None
         try:
             check_stream_settings(heartbeat=heartbeat)
         except StreamArgsError as exc:
@@ -223,7 +234,13 @@ class EoStreamOperator(OpenLineageMixin, PipelineTaskMixin, SparkSubmitOperator)
     def execute(self, context: Context) -> dict[str, Any]:  # type: ignore[override]
         pipeline = self.resolve_pipeline()
         app = self._app_args(pipeline)
-        if self.deferrable:
+        if self.deferrable and self._deferrable_by_default and spark_target(self)[1] == "cluster":
+            self.log.info(
+                "pipeline %s: cluster deploy mode: the Spark provider tracks the driver from this "
+                "worker slot ([operators] default_deferrable applies to client deploy mode)",
+                pipeline.name,
+            )
+        elif self.deferrable:
             self._execute_detached(context, pipeline, app)  # defers; never returns
         # Client mode: the driver runs here and appends its JSON lines (and a failure) to a
         # report file; cluster mode: the driver is elsewhere, the ledger tells what it did.

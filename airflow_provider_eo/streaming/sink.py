@@ -21,7 +21,7 @@ import dataclasses
 import logging
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_eo import names
@@ -158,10 +158,19 @@ class KafkaExactlyOnceSink:
         sources are the query's Kafka topics)."""
         return self._resolved
 
-    def as_pipeline(self) -> Pipeline:
+    def as_pipeline(self, source_topics: Sequence[str] | None = None) -> Pipeline:
         """The pipeline the batches are recorded under, as eo's commands take it
         (``eo audit mypkg.sinks:ORDERS_AGG``, ``eo stream-stop ...``): the one of the running
-        query, else with the source topics the ledger recorded for its batches."""
+        query, else with the source topics the ledger recorded for its batches.
+
+        :param source_topics: the query's source topics, when they are known but the ledger
+            may not hold a batch yet (``eo doctor --acls --source-topic``): the pipeline with
+            these, the ledger not read.
+        """
+        if source_topics:
+            return self._resolve(
+                dataclasses.replace(self.base_pipeline(), source_topics=tuple(source_topics))
+            )
         if self._resolved is not None:
             return self._resolved
         from airflow_provider_eo.core.batches import newest_checkpoint
@@ -172,7 +181,8 @@ class KafkaExactlyOnceSink:
         if newest is None:
             raise ConfigError(
                 f"sink {self.name!r}: the ledger at {redact_url(pipeline.ledger_url)} has no batch of "
-                "this query yet (start the query first)"
+                "this query yet (start the query first; `eo doctor --acls` takes the query's source "
+                "topics as --source-topic)"
             )
         topics = sorted({r.topic for r in newest.ranges})
         return dataclasses.replace(pipeline, source_topics=tuple(topics))

@@ -164,3 +164,91 @@ def test_doctor_acls_prints_commands(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert any("--allow-principal User:aud --operation Read --topic out" in line for line in lines)
     bad = CliRunner().invoke(cli.app, ["doctor", "x:y", "--acls", "--role-principal", "nobody=User:x"])
     assert bad.exit_code == 1 and "ROLE one of" in " ".join(bad.stderr.split())
+
+
+def test_structured_streaming_roles_replace_the_planner_prepare_committer_and_watcher(tmp_path: Path) -> None:
+    pipeline = _pipeline(tmp_path)
+    entries = acls.role_acls(pipeline, "User:eo", structured_streaming=True)
+    assert list(dict.fromkeys(e.role for e in entries)) == list(acls.QUERY_ROLES)
+    # The user's query: READ on its source topics, no group (Spark's source assigns partitions
+    # on the executors and lists offsets with an AdminClient on the driver).
+    assert _keys([e for e in entries if e.role == "query"]) == {
+        ("topic", "in-a", "literal", "READ"),
+        ("topic", "in-b", "literal", "READ"),
+    }
+    sink = _keys(acls.minimal(e for e in entries if e.role == "sink"))
+    assert sink == {
+        ("topic", "in-a", "literal", "READ"),
+        ("topic", "in-b", "literal", "READ"),
+        ("topic", "out", "literal", "READ"),
+        ("topic", "out", "literal", "WRITE"),
+        ("topic", "out", "literal", "DESCRIBE_CONFIGS"),
+        ("group", "eo.orders", "literal", "READ"),
+        ("group", "eo-marker.orders", "literal", "READ"),
+        ("group", "eo-readback-", "prefixed", "DESCRIBE"),
+        ("transactional-id", "eo.orders.", "prefixed", "WRITE"),
+    }
+    # recover is the sink's committer (its entries copied), plus --abort-hanging's.
+    recover = _keys([e for e in entries if e.role == "recover"])
+    assert {
+        ("transactional-id", "eo.orders.", "prefixed", "WRITE"),
+        ("group", "eo.orders", "literal", "READ"),
+    } <= recover
+    # One principal for everything: the same least set as a pipeline's.
+    assert _keys(acls.pipeline_acls(pipeline, structured_streaming=True)) == _keys(
+        acls.pipeline_acls(pipeline)
+    )
+    assert acls.parse_role_principals(["query=User:q", "sink=User:s"]) == {
+        "query": "User:q",
+        "sink": "User:s",
+    }
+
+
+def test_doctor_acls_of_a_sink_prints_the_query_and_sink_roles(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+    import types
+
+    from airflow_provider_eo.streaming import KafkaExactlyOnceSink
+
+    module = types.ModuleType("eo_acl_sinks")
+    module.ORDERS = KafkaExactlyOnceSink(  # type: ignore[attr-defined]
+        name="orders",
+        kafka={"bootstrap.servers": "k1:9092"},
+        sink_topic="out",
+        ledger_url=f"sqlite:///{tmp_path / 'l.db'}",
+    )
+    monkeypatch.setitem(sys.modules, "eo_acl_sinks", module)
+    result = CliRunner().invoke(
+        cli.app,
+        [
+            "doctor",
+            "eo_acl_sinks:ORDERS",
+            "--acls",
+            "--source-topic",
+            "in-a",
+            "--role-principal",
+            "query=User:q",
+            "--role-principal",
+            "sink=User:s",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert "# query" in lines and "# sink" in lines
+    assert not {"# planner", "# prepare", "# committer", "# watcher"} & set(lines)
+    grant = "kafka-acls.sh --bootstrap-server k1:9092 --add --allow-principal"
+    assert f"{grant} User:q --operation Read --topic in-a" in lines
+    assert any(f"{grant} User:s --operation Read --topic in-a" in line for line in lines)  # TxnOffsetCommit
+    assert (
+        f"{grant} User:s --operation Write --transactional-id eo.orders. --resource-pattern-type prefixed"
+        in lines
+    )
+    # Before its first batch the ledger does not know the query's topics: the error says how.
+    unknown = CliRunner().invoke(cli.app, ["doctor", "eo_acl_sinks:ORDERS", "--acls"])
+    assert unknown.exit_code == 1 and "--source-topic" in " ".join(unknown.stderr.split()), unknown.output
+    # --source-topic is refused for a pipeline.
+    monkeypatch.setattr(diagnose, "load", lambda ref: _pipeline(tmp_path))
+    bad = CliRunner().invoke(cli.app, ["doctor", "x:y", "--acls", "--source-topic", "in-a"])
+    assert bad.exit_code == 1 and "Structured Streaming sink" in " ".join(bad.stderr.split())

@@ -53,7 +53,13 @@ def test_the_application_arguments(
     summary = '{"pipeline": "orders", "commit": "airflow", "checkpoints": 3, "records": 0, "reason": "x"}'
     calls = _fake_submit(monkeypatch, [summary], None)
     EoStreamOperator(
-        task_id="stream", pipeline=pipeline_ref, interval="2", commit="airflow", checkpoints="3", heartbeat=2
+        task_id="stream",
+        pipeline=pipeline_ref,
+        interval="2",
+        commit="airflow",
+        checkpoints="3",
+        heartbeat=2,
+        deferrable=False,  # the driver a child of the task (the tests' default_deferrable is on)
     ).execute(context)
     args = calls[0]["application_args"]
     report = args[args.index("--report-file") + 1]
@@ -98,7 +104,9 @@ def test_success_returns_the_summary(
     calls = _fake_submit(
         monkeypatch, ['{"checkpoint": 1, "records": 7}', summary, *["spark noise"] * 30], None
     )
-    op = EoStreamOperator(task_id="stream", pipeline=pipeline_ref, interval="2", checkpoints="2")
+    op = EoStreamOperator(
+        task_id="stream", pipeline=pipeline_ref, interval="2", checkpoints="2", deferrable=False
+    )
     result = op.execute(context)
     assert result["checkpoints"] == 2 and result["records"] == 7 and result["unfinished"] == []
     assert calls[0]["application"].endswith("airflow_provider_eo/apps/stream.py")
@@ -127,7 +135,7 @@ def test_driver_death_fails_with_its_reason(
         ['{"checkpoint": 1, "records": 7}', json.dumps(failure), "{cut by a kill"],
         "Cannot execute: spark-submit ... Error code is: 3.",
     )
-    op = EoStreamOperator(task_id="stream", pipeline=pipeline_ref, checkpoints=1)
+    op = EoStreamOperator(task_id="stream", pipeline=pipeline_ref, checkpoints=1, deferrable=False)
     with pytest.raises(StreamDriverFailed, match="exit code 3") as info:
         op.execute(context)
     assert info.value.exit_code == 3 and info.value.unfinished == [1]
@@ -141,7 +149,7 @@ def test_killed_driver_says_so(
     _fake_submit(
         monkeypatch, ['{"checkpoint": 1, "records": 7}'], "Cannot execute: spark-submit. Error code is: -9."
     )
-    op = EoStreamOperator(task_id="stream", pipeline=pipeline_ref, checkpoints=1)
+    op = EoStreamOperator(task_id="stream", pipeline=pipeline_ref, checkpoints=1, deferrable=False)
     with pytest.raises(StreamDriverFailed, match="exited without reporting an error") as info:
         op.execute(context)
     assert info.value.exit_code == -9
@@ -207,3 +215,35 @@ def test_a_stopping_run_is_waited_for_not_reattached(pipeline_ref: str) -> None:
     timer.start()
     assert op._wait_for_end(pipeline, live) is None  # it ended: the caller starts a new run
     timer.join()
+
+
+def test_deferrable_follows_airflows_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    for flag in ("True", "False"):
+        monkeypatch.setenv("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE", flag)
+        assert EoStreamOperator(task_id="s", pipeline="no.such:X").deferrable is (flag == "True")
+        assert EoStreamOperator(task_id="s", pipeline="no.such:X", deferrable=False).deferrable is False
+        assert EoStreamOperator(task_id="s", pipeline="no.such:X", deferrable=True).deferrable is True
+
+
+def test_default_deferral_in_cluster_mode_runs_in_the_slot(
+    pipeline_ref: str, context: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Deferral by Airflow's default where it cannot apply (cluster deploy mode): the Spark
+    provider tracks the driver from the task, as with deferrable=False; never refused."""
+    import airflow_provider_eo.operators.stream as stream_mod
+
+    monkeypatch.setenv("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE", "True")
+    calls: list[Any] = []
+    monkeypatch.setattr(stream_mod, "spark_target", lambda task: ("yarn", "cluster"))
+    monkeypatch.setattr(stream_mod, "configure_submit", lambda task, ctx, **kw: calls.append(kw) or True)
+    monkeypatch.setattr(stream_mod.SparkSubmitOperator, "execute", lambda task, ctx: None)
+    monkeypatch.setattr(
+        EoStreamOperator, "_execute_detached", lambda *a, **k: pytest.fail("deferred in cluster mode")
+    )
+    op = EoStreamOperator(task_id="stream", pipeline=pipeline_ref, checkpoints=1)
+    assert op.deferrable is True
+    try:
+        op.execute(context)
+    except Exception as exc:  # what cluster mode does after the driver ends is not this test's
+        assert "deferred in cluster mode" not in str(exc), exc
+    assert calls, "the driver was not submitted from the task"
