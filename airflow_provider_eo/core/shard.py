@@ -76,6 +76,7 @@ from airflow_provider_eo.kafka.publisher import (
     produce_staged,
     serve,
     sorted_error,
+    stall_after,
 )
 
 #: Rounds of abort-and-redo / re-init before a shard gives up (retry the commit later).
@@ -281,6 +282,7 @@ class ShardTransaction:
             self.clients.group_metadata(c.config, c.marker_group),
             c.timeout_s,
             where=c.where,
+            stall_s=stall_after(c.timeout_s),
             denied=self._denied("the commit marker", c.marker_group, [c.sink_topic]),
         )
         if c.group_id is not None:
@@ -291,6 +293,7 @@ class ShardTransaction:
                 self.clients.group_metadata(c.config, c.group_id),
                 c.timeout_s,
                 where=c.where,
+                stall_s=stall_after(c.timeout_s),
                 denied=self._denied(
                     "the group offsets", c.group_id, sorted({t for t, _, _ in c.group_offsets})
                 ),
