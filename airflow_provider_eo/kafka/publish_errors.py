@@ -39,7 +39,7 @@ STALL_GRACE_S = 30.0
 
 def stall_after(timeout_s: float) -> float:
     """Seconds a guarded call with time-out ``timeout_s`` may take before it counts as stalled."""
-    return 2 * timeout_s + STALL_GRACE_S
+    return timeout_s + STALL_GRACE_S
 
 
 def _bounded(what: str, fn: Callable[..., T], args: tuple[Any, ...], stall_s: float, where: str) -> T:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,10 +13,11 @@ from typing import Any
 import pytest
 from eo_harness import Harness
 
+from airflow_provider_eo.kafka import publish_errors
 from airflow_provider_eo.kafka.admin import ensure_topic
 from airflow_provider_eo.ledger import CheckpointState
 from airflow_provider_eo.pipeline import Pipeline
-from airflow_provider_eo.stack.kafka import LocalKafka
+from airflow_provider_eo.stack.kafka import LocalKafka, pid_alive
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
@@ -30,8 +32,8 @@ def own_broker(tmp_path: Path) -> Iterator[LocalKafka]:
         kafka.wipe()
 
 
-def test_broker_restart_mid_transaction(own_broker: LocalKafka, tmp_path: Path, spark: Any) -> None:
-    info = own_broker.info()
+def _harness(kafka: LocalKafka, tmp_path: Path, spark: Any) -> Harness:
+    info = kafka.info()
     assert info is not None
     config = {"bootstrap.servers": info.bootstrap}
     source, sink = f"src-{uuid.uuid4().hex[:6]}", f"sink-{uuid.uuid4().hex[:6]}"
@@ -45,7 +47,14 @@ def test_broker_restart_mid_transaction(own_broker: LocalKafka, tmp_path: Path, 
         ledger_url=f"sqlite:///{tmp_path / 'ledger.db'}",
         staging_dir=str(tmp_path / "staging"),
     )
-    h = Harness(pipeline, config, spark)
+    return Harness(pipeline, config, spark)
+
+
+def test_broker_restart_mid_transaction(own_broker: LocalKafka, tmp_path: Path, spark: Any) -> None:
+    info = own_broker.info()
+    assert info is not None
+    h = _harness(own_broker, tmp_path, spark)
+    pipeline = h.pipeline
     h.produce(200)
     planned, committer = h.paused_commit()
     try:
@@ -58,5 +67,34 @@ def test_broker_restart_mid_transaction(own_broker: LocalKafka, tmp_path: Path, 
     if committer.returncode != 0 or state is not CheckpointState.COMMITTED:
         h.commit(planned.checkpoint_id)  # the retry finishes whatever is left
     assert h.ledger.get(pipeline.name, planned.checkpoint_id).state is CheckpointState.COMMITTED
+    h.assert_exactly_once(expected_records=200)
+    h.ledger.close()
+
+
+def test_a_kept_producer_after_a_broker_kill_and_restart_does_not_hold_the_next_commit(
+    own_broker: LocalKafka, tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A committer keeps its producer between checkpoints. The broker is SIGKILLed and
+    started again; the kept producer's next ``send_offsets_to_transaction`` (the commit
+    marker) waits for the group coordinator past its own time-out, indefinitely (librdkafka
+    checks no time-out on coordinator requests). The commit abandons that producer after the
+    stall allowance, a new one re-inits and publishes: every source record once."""
+    monkeypatch.setattr(publish_errors, "STALL_GRACE_S", 5.0)
+    info = own_broker.info()
+    assert info is not None
+    h = _harness(own_broker, tmp_path, spark).with_(transaction_timeout_ms=10_000)
+    h.produce(100)
+    assert h.run_once().checkpoint is not None  # the producer is kept for the next commit
+    os.kill(info.pid, signal.SIGKILL)
+    while pid_alive(info.pid):
+        time.sleep(0.1)
+    assert LocalKafka(home=own_broker.home, port=info.port).up(timeout_s=120).port == info.port
+    h.produce(100, start=100)
+    started = time.monotonic()
+    result = h.run_once()
+    took = time.monotonic() - started
+    assert result.checkpoint is not None and result.checkpoint.state is CheckpointState.COMMITTED
+    limit = publish_errors.stall_after(10) + 60
+    assert took < limit, f"the commit after the restart took {took:.0f} s"
     h.assert_exactly_once(expected_records=200)
     h.ledger.close()
