@@ -3,7 +3,8 @@ shape and write the staged files (core.prepare's :class:`~airflow_provider_eo.co
 
 Each part lives in its own module: reading (:mod:`.source`), the user's transform and the
 poison-record search (:mod:`.transform`), sink partitions and size checks (:mod:`.shape`)
-and the Parquet write (:mod:`.write`). The protocol around it (ledger, manifest, commit
+and the Parquet write (:mod:`.write` on the executors, :mod:`.driver_stage` from the driver
+for a checkpoint below ``spark_commit_min_records``). The protocol around it (ledger, manifest, commit
 plan) is :func:`airflow_provider_eo.core.prepare.prepare_checkpoint`. Never imports Airflow.
 """
 
