@@ -83,6 +83,8 @@ def write_staged(table: pa.Table, data_dir: str, store: StagingStore | None = No
     row groups of about :data:`~airflow_provider_eo.spark.write.PARQUET_ROW_GROUP_BYTES`).
     Returns the rows written per sink partition."""
     fs, root = with_store(store).open(data_dir)
+    # The folder exists even for no rows, as after a Spark write: the manifest goes beside it.
+    fs.create_dir(root, recursive=True)
     table = _sorted(table)
     partitions = table.column("sink_partition")
     rows_per_group = max(1, (PARQUET_ROW_GROUP_BYTES * table.num_rows) // max(1, table.nbytes))

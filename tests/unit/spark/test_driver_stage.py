@@ -72,6 +72,22 @@ def test_write_staged_lays_out_sorted_files_per_sink_partition(tmp_path: Path) -
 def test_write_staged_of_nothing_writes_nothing(tmp_path: Path) -> None:
     assert driver_stage.write_staged(_table().slice(0, 0), str(tmp_path / "a" / "data")) == {}
     assert staging.describe_attempt(str(tmp_path / "a")) == {}
+    # The attempt folder exists, as after a Spark write of nothing: the manifest goes there.
+    staging.write_manifest(str(tmp_path / "a"), _empty_manifest())
+    assert staging.read_manifest(str(tmp_path / "a")).records == 0
+
+
+def _empty_manifest() -> staging.Manifest:
+    return staging.Manifest(
+        pipeline="p",
+        checkpoint_id=1,
+        attempt="a",
+        sink_topic="s",
+        sink_partitions=3,
+        files={},
+        records_read=0,
+        ranges=[],
+    )
 
 
 class _Frame:
