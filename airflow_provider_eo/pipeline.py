@@ -136,6 +136,9 @@ class Pipeline:
         ``spark`` when the Spark master is a cluster and the checkpoint has at least
         ``spark_commit_min_records`` records, else ``local``).
     :param spark_commit_min_records: the smallest checkpoint ``auto`` commits on a cluster.
+        A checkpoint below it is also staged by the Spark driver (its output collected as
+        Arrow, the staged files written there) instead of by a Parquet write job; ``0``
+        stages every checkpoint on the executors.
     :param transaction_timeout_ms: ``transaction.timeout.ms`` of the commit producers.
     :param on_data_loss: ``fail`` (default) or ``skip`` when retention deleted planned offsets.
     :param spark_conf: extra Spark settings (``spark.master`` etc.).

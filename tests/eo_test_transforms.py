@@ -182,3 +182,23 @@ def count_per_key(df: Any) -> Any:
     from pyspark.sql import functions as F
 
     return df.groupBy("key").agg(F.count(F.lit(1)).cast("string").alias("value"))
+
+
+def poison_big_twice_headers(df: Any) -> Any:
+    """:func:`poison_or_big`, then: a value starting with b'TWICE' becomes two records (the
+    second suffixed b'-2'), and every record gets a header ``len`` (its value's length)."""
+    from pyspark.sql import functions as F
+
+    out = poison_or_big(df)
+    copies = F.when(F.col("value").startswith(F.lit(b"TWICE")), F.array(F.lit(1), F.lit(2))).otherwise(
+        F.array(F.lit(1))
+    )
+    out = out.withColumn("copy", F.explode(copies))
+    value = F.when(F.col("copy") == 2, F.concat(F.col("value"), F.lit(b"-2"))).otherwise(F.col("value"))
+    header = F.struct(F.lit("len").alias("key"), F.length(value).cast("string").cast("binary").alias("value"))
+    return out.select(
+        "key",
+        value.alias("value"),
+        F.array(header).alias("headers"),
+        *[c for c in out.columns if c.startswith("_eo")],
+    )

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from airflow_provider_eo import staging
 from airflow_provider_eo.core.prepare import StageRequest, StageResult
 from airflow_provider_eo.pipeline import Pipeline
-from airflow_provider_eo.spark import shape, write
+from airflow_provider_eo.spark import driver_stage, shape, write
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -33,7 +33,8 @@ class FrameStager:
         """Nothing to start: the frame's session runs the write."""
 
     def stage(self, request: StageRequest) -> StageResult:
-        """Write the frame under ``{request.path}/data``; a failed write removes the attempt
+        """Write the frame under ``{request.path}/data`` (from the driver, :mod:`.driver_stage`,
+        unless the pipeline sets ``spark_commit_min_records=0``); a failed write removes the attempt
         folder and raises Spark's error, an output over the sink's limits raises
         :func:`~airflow_provider_eo.spark.shape.limits_error`'s."""
         from pyspark.sql import Observation
@@ -44,7 +45,16 @@ class FrameStager:
         limits = Observation(f"eo-{request.pipeline.name}-{request.checkpoint_id}-{request.attempt}")
         staged = shape.observe_limits(staged, limits, request.max_message_bytes, sink_partitions)
         try:
-            write.write_staged(staged, f"{path}/data", sink_partitions, source_order=False)
+            # A batch's size is unknown before its job: staged from the driver unless the
+            # pipeline never commits there (spark_commit_min_records=0) or the rows exceed
+            # spark.driver.maxResultSize (then the executors write them).
+            collected = None
+            if driver_stage.driver_stages(None, request.pipeline.spark_commit_min_records):
+                collected = driver_stage.collect_staged(staged)
+            if collected is not None:
+                driver_stage.write_staged(collected, f"{path}/data", request.store)
+            else:
+                write.write_staged(staged, f"{path}/data", sink_partitions, source_order=False)
         except BaseException:
             staging.remove(path, request.store)
             raise

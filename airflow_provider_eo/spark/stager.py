@@ -3,7 +3,8 @@ shape and write the staged files (core.prepare's :class:`~airflow_provider_eo.co
 
 Each part lives in its own module: reading (:mod:`.source`), the user's transform and the
 poison-record search (:mod:`.transform`), sink partitions and size checks (:mod:`.shape`)
-and the Parquet write (:mod:`.write`). The protocol around it (ledger, manifest, commit
+and the Parquet write (:mod:`.write` on the executors, :mod:`.driver_stage` from the driver
+for a checkpoint below ``spark_commit_min_records``). The protocol around it (ledger, manifest, commit
 plan) is :func:`airflow_provider_eo.core.prepare.prepare_checkpoint`. Never imports Airflow.
 """
 
@@ -18,7 +19,7 @@ from airflow_provider_eo import names, staging, staging_fs
 from airflow_provider_eo.core.prepare import StageRequest, StageResult
 from airflow_provider_eo.errors import PrepareError, TransformError
 from airflow_provider_eo.pipeline import Pipeline
-from airflow_provider_eo.spark import dead_letters, provenance, shape, source, write
+from airflow_provider_eo.spark import dead_letters, driver_stage, provenance, shape, source, write
 from airflow_provider_eo.spark.transform import Transform, apply_transform, job_failure, load_transform
 
 if TYPE_CHECKING:
@@ -191,9 +192,18 @@ class SparkStager:
         limits = Observation(f"{name}-limits")
         staged = shape.observe_limits(staged, limits, request.max_message_bytes, sink_partitions)
 
-        # 4. Write the staged files under the fresh attempt folder.
+        # 4. Write the staged files under the fresh attempt folder: from the driver when the
+        #    checkpoint is small enough for the commit to run here too (its rows collected as
+        #    Arrow by this one job), else by the executors.
+        collected = None
         try:
-            write.write_staged(staged, f"{path}/data", sink_partitions, source_tasks=len(live))
+            bound = sum(r.end - r.start for r in live)  # offsets, not records: an upper bound
+            if driver_stage.driver_stages(bound, pipeline.spark_commit_min_records):
+                collected = driver_stage.collect_staged(staged)
+            if collected is not None:
+                driver_stage.write_staged(collected, f"{path}/data", request.store)
+            else:
+                write.write_staged(staged, f"{path}/data", sink_partitions, source_tasks=len(live))
         except Exception as exc:
             search: dict[str, Any] = {
                 "spark": spark,
@@ -236,6 +246,8 @@ class SparkStager:
             # read here with Arrow: a Spark job for it cost 0.3-0.4 s of a 125k-record prepare.
             if total <= created:
                 sources_kept = 0
+            elif collected is not None:
+                sources_kept = driver_stage.source_positions(collected)
             elif total <= pipeline.spark_commit_min_records:
                 sources_kept = staging.source_positions(path, files, request.store)
             else:

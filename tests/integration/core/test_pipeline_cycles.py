@@ -29,22 +29,36 @@ def assert_source_order_per_key(h: Any, total: int, sink_partitions: int) -> Non
 
 
 @pytest.mark.parametrize(
-    ("transform", "shuffled"),
-    [("eo_test_transforms:identity", False), ("eo_test_transforms:reshuffled", True)],
+    ("transform", "min_records", "one_file"),
+    [
+        ("eo_test_transforms:identity", 0, False),
+        ("eo_test_transforms:reshuffled", 0, True),
+        ("eo_test_transforms:identity", 1_000_000, True),
+    ],
 )
-def test_staging_path_follows_the_plan(harness: Callable[..., Any], transform: str, shuffled: bool) -> None:
-    """A narrow transform is staged without a shuffle (files per source task); one that
-    shuffles is repartitioned by sink partition. Both keep source order per key."""
+def test_staging_path_follows_the_plan(
+    harness: Callable[..., Any], transform: str, min_records: int, one_file: bool
+) -> None:
+    """On the executors (``spark_commit_min_records=0``) a narrow transform is staged without
+    a shuffle (files per source task); one that shuffles is repartitioned by sink partition.
+    A checkpoint below ``spark_commit_min_records`` is staged from the driver, one file per
+    sink partition. All keep source order per key."""
     from airflow_provider_eo import staging
 
-    h = harness(source_partitions=3, sink_partitions=2, transform=transform, keep_committed_staging=1)
+    h = harness(
+        source_partitions=3,
+        sink_partitions=2,
+        transform=transform,
+        keep_committed_staging=1,
+        spark_commit_min_records=min_records,
+    )
     h.produce(300, keys=7)
     (result,) = h.drain()
     assert_source_order_per_key(h, 300, 2)
     files = staging.describe_attempt(result.checkpoint.staging_location)
     # Each source task writes its own file into a sink partition; after the shuffle, one each.
     per_partition = [len(f) for f in files.values()]
-    assert (max(per_partition) == 1) if shuffled else (max(per_partition) > 1), per_partition
+    assert (max(per_partition) == 1) if one_file else (max(per_partition) > 1), per_partition
     h.assert_exactly_once(expected_records=300)
 
 

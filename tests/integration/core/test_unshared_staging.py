@@ -90,6 +90,10 @@ def test_staging_the_driver_cannot_see_fails_loudly_then_catches_up_exactly_once
         sink_partitions=2,
         max_records_per_checkpoint=2500,
         spark_conf={"spark.master": standalone.master_url, "spark.executor.memory": "512m"},
+        # The executors write the staged files (a checkpoint below spark_commit_min_records
+        # is written by the driver, which sees its own folder); the commit stays here.
+        spark_commit_min_records=0,
+        commit_mode="local",
     )
     h = h.with_(staging_dir=str(staging))
     h.produce(RECORDS)
