@@ -33,6 +33,7 @@ from typing import Literal
 
 from airflow_provider_eo import names
 from airflow_provider_eo.connections import require_applied
+from airflow_provider_eo.core.coordinator import Planned, Step
 from airflow_provider_eo.core.plan import check_may_plan
 from airflow_provider_eo.errors import BatchOutOfStep as BatchOutOfStep
 from airflow_provider_eo.errors import BatchRangesDiffer as BatchRangesDiffer
@@ -54,6 +55,7 @@ __all__ = [
     "BatchPosition",
     "BatchRangesDiffer",
     "BatchStep",
+    "OffsetLog",
     "QueryIdentityMismatch",
     "begin_batch",
     "decide",
@@ -297,3 +299,34 @@ def begin_batch(
     raise BatchOutOfStep(
         f"{_where(pipeline.name, pos)}: the ledger kept changing while the batch was decided; retry the batch"
     )
+
+
+@dataclass(frozen=True)
+class OffsetLog:
+    """The coordinator's range source of a Structured Streaming micro-batch: the ranges the
+    query's offset log recorded for it (:func:`begin_batch` decides skip, stage or commit).
+
+    :param position: the batch as the query's checkpoint location records it.
+    :param allow_new_query: continue the pipeline with a query of another checkpoint location.
+    :param commit_previous: publishes an earlier PREPARED batch first (see :func:`decide`).
+    """
+
+    position: BatchPosition
+    allow_new_query: bool = False
+    commit_previous: Callable[[int], object] | None = None
+
+    def plan(self, pipeline: Pipeline, ledger: Ledger, actor: Actor) -> Planned:
+        """:func:`begin_batch`'s step as the coordinator's (``stage`` is ``prepare``)."""
+        step = begin_batch(
+            pipeline,
+            ledger,
+            self.position,
+            allow_new_query=self.allow_new_query,
+            actor=actor,
+            commit_previous=self.commit_previous,
+        )
+        return Planned(step.checkpoint, _STEPS[step.action], step.reason)
+
+
+#: A batch's action as the coordinator's step.
+_STEPS: dict[str, Step] = {"skip": "skip", "stage": "prepare", "commit": "commit"}
