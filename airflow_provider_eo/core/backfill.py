@@ -21,16 +21,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_provider_eo import names
+from airflow_provider_eo.core.commit_plan import check_commit_plan, record_planned, sink_partitions
 from airflow_provider_eo.core.coordinator import Coordinator, Planned
 from airflow_provider_eo.core.markers import check_marker_identity
 from airflow_provider_eo.core.metrics import MetricsSink
-from airflow_provider_eo.core.plan import check_commit_plan, lost_ranges
+from airflow_provider_eo.core.plan import lost_ranges
 from airflow_provider_eo.core.prepare import Stager, prepare_checkpoint
 from airflow_provider_eo.core.shard import REAL_KAFKA, KafkaClients, ShardRunner
 from airflow_provider_eo.errors import BackfillRefused, DataLossError, KafkaAdminError
-from airflow_provider_eo.kafka import admin
-from airflow_provider_eo.kafka.client_config import librdkafka_config
 from airflow_provider_eo.ledger import (
     Actor,
     CheckpointNotFound,
@@ -187,9 +185,8 @@ def plan_backfill(
         unfinished = ledger.unfinished(derived.name)
         if unfinished is not None:
             return _resume(derived, unfinished)
-    config = librdkafka_config(live.kafka)
     try:
-        sink_partitions = admin.partition_count(config, sink_topic)
+        partition_count = sink_partitions(live, sink_topic)
     except KafkaAdminError as exc:
         raise BackfillRefused(
             f"backfill of pipeline {live.name!r} into {sink_topic!r}: {exc} Nothing was planned."
@@ -222,15 +219,16 @@ def plan_backfill(
         raise BackfillRefused(str(exc)) from exc
     prefix = ledger.pin_transactional_id_prefix(derived.name, derived.transactional_id_prefix)
     check_marker_identity(derived, registered.identity)
-    return ledger.plan_backfill(
-        derived.name,
+    return record_planned(
+        derived,
+        ledger,
         ranges,
-        filter_start_ms=segment.start_ms,
-        filter_end_ms=segment.end_ms,
+        prefix=prefix,
+        partitions=partition_count,
         max_pending=derived.max_pending,
         actor=actor,
         details={"interval": [start_ms, end_ms], "sink_topic": sink_topic},
-        commit_plan=names.commit_plan(derived, sink_partitions, prefix),
+        time_filter=(segment.start_ms, segment.end_ms),
     )
 
 
@@ -306,14 +304,21 @@ class BackfillResult:
         }
 
 
-def local_prepare(stager: Stager) -> PrepareFn:
+@dataclass(frozen=True)
+class LocalPrepare:
     """A :data:`PrepareFn` that prepares in this process with ``stager`` (its engine starts
-    at the first prepare)."""
+    at the first prepare); :func:`run_backfill` runs it through its coordinator, so its time
+    is reported with the other metrics."""
 
-    def prepare(pipeline: Pipeline, ledger: Ledger, checkpoint_id: int) -> None:
-        prepare_checkpoint(pipeline, ledger, checkpoint_id, stager=stager)
+    stager: Stager
 
-    return prepare
+    def __call__(self, pipeline: Pipeline, ledger: Ledger, checkpoint_id: int) -> None:
+        prepare_checkpoint(pipeline, ledger, checkpoint_id, stager=self.stager)
+
+
+def local_prepare(stager: Stager) -> PrepareFn:
+    """A :data:`PrepareFn` that prepares in this process with ``stager``."""
+    return LocalPrepare(stager)
 
 
 def run_backfill(
@@ -367,7 +372,10 @@ def run_backfill(
             break
         if any(d.checkpoint_id == cp.checkpoint_id for d in done):  # never loop on one
             raise RuntimeError(f"backfill pipeline {derived.name!r}: checkpoint {cp.checkpoint_id} again")
-        if planned.step == "prepare":
+        if planned.step == "prepare" and isinstance(prepare, LocalPrepare):
+            coordinator.prepare(cp.checkpoint_id, prepare.stager)
+            steps.append(f"prepare:{cp.checkpoint_id}")
+        elif planned.step == "prepare":  # elsewhere (a spark-submit): its driver reports its time
             coordinator.prepare_with(cp.checkpoint_id, lambda cid: prepare(derived, ledger, cid))
             steps.append(f"prepare:{cp.checkpoint_id}")
         committed = coordinator.commit(cp.checkpoint_id)

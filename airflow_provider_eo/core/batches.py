@@ -31,15 +31,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from airflow_provider_eo import names
-from airflow_provider_eo.connections import require_applied
+from airflow_provider_eo.core.commit_plan import pinned_prefix, record_planned, sink_partitions
 from airflow_provider_eo.core.coordinator import Planned, Step
 from airflow_provider_eo.core.plan import check_may_plan
 from airflow_provider_eo.errors import BatchOutOfStep as BatchOutOfStep
 from airflow_provider_eo.errors import BatchRangesDiffer as BatchRangesDiffer
 from airflow_provider_eo.errors import QueryIdentityMismatch as QueryIdentityMismatch
-from airflow_provider_eo.kafka import admin
-from airflow_provider_eo.kafka.client_config import librdkafka_config
 from airflow_provider_eo.ledger import (
     Actor,
     CheckpointNotFound,
@@ -258,9 +255,7 @@ def begin_batch(
     ``commit_previous(checkpoint_id)``: called to publish an earlier PREPARED batch before
     this one is planned (see :func:`decide`); without it that case is an error.
     """
-    require_applied(pipeline, where="the Structured Streaming sink")
-    ledger.ensure_pipeline(pipeline.name, pipeline.fingerprint())
-    prefix = ledger.pin_transactional_id_prefix(pipeline.name, pipeline.transactional_id_prefix)
+    prefix = pinned_prefix(pipeline, ledger, where="the Structured Streaming sink")
     for _ in range(2):
         live = live_checkpoints(ledger, pipeline.name)
         newest = max(live, key=lambda c: c.checkpoint_id) if live else None
@@ -284,15 +279,15 @@ def begin_batch(
         # A stopped pipeline, another ledger's markers, a ledger older than the sink: refused
         # before the batch is recorded, as every plan refuses them.
         check_may_plan(pipeline, ledger)
-        config = librdkafka_config(pipeline.kafka)
-        sink_partitions = admin.partition_count(config, pipeline.sink_topic)
-        cp = ledger.plan(
-            pipeline.name,
-            list(pos.ranges),
+        cp = record_planned(
+            pipeline,
+            ledger,
+            pos.ranges,
+            prefix=prefix,
+            partitions=sink_partitions(pipeline),
             max_pending=1,
             actor=actor,
             details={"reason": reason},
-            commit_plan=names.commit_plan(pipeline, sink_partitions, prefix),
             batch=(pos.query_id, pos.batch_id),
         )
         return BatchStep("stage", cp, reason)

@@ -24,7 +24,6 @@ never changes a step's outcome: its failure is logged.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -225,15 +224,15 @@ class Coordinator:
 
     def prepare_with(self, checkpoint_id: int, prepare: Callable[[int], object]) -> CheckpointRecord:
         """Prepare a PLANNED checkpoint by ``prepare(checkpoint_id)`` (a spark-submit, or any
-        prepare that runs elsewhere) and return it as the ledger now has it."""
-        started = time.monotonic()
+        prepare that runs elsewhere) and return it as the ledger now has it. Listeners are told
+        it is PREPARED with no time: the process that staged it measured (and reports) that."""
         try:
             prepare(checkpoint_id)
             cp = self.ledger.get(self.pipeline.name, checkpoint_id)
         except BaseException as exc:
             self._tell("failed", "prepare", checkpoint_id, exc)
             raise
-        self._tell("prepared", cp, time.monotonic() - started)
+        self._tell("prepared", cp, None)
         return cp
 
     def commit(self, checkpoint_id: int, *, runner: ShardRunner | None = None) -> CommitResult:

@@ -279,24 +279,29 @@ def test_run_once_sends_the_streams_metrics(
     assert ("count", CHECKPOINT_RECORDS, 7, "orders") in sink.sent
 
 
+@pytest.mark.parametrize("where", ["here", "spark-submit"])
 def test_run_backfill_sends_the_streams_metrics(
-    pipeline: Pipeline, ledger: Ledger, fake_steps: list[str], monkeypatch: pytest.MonkeyPatch
+    pipeline: Pipeline, ledger: Ledger, fake_steps: list[str], monkeypatch: pytest.MonkeyPatch, where: str
 ) -> None:
+    """A prepare in this process is timed here; one elsewhere (the operator's spark-submit)
+    is reported by its own driver, so the backfill does not send it a second time."""
     derived = backfill.backfill_pipeline(pipeline, "out-bf")
     ledger.ensure_pipeline(derived.name, derived.fingerprint())
     cp = ledger.plan(derived.name, list(RANGES), commit_plan=names.commit_plan(derived, 1))
     plans: list[CheckpointRecord | None] = [cp, None]
     monkeypatch.setattr(backfill, "plan_backfill", lambda *a, **k: plans.pop(0))
 
-    def prepare(pipeline: Pipeline, ledger: Ledger, cid: int) -> None:  # a spark-submit's work
+    def submitted(pipeline: Pipeline, ledger: Ledger, cid: int) -> None:  # a spark-submit's work
         ledger.mark_prepared(
             pipeline.name, cid, attempt="a1", staging_location="x", records=7, bytes_=70, shard_counts={0: 7}
         )
 
+    prepare = backfill.local_prepare(stager=None) if where == "here" else submitted  # type: ignore[arg-type]
     sink = RecordingSink()
     result = backfill.run_backfill(pipeline, ledger, 0, 1, sink_topic="out-bf", prepare=prepare, metrics=sink)
     assert result.steps == ("prepare:1", "commit:1:7")
-    assert _kinds(sink) == STREAM_METRICS
+    expected = STREAM_METRICS if where == "here" else STREAM_METRICS - {("seconds", PREPARE_SECONDS)}
+    assert _kinds(sink) == expected
     assert {p for *_, p in sink.sent} == {derived.name}
 
 
