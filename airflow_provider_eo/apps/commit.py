@@ -17,6 +17,7 @@ operator reads it in client deploy mode). Exits 0 when the checkpoint is COMMITT
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -24,10 +25,10 @@ from pathlib import Path
 
 from airflow_provider_eo import names
 from airflow_provider_eo.apps import add_connection_args, driver_pipeline
-from airflow_provider_eo.core.commit import commit_checkpoint
+from airflow_provider_eo.core.coordinator import Coordinator
 from airflow_provider_eo.errors import EoError
 from airflow_provider_eo.ledger import Actor, Ledger
-from airflow_provider_eo.spark.commit import SparkShardRunner
+from airflow_provider_eo.spark.commit import resolve_runner
 
 __all__ = ["EXIT_FAILED", "main"]
 
@@ -58,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     pipeline = driver_pipeline(
         args.pipeline, kafka_conn_id=args.kafka_conn_id, ledger_conn_id=args.ledger_conn_id
     )
+    # This application is the commit's Spark side: its shards run as this session's tasks.
+    pipeline = dataclasses.replace(pipeline, commit_mode="spark")
     actor = Actor(**json.loads(args.actor_json)) if args.actor_json else Actor.here()
 
     from airflow_provider_eo.spark.session import get_spark
@@ -70,14 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         with Ledger(pipeline.ledger_url) as ledger:
-            result = commit_checkpoint(
-                pipeline,
-                ledger,
-                args.checkpoint,
-                actor=actor,
-                commit_mode="spark",
-                runner=SparkShardRunner(pipeline, spark),
-            )
+            coordinator = Coordinator(pipeline, ledger, actor, runner=resolve_runner(pipeline, spark))
+            result = coordinator.commit(args.checkpoint)
     except EoError as exc:
         print(
             f"{names.COMMIT_APP}: pipeline {pipeline.name!r}, checkpoint {args.checkpoint} was not "

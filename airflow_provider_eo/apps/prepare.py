@@ -17,9 +17,9 @@ import sys
 
 from airflow_provider_eo import names
 from airflow_provider_eo.apps import add_connection_args, driver_pipeline
-from airflow_provider_eo.core.prepare import prepare_checkpoint
+from airflow_provider_eo.core.coordinator import Coordinator
 from airflow_provider_eo.ledger import Actor, Ledger
-from airflow_provider_eo.metrics import pipeline_metrics
+from airflow_provider_eo.metrics import AirflowStatsSink
 from airflow_provider_eo.spark.stager import SparkStager
 
 __all__ = ["main"]
@@ -62,11 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     stager = SparkStager(app_name=names.prepare_app_name(pipeline.name, args.checkpoint))
     stager.start(pipeline)  # an application without a session fails before opening the ledger
     with Ledger(pipeline.ledger_url) as ledger:
-        result = prepare_checkpoint(
-            pipeline, ledger, args.checkpoint, stager=stager, attempt=args.attempt, actor=actor
-        )
-    if result.attempt is not None:  # this run prepared it: eo.prepare.seconds ([metrics])
-        pipeline_metrics(pipeline.name).prepared(result.seconds)
+        # A prepare this run did is reported as eo.prepare.seconds through Airflow's Stats.
+        coordinator = Coordinator(pipeline, ledger, actor, metrics=AirflowStatsSink())
+        result = coordinator.prepare(args.checkpoint, stager, attempt=args.attempt)
     print(
         json.dumps(
             {

@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         def line(cp: StreamCheckpoint) -> None:
             report.checkpoint(cp.summary())
 
-        from airflow_provider_eo.spark.commit import SparkShardRunner
+        from airflow_provider_eo.spark.commit import resolve_runner
 
         result = run_stream(
             pipeline,
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             run_id=args.run_id,
             heartbeat_s=args.heartbeat,
             log_path=args.log_path,
-            runner=SparkShardRunner(pipeline),
+            runner=resolve_runner(pipeline),
             metrics=AirflowStatsSink(),  # eo.* metrics through Airflow's Stats ([metrics])
         )
         report.summary(result.summary())

@@ -32,7 +32,7 @@ def backfill_cmd(
     committed, into SINK_TOPIC, exactly once (a rerun adds nothing)."""
     from airflow_provider_eo.core.backfill import iso_ms, local_prepare, parse_instant, run_backfill
     from airflow_provider_eo.ledger import Actor
-    from airflow_provider_eo.spark.commit import SparkShardRunner
+    from airflow_provider_eo.spark.commit import resolve_runner
     from airflow_provider_eo.spark.stager import SparkStager
 
     try:
@@ -61,7 +61,7 @@ def backfill_cmd(
             actor=Actor.here(),
             prepare=local_prepare(SparkStager(ship=[ref])),
             progress=progress,
-            runner=SparkShardRunner(pipeline),
+            runner=resolve_runner(pipeline),
             say=lambda line: err.print(line, highlight=False, soft_wrap=True),
         )
     summary = result.summary()

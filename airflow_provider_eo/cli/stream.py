@@ -79,7 +79,7 @@ def stream_cmd(
         else:
             print(" ".join(f"{k}={'-' if v is None else v}" for k, v in summary.items()), flush=True)
 
-    from airflow_provider_eo.spark.commit import SparkShardRunner
+    from airflow_provider_eo.spark.commit import resolve_runner
     from airflow_provider_eo.spark.stager import SparkStager
 
     with reported():
@@ -93,7 +93,7 @@ def stream_cmd(
             on_checkpoint=line,
             heartbeat_s=app.heartbeat,
             stager=SparkStager(app_name=f"eo-stream-{pipeline.name}", ship=[app.pipeline]),
-            runner=SparkShardRunner(pipeline),
+            runner=resolve_runner(pipeline),
         )
     summary = result.summary()
     if as_json:

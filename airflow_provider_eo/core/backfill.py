@@ -21,15 +21,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_provider_eo import names
-from airflow_provider_eo.core.commit import commit_checkpoint
+from airflow_provider_eo.core.commit_plan import check_commit_plan, record_planned, sink_partitions
+from airflow_provider_eo.core.coordinator import Coordinator, Planned
 from airflow_provider_eo.core.markers import check_marker_identity
-from airflow_provider_eo.core.plan import check_commit_plan, lost_ranges
+from airflow_provider_eo.core.metrics import MetricsSink
+from airflow_provider_eo.core.plan import lost_ranges
 from airflow_provider_eo.core.prepare import Stager, prepare_checkpoint
-from airflow_provider_eo.core.shard import ShardRunner
+from airflow_provider_eo.core.shard import REAL_KAFKA, KafkaClients, ShardRunner
 from airflow_provider_eo.errors import BackfillRefused, DataLossError, KafkaAdminError
-from airflow_provider_eo.kafka import admin
-from airflow_provider_eo.kafka.client_config import librdkafka_config
 from airflow_provider_eo.ledger import (
     Actor,
     CheckpointNotFound,
@@ -186,9 +185,8 @@ def plan_backfill(
         unfinished = ledger.unfinished(derived.name)
         if unfinished is not None:
             return _resume(derived, unfinished)
-    config = librdkafka_config(live.kafka)
     try:
-        sink_partitions = admin.partition_count(config, sink_topic)
+        partition_count = sink_partitions(live, sink_topic)
     except KafkaAdminError as exc:
         raise BackfillRefused(
             f"backfill of pipeline {live.name!r} into {sink_topic!r}: {exc} Nothing was planned."
@@ -221,16 +219,52 @@ def plan_backfill(
         raise BackfillRefused(str(exc)) from exc
     prefix = ledger.pin_transactional_id_prefix(derived.name, derived.transactional_id_prefix)
     check_marker_identity(derived, registered.identity)
-    return ledger.plan_backfill(
-        derived.name,
+    return record_planned(
+        derived,
+        ledger,
         ranges,
-        filter_start_ms=segment.start_ms,
-        filter_end_ms=segment.end_ms,
+        prefix=prefix,
+        partitions=partition_count,
         max_pending=derived.max_pending,
         actor=actor,
         details={"interval": [start_ms, end_ms], "sink_topic": sink_topic},
-        commit_plan=names.commit_plan(derived, sink_partitions, prefix),
+        time_filter=(segment.start_ms, segment.end_ms),
     )
+
+
+@dataclass(frozen=True)
+class StoredRanges:
+    """The coordinator's range source of a backfill: the offset ranges the live pipeline's
+    ledger recorded as COMMITTED for ``[start_ms, end_ms)`` (:func:`plan_backfill`). The
+    coordinator's pipeline is the derived one (:func:`backfill_pipeline`)."""
+
+    live: Pipeline
+    start_ms: int
+    end_ms: int
+    sink_topic: str
+    transform: str | None = None
+    allow_live_sink: bool = False
+
+    def derived(self) -> Pipeline:
+        """The backfill pipeline the checkpoints are recorded under."""
+        return backfill_pipeline(
+            self.live, self.sink_topic, transform=self.transform, allow_live_sink=self.allow_live_sink
+        )
+
+    def plan(self, pipeline: Pipeline, ledger: Ledger, actor: Actor) -> Planned:
+        """:func:`plan_backfill`: the unfinished checkpoint, else the next one, else nothing."""
+        return Planned.of(
+            plan_backfill(
+                self.live,
+                ledger,
+                self.start_ms,
+                self.end_ms,
+                sink_topic=self.sink_topic,
+                transform=self.transform,
+                allow_live_sink=self.allow_live_sink,
+                actor=actor,
+            )
+        )
 
 
 @dataclass(frozen=True)
@@ -270,14 +304,21 @@ class BackfillResult:
         }
 
 
-def local_prepare(stager: Stager) -> PrepareFn:
+@dataclass(frozen=True)
+class LocalPrepare:
     """A :data:`PrepareFn` that prepares in this process with ``stager`` (its engine starts
-    at the first prepare)."""
+    at the first prepare); :func:`run_backfill` runs it through its coordinator, so its time
+    is reported with the other metrics."""
 
-    def prepare(pipeline: Pipeline, ledger: Ledger, checkpoint_id: int) -> None:
-        prepare_checkpoint(pipeline, ledger, checkpoint_id, stager=stager)
+    stager: Stager
 
-    return prepare
+    def __call__(self, pipeline: Pipeline, ledger: Ledger, checkpoint_id: int) -> None:
+        prepare_checkpoint(pipeline, ledger, checkpoint_id, stager=self.stager)
+
+
+def local_prepare(stager: Stager) -> PrepareFn:
+    """A :data:`PrepareFn` that prepares in this process with ``stager``."""
+    return LocalPrepare(stager)
 
 
 def run_backfill(
@@ -294,6 +335,8 @@ def run_backfill(
     progress: ProgressFn | None = None,
     runner: ShardRunner | None = None,
     say: Callable[[str], None] | None = None,
+    clients: KafkaClients = REAL_KAFKA,
+    metrics: MetricsSink | None = None,
 ) -> BackfillResult:
     """Backfill ``[start_ms, end_ms)`` to the end: resume the backfill pipeline's unfinished
     checkpoint (prepare it if PLANNED, commit it), else plan the next one; until nothing is
@@ -302,35 +345,40 @@ def run_backfill(
     each checkpoint once it is COMMITTED. A spark-mode pipeline's commits run through
     ``runner`` (spark/commit.py's ``SparkShardRunner``); without one, or where it cannot
     start Spark, in this process, and ``say`` (default: a log warning) gets a line saying so.
+    ``clients``: the commit's Kafka side (unit tests pass a fake); ``metrics``: where each
+    prepare and commit is reported (core/metrics.py; none: nowhere).
 
     Idempotent: a rerun after a kill at any point finishes the interrupted checkpoint and
     adds only what is missing; a rerun of a finished interval plans nothing.
     """
     started = time.monotonic()
-    derived = backfill_pipeline(live, sink_topic, transform=transform, allow_live_sink=allow_live_sink)
+    source = StoredRanges(live, start_ms, end_ms, sink_topic, transform, allow_live_sink)
+    derived = source.derived()
+    coordinator = Coordinator(
+        derived,
+        ledger,
+        actor,
+        runner=runner,
+        fallback=say or log.warning,
+        clients=clients,
+        metrics=metrics,
+    )
     done: list[CheckpointRecord] = []
     steps: list[str] = []
     while True:
-        cp = plan_backfill(
-            live,
-            ledger,
-            start_ms,
-            end_ms,
-            sink_topic=sink_topic,
-            transform=transform,
-            allow_live_sink=allow_live_sink,
-            actor=actor,
-        )
+        planned = coordinator.plan(source)
+        cp = planned.checkpoint
         if cp is None:
             break
         if any(d.checkpoint_id == cp.checkpoint_id for d in done):  # never loop on one
             raise RuntimeError(f"backfill pipeline {derived.name!r}: checkpoint {cp.checkpoint_id} again")
-        if cp.state is CheckpointState.PLANNED:
-            prepare(derived, ledger, cp.checkpoint_id)
+        if planned.step == "prepare" and isinstance(prepare, LocalPrepare):
+            coordinator.prepare(cp.checkpoint_id, prepare.stager)
             steps.append(f"prepare:{cp.checkpoint_id}")
-        committed = commit_checkpoint(
-            derived, ledger, cp.checkpoint_id, actor=actor, runner=runner, fallback=say or log.warning
-        )
+        elif planned.step == "prepare":  # elsewhere (a spark-submit): its driver reports its time
+            coordinator.prepare_with(cp.checkpoint_id, lambda cid: prepare(derived, ledger, cid))
+            steps.append(f"prepare:{cp.checkpoint_id}")
+        committed = coordinator.commit(cp.checkpoint_id)
         steps.append(f"commit:{cp.checkpoint_id}:{committed.published}")
         done.append(committed.checkpoint)
         log.info(

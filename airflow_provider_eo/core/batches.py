@@ -31,14 +31,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from airflow_provider_eo import names
-from airflow_provider_eo.connections import require_applied
+from airflow_provider_eo.core.commit_plan import pinned_prefix, record_planned, sink_partitions
+from airflow_provider_eo.core.coordinator import Planned, Step
 from airflow_provider_eo.core.plan import check_may_plan
 from airflow_provider_eo.errors import BatchOutOfStep as BatchOutOfStep
 from airflow_provider_eo.errors import BatchRangesDiffer as BatchRangesDiffer
 from airflow_provider_eo.errors import QueryIdentityMismatch as QueryIdentityMismatch
-from airflow_provider_eo.kafka import admin
-from airflow_provider_eo.kafka.client_config import librdkafka_config
 from airflow_provider_eo.ledger import (
     Actor,
     CheckpointNotFound,
@@ -54,6 +52,7 @@ __all__ = [
     "BatchPosition",
     "BatchRangesDiffer",
     "BatchStep",
+    "OffsetLog",
     "QueryIdentityMismatch",
     "begin_batch",
     "decide",
@@ -256,9 +255,7 @@ def begin_batch(
     ``commit_previous(checkpoint_id)``: called to publish an earlier PREPARED batch before
     this one is planned (see :func:`decide`); without it that case is an error.
     """
-    require_applied(pipeline, where="the Structured Streaming sink")
-    ledger.ensure_pipeline(pipeline.name, pipeline.fingerprint())
-    prefix = ledger.pin_transactional_id_prefix(pipeline.name, pipeline.transactional_id_prefix)
+    prefix = pinned_prefix(pipeline, ledger, where="the Structured Streaming sink")
     for _ in range(2):
         live = live_checkpoints(ledger, pipeline.name)
         newest = max(live, key=lambda c: c.checkpoint_id) if live else None
@@ -282,18 +279,49 @@ def begin_batch(
         # A stopped pipeline, another ledger's markers, a ledger older than the sink: refused
         # before the batch is recorded, as every plan refuses them.
         check_may_plan(pipeline, ledger)
-        config = librdkafka_config(pipeline.kafka)
-        sink_partitions = admin.partition_count(config, pipeline.sink_topic)
-        cp = ledger.plan(
-            pipeline.name,
-            list(pos.ranges),
+        cp = record_planned(
+            pipeline,
+            ledger,
+            pos.ranges,
+            prefix=prefix,
+            partitions=sink_partitions(pipeline),
             max_pending=1,
             actor=actor,
             details={"reason": reason},
-            commit_plan=names.commit_plan(pipeline, sink_partitions, prefix),
             batch=(pos.query_id, pos.batch_id),
         )
         return BatchStep("stage", cp, reason)
     raise BatchOutOfStep(
         f"{_where(pipeline.name, pos)}: the ledger kept changing while the batch was decided; retry the batch"
     )
+
+
+@dataclass(frozen=True)
+class OffsetLog:
+    """The coordinator's range source of a Structured Streaming micro-batch: the ranges the
+    query's offset log recorded for it (:func:`begin_batch` decides skip, stage or commit).
+
+    :param position: the batch as the query's checkpoint location records it.
+    :param allow_new_query: continue the pipeline with a query of another checkpoint location.
+    :param commit_previous: publishes an earlier PREPARED batch first (see :func:`decide`).
+    """
+
+    position: BatchPosition
+    allow_new_query: bool = False
+    commit_previous: Callable[[int], object] | None = None
+
+    def plan(self, pipeline: Pipeline, ledger: Ledger, actor: Actor) -> Planned:
+        """:func:`begin_batch`'s step as the coordinator's (``stage`` is ``prepare``)."""
+        step = begin_batch(
+            pipeline,
+            ledger,
+            self.position,
+            allow_new_query=self.allow_new_query,
+            actor=actor,
+            commit_previous=self.commit_previous,
+        )
+        return Planned(step.checkpoint, _STEPS[step.action], step.reason)
+
+
+#: A batch's action as the coordinator's step.
+_STEPS: dict[str, Step] = {"skip": "skip", "stage": "prepare", "commit": "commit"}

@@ -8,9 +8,9 @@ from typing import Any
 from confluent_kafka import KafkaException
 
 from airflow_provider_eo import staging_fs
+from airflow_provider_eo.core.commit_plan import check_commit_plan, frozen_commit_plan
 from airflow_provider_eo.core.commit_staging import staged_partitions
 from airflow_provider_eo.core.markers import decide_marker
-from airflow_provider_eo.core.plan import check_commit_plan, frozen_commit_plan
 from airflow_provider_eo.core.shard import KafkaClients
 from airflow_provider_eo.core.sink_guard import (
     check_commit_markers,

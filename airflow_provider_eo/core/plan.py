@@ -8,18 +8,21 @@ import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from airflow_provider_eo import names
-from airflow_provider_eo.connections import require_applied
 from airflow_provider_eo.core.abort import abort_checkpoint
+from airflow_provider_eo.core.commit_plan import (
+    check_commit_plan,
+    pinned_prefix,
+    record_planned,
+    sink_partitions,
+)
 from airflow_provider_eo.core.sink_guard import check_sink
-from airflow_provider_eo.errors import ConfigError, DataLossError, PipelineStopped, SourceError
+from airflow_provider_eo.errors import DataLossError, PipelineStopped, SourceError
 from airflow_provider_eo.kafka import admin
 from airflow_provider_eo.kafka.client_config import librdkafka_config
 from airflow_provider_eo.ledger import (
     Actor,
     CheckpointRecord,
     CheckpointState,
-    CommitPlan,
     Ledger,
     RangeSpec,
 )
@@ -28,72 +31,6 @@ from airflow_provider_eo.pipeline import Pipeline
 TP = tuple[str, int]
 
 log = logging.getLogger(__name__)
-
-
-def check_commit_plan(pipeline: Pipeline, cp: CheckpointRecord, plan: CommitPlan) -> None:
-    """Refuse a frozen commit plan the cluster can no longer carry out; say when the
-    settings moved on (they apply from the next checkpoint).
-
-    1. The plan's sink topic has fewer partitions than the plan (the topic was re-created):
-       the staged output cannot be placed, so nothing may be published. Refused (ConfigError)
-       naming the topic and both counts; the checkpoint is left as it is.
-    2. More partitions than the plan: fine, the checkpoint publishes on the plan's.
-    3. ``sink_topic`` renamed since the plan: the checkpoint still goes to its frozen sink
-       (logged); the new topic is used from the next checkpoint.
-    """
-    config = librdkafka_config(pipeline.kafka)
-    live = admin.partition_count(config, plan.sink_topic)
-    if live < plan.sink_partitions:
-        raise ConfigError(
-            f"pipeline {pipeline.name!r}, checkpoint {cp.checkpoint_id}: sink_topic "
-            f"{plan.sink_topic!r} now has {live} partitions, but the checkpoint's commit plan "
-            f"(frozen when it was planned) places its output on {plan.sink_partitions} "
-            "partitions. The staged output cannot be placed, so nothing was published and the "
-            f"checkpoint stays {cp.state.value}. Was the topic re-created? Give "
-            f"{plan.sink_topic!r} {plan.sink_partitions} partitions again (kafka-topics --alter "
-            f"--partitions {plan.sink_partitions}) and retry, or abort checkpoint "
-            f"{cp.checkpoint_id} so its range is replanned for the topic as it is now."
-        )
-    if plan.sink_topic != pipeline.sink_topic:
-        log.warning(
-            "pipeline %r, checkpoint %d: publishing to its frozen sink_topic %r (the setting is "
-            "now %r, used from the next checkpoint)",
-            pipeline.name,
-            cp.checkpoint_id,
-            plan.sink_topic,
-            pipeline.sink_topic,
-        )
-
-
-def frozen_commit_plan(
-    pipeline: Pipeline,
-    ledger: Ledger,
-    cp: CheckpointRecord,
-    *,
-    staged_partitions: int | None = None,
-    actor: Actor | None = None,
-) -> CommitPlan:
-    """The commit plan checkpoint ``cp`` is published with, checked (:func:`check_commit_plan`).
-
-    First pins (or checks) the pipeline's transactional-id prefix: a process configured with
-    another one is refused before anything else. A checkpoint planned before ledger revision
-    0002 has no plan yet: one is made from today's settings and frozen in the ledger (the
-    first caller's wins); ``staged_partitions``, when the output is already staged, is the
-    partition count it was staged for.
-    """
-    prefix = ledger.pin_transactional_id_prefix(pipeline.name, pipeline.transactional_id_prefix)
-    plan = cp.commit_plan
-    if plan is None:
-        count = staged_partitions
-        if count is None:
-            count = admin.partition_count(librdkafka_config(pipeline.kafka), pipeline.sink_topic)
-        frozen = ledger.freeze_commit_plan(
-            pipeline.name, cp.checkpoint_id, names.commit_plan(pipeline, count, prefix), actor=actor
-        )
-        assert frozen.commit_plan is not None  # freeze_commit_plan raises otherwise
-        plan = frozen.commit_plan
-    check_commit_plan(pipeline, cp, plan)
-    return plan
 
 
 def startup_offsets(pipeline: Pipeline, partitions: list[TP]) -> dict[TP, int]:
@@ -371,10 +308,7 @@ def plan_checkpoint(
     :class:`PipelineStopped` even while earlier checkpoints are unfinished: they finish,
     nothing new starts.
     """
-    require_applied(pipeline, where="the plan")
-    ledger.ensure_pipeline(pipeline.name, pipeline.fingerprint())
-    # One transactional-id namespace per pipeline: pinned by its first plan, then checked.
-    prefix = ledger.pin_transactional_id_prefix(pipeline.name, pipeline.transactional_id_prefix)
+    prefix = pinned_prefix(pipeline, ledger, where="the plan")
     unfinished = None if next_only else ledger.unfinished(pipeline.name)
     if unfinished is not None:
         # A PLANNED range retention (or a topic re-creation) took away would fail every
@@ -390,7 +324,7 @@ def plan_checkpoint(
     check_may_plan(pipeline, ledger)
     config = librdkafka_config(pipeline.kafka)
     topics = admin.partitions_of(config, pipeline.source_topics)
-    sink_partitions = admin.partition_count(config, pipeline.sink_topic)  # a missing sink fails here
+    partition_count = sink_partitions(pipeline)  # a missing sink fails here
     partitions = [(t, p) for t, ps in sorted(topics.items()) for p in ps]
     known = ledger.next_starts(pipeline.name)
     new = [tp for tp in partitions if tp not in known]
@@ -478,13 +412,13 @@ def plan_checkpoint(
             sized.offsets_per_s,
             "measured" if sized.measured else "assumed until a commit is measured",
         )
-    # Frozen with the checkpoint: every commit try uses it, never the settings of the day.
-    commit_plan = names.commit_plan(pipeline, sink_partitions, prefix)
-    return ledger.plan(
-        pipeline.name,
+    return record_planned(
+        pipeline,
+        ledger,
         ranges,
+        prefix=prefix,
+        partitions=partition_count,
         max_pending=pipeline.max_pending,
         actor=actor,
         details=details,
-        commit_plan=commit_plan,
     )

@@ -20,8 +20,9 @@ from typing import Any, Protocol
 
 from airflow_provider_eo import names, staging, staging_fs
 from airflow_provider_eo.connections import require_applied
+from airflow_provider_eo.core.commit_plan import frozen_commit_plan
 from airflow_provider_eo.core.fault_seam import fault_point
-from airflow_provider_eo.core.plan import data_loss_error, frozen_commit_plan, lost_ranges
+from airflow_provider_eo.core.plan import data_loss_error, lost_ranges
 from airflow_provider_eo.errors import DeadLetterTooLarge, PrepareError, StagingError
 from airflow_provider_eo.kafka import admin
 from airflow_provider_eo.kafka.client_config import librdkafka_config

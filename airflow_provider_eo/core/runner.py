@@ -6,11 +6,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_provider_eo.core.commit import commit_checkpoint
-from airflow_provider_eo.core.plan import plan_checkpoint
-from airflow_provider_eo.core.prepare import Stager, prepare_checkpoint
+from airflow_provider_eo.core.coordinator import Coordinator
+from airflow_provider_eo.core.metrics import MetricsSink
+from airflow_provider_eo.core.prepare import Stager
 from airflow_provider_eo.core.shard import ShardRunner
-from airflow_provider_eo.ledger import Actor, CheckpointRecord, CheckpointState, Ledger
+from airflow_provider_eo.ledger import Actor, CheckpointRecord, Ledger
 from airflow_provider_eo.pipeline import Pipeline
 
 
@@ -37,26 +37,28 @@ def run_once(
     stager: Stager,
     actor: Actor | None = None,
     runner: ShardRunner | None = None,
+    metrics: MetricsSink | None = None,
 ) -> CycleResult:
     """Resume the unfinished checkpoint (else plan the next), prepare it with ``stager``,
     commit it (its shards in this process, or through ``runner`` in spark commit mode). The
-    stager's engine starts only when there is something to prepare."""
+    stager's engine starts only when there is something to prepare. The prepare and the
+    commit are reported to ``metrics`` (none: nowhere)."""
     started = time.monotonic()
     own = ledger is None
     ledger = ledger or Ledger(pipeline.ledger_url)
-    actor = actor or Actor.here()
     try:
         result = CycleResult(pipeline.name, None)
-        cp = plan_checkpoint(pipeline, ledger, actor=actor)
+        coordinator = Coordinator(pipeline, ledger, actor, runner=runner, metrics=metrics)
+        planned = coordinator.plan()
+        cp = planned.checkpoint
         if cp is None:
             result.steps.append("nothing new")
             return result
         result.steps.append(f"plan:{cp.checkpoint_id}:{cp.state.value}")
-        if cp.state is CheckpointState.PLANNED:
-            prepared = prepare_checkpoint(pipeline, ledger, cp.checkpoint_id, stager=stager, actor=actor)
-            cp = prepared.checkpoint
+        if planned.step == "prepare":
+            prepared = coordinator.prepare(cp.checkpoint_id, stager)
             result.steps.append(f"prepare:{prepared.records}")
-        committed = commit_checkpoint(pipeline, ledger, cp.checkpoint_id, actor=actor, runner=runner)
+        committed = coordinator.commit(cp.checkpoint_id)
         result.steps.append(f"commit:{committed.published}")
         result.checkpoint = committed.checkpoint
         return result

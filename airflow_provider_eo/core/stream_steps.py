@@ -7,8 +7,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_provider_eo.core.metrics import MetricsSink, PipelineMetrics
-from airflow_provider_eo.core.prepare import Stager, prepare_checkpoint
+from airflow_provider_eo.core.coordinator import Coordinator, LiveOffsets
+from airflow_provider_eo.core.metrics import MetricsSink
+from airflow_provider_eo.core.prepare import Stager
 from airflow_provider_eo.core.shard import ShardRunner
 from airflow_provider_eo.core.stream_contract import CommitMode
 from airflow_provider_eo.ledger import Actor, CheckpointRecord, CheckpointState, Ledger
@@ -111,37 +112,24 @@ def default_steps(
     runner: ShardRunner | None = None,
     metrics: MetricsSink | None = None,
 ) -> StreamSteps:
-    """The real steps: core.plan (next_only), core.prepare with ``stager``, core.commit
-    (through ``runner`` in spark commit mode: the commit of N runs as Spark jobs while N+1
-    prepares). Each prepare and each commit that finishes a checkpoint is reported to
-    ``metrics`` (:mod:`airflow_provider_eo.core.metrics`)."""
-    from airflow_provider_eo.core.commit import commit_checkpoint
-    from airflow_provider_eo.core.plan import (
-        plan_checkpoint,
-        resume_or_drop_lost,
-        sized_to_transaction_timeout,
-    )
+    """The real steps over one :class:`~airflow_provider_eo.core.coordinator.Coordinator`:
+    plan the live offsets (next_only), prepare with ``stager``, commit (through ``runner`` in
+    spark commit mode: the commit of N runs as Spark jobs while N+1 prepares). Each prepare
+    and each commit that finishes a checkpoint is reported to ``metrics``
+    (:mod:`airflow_provider_eo.core.metrics`)."""
+    from airflow_provider_eo.core.plan import resume_or_drop_lost, sized_to_transaction_timeout
 
-    report = PipelineMetrics(metrics, pipeline.name)
+    coordinator = Coordinator(pipeline, ledger, actor, runner=runner, metrics=metrics)
+    source = LiveOffsets(next_only=True)
 
     def prepare(cid: int) -> tuple[int, float]:
-        result = prepare_checkpoint(pipeline, ledger, cid, stager=stager, actor=actor)
-        if result.attempt is not None:  # None: prepared already, nothing measured
-            report.prepared(result.seconds)
+        result = coordinator.prepare(cid, stager)
         return result.records, result.seconds
 
-    def commit(cid: int) -> float:
-        result = commit_checkpoint(pipeline, ledger, cid, actor=actor, runner=runner)
-        mine = result.note != "already COMMITTED" and not result.by_another
-        if result.checkpoint.state is CheckpointState.COMMITTED and mine:
-            report.committed(result.checkpoint, result.seconds)
-            report.lag_after(pipeline.kafka, result.checkpoint)  # one bounded Kafka call
-        return result.seconds
-
     return StreamSteps(
-        plan_next=lambda: plan_checkpoint(pipeline, ledger, actor=actor, next_only=True),
+        plan_next=lambda: coordinator.plan(source).checkpoint,
         prepare=prepare,
-        commit=commit,
+        commit=lambda cid: coordinator.commit(cid).seconds,
         unfinished=lambda: unfinished_checkpoints(ledger, pipeline.name),
         state=lambda cid: ledger.get(pipeline.name, cid).state,
         resume_planned=lambda cp: resume_or_drop_lost(pipeline, ledger, cp, actor=actor),

@@ -21,6 +21,7 @@ def run_demo(*, keep_broker: bool = False, checkpoints: int = 3) -> int:
     from airflow_provider_eo.core.runner import run_once
     from airflow_provider_eo.ledger import Ledger
     from airflow_provider_eo.pipeline import Pipeline
+    from airflow_provider_eo.spark.commit import resolve_runner
     from airflow_provider_eo.spark.session import get_spark
     from airflow_provider_eo.spark.stager import SparkStager
     from airflow_provider_eo.stack.kafka import LocalKafka
@@ -60,7 +61,12 @@ def run_demo(*, keep_broker: bool = False, checkpoints: int = 3) -> int:
         with Ledger(pipeline.ledger_url) as ledger:
             for n in range(1, checkpoints + 1):
                 with console.status(f"checkpoint {n}/{checkpoints}: plan -> prepare (Spark) -> commit ..."):
-                    result = run_once(pipeline, ledger=ledger, stager=SparkStager(spark))
+                    result = run_once(
+                        pipeline,
+                        ledger=ledger,
+                        stager=SparkStager(spark),
+                        runner=resolve_runner(pipeline, spark),
+                    )
                 cp = result.checkpoint
                 if cp is None:
                     console.print("  nothing new to read")

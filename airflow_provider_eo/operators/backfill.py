@@ -257,6 +257,7 @@ class EoBackfillOperator(OpenLineageMixin, PipelineTaskMixin, SparkSubmitOperato
 
         # Imported here, not with the module: DAG files import operators, and parsing stays light.
         from airflow_provider_eo.core.backfill import run_backfill
+        from airflow_provider_eo.metrics import AirflowStatsSink
 
         with open_ledger(live) as ledger:
             result = run_backfill(
@@ -273,6 +274,8 @@ class EoBackfillOperator(OpenLineageMixin, PipelineTaskMixin, SparkSubmitOperato
                 # No Spark in this worker: a spark-mode pipeline's backfill commits here, and
                 # the task log says so (the same markers and ledger rows as a Spark commit).
                 say=self.log.warning,
+                # Each commit's metrics through Airflow's Stats (the prepare driver sends its own).
+                metrics=AirflowStatsSink(),
             )
         summary: dict[str, Any] = result.summary()
         out = {

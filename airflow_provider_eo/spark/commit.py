@@ -294,4 +294,15 @@ class SparkShardRunner:
             self._spark.sparkContext.cancelJobGroup(names.commit_app_name(pipeline, checkpoint_id))
 
 
-__all__ = ["SparkShardRunner", "run_shard_job", "run_shard_jobs", "run_shard_task"]
+def resolve_runner(pipeline: Pipeline, spark: SparkSession | None = None) -> SparkShardRunner | None:
+    """Where ``pipeline``'s commits run their shards, the same for every entry point: None
+    for ``commit_mode='local'`` (in the committing process); else a :class:`SparkShardRunner`
+    on ``spark`` (the caller's session), else on the running session or one it starts on
+    first use. Whether a spark-mode commit may fall back to this process when Spark cannot
+    start is the caller's (``Coordinator(fallback=...)``: recovery and backfill do)."""
+    if pipeline.commit_mode == "local":
+        return None
+    return SparkShardRunner(pipeline, spark)
+
+
+__all__ = ["SparkShardRunner", "resolve_runner", "run_shard_job", "run_shard_jobs", "run_shard_task"]

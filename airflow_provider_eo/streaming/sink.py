@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_provider_eo import names
 from airflow_provider_eo.connections import ConnectionSettings, apply_settings, read_handoff
-from airflow_provider_eo.core.batches import BatchPosition, begin_batch
-from airflow_provider_eo.core.commit import commit_checkpoint
+from airflow_provider_eo.core.batches import BatchPosition, OffsetLog
+from airflow_provider_eo.core.coordinator import Coordinator
 from airflow_provider_eo.core.fault_seam import fault_point
-from airflow_provider_eo.core.prepare import prepare_checkpoint
+from airflow_provider_eo.core.metrics import MetricsSink
 from airflow_provider_eo.errors import ConfigError
 from airflow_provider_eo.kafka import admin
 from airflow_provider_eo.kafka.client_config import librdkafka_config
@@ -91,6 +91,9 @@ class KafkaExactlyOnceSink:
     :param checkpoint_location: the query's checkpoint location, when it is fixed (``start``
         uses it unless given another; ``eo doctor`` and ``eo savepoint create
         --copy-checkpoint-to`` read it).
+    :param metrics: where each batch's prepare and commit are reported (the metrics of
+        docs/observability.md, as a stream sends them; ``airflow_provider_eo.metrics.
+        AirflowStatsSink()`` sends them through Airflow's Stats); None: not reported.
     :param pipeline_options: further :class:`~airflow_provider_eo.pipeline.Pipeline` settings
         (e.g. ``spark_commit_min_records``, ``sink_max_message_bytes``).
     """
@@ -113,6 +116,7 @@ class KafkaExactlyOnceSink:
         allow_new_query: bool = False,
         heartbeat_s: float = 5.0,
         checkpoint_location: str | None = None,
+        metrics: MetricsSink | None = None,
         **pipeline_options: Any,
     ) -> None:
         for refused in ("source_topics", "transform", "dead_letter_topic", "startup", "backfill_of"):
@@ -122,6 +126,7 @@ class KafkaExactlyOnceSink:
                     "query reads its sources and transforms its records itself)"
                 )
         self.name = name
+        self.metrics = metrics
         self._options: dict[str, Any] = dict(
             name=name,
             kafka=dict(kafka or {}),
@@ -322,33 +327,27 @@ class KafkaExactlyOnceSink:
             ledger.ensure_pipeline(pipeline.name, pipeline.fingerprint())
             self._run = _QueryRun.begin(ledger, pipeline, self, actor)
         position = BatchPosition(current_query, int(batch_id), ranges)
+        coordinator = self._coordinator(pipeline, ledger, actor, spark)
 
         def commit(checkpoint_id: int) -> None:
-            self._commit(pipeline, ledger, checkpoint_id, actor, spark)
+            coordinator.commit(checkpoint_id)
 
-        step = begin_batch(
-            pipeline,
-            ledger,
-            position,
-            allow_new_query=self.allow_new_query,
-            actor=actor,
-            commit_previous=commit,
-        )
-        if step.action != "stage":
+        planned = coordinator.plan(OffsetLog(position, self.allow_new_query, commit_previous=commit))
+        if planned.step != "prepare":
             # The frame is still run to its end, its output thrown away: a stateful query's
             # state stores commit this batch's version only when every partition ran (Spark
             # refuses the batch otherwise, and the next batch would lack its state).
             df.write.format("noop").mode("overwrite").save()
-        if step.action == "skip":
-            log.info("%s: nothing to publish (%s)", where, step.reason)
+        if planned.step == "skip":
+            log.info("%s: nothing to publish (%s)", where, planned.reason)
             return
-        assert step.checkpoint is not None
-        checkpoint_id = step.checkpoint.checkpoint_id
-        if step.action == "stage":
+        assert planned.checkpoint is not None
+        checkpoint_id = planned.checkpoint.checkpoint_id
+        if planned.step == "prepare":
             fault_point("batch.before_stage")
-            prepare_checkpoint(pipeline, ledger, checkpoint_id, stager=FrameStager(df), actor=actor)
+            coordinator.prepare(checkpoint_id, FrameStager(df))
         else:
-            log.warning("%s: %s; its staged output is published, not this run's", where, step.reason)
+            log.warning("%s: %s; its staged output is published, not this run's", where, planned.reason)
         commit(checkpoint_id)
         fault_point("batch.after_commit")
 
@@ -399,14 +398,14 @@ class KafkaExactlyOnceSink:
             out.append(RangeSpec(tp[0], tp[1], earliest[tp] if start is None else start, ends[tp]))
         return tuple(out)
 
-    @staticmethod
-    def _commit(pipeline: Pipeline, ledger: Ledger, checkpoint_id: int, actor: Actor, spark: Any) -> None:
-        runner = None
-        if pipeline.commit_mode != "local":
-            from airflow_provider_eo.spark.commit import SparkShardRunner
+    def _coordinator(self, pipeline: Pipeline, ledger: Ledger, actor: Actor, spark: Any) -> Coordinator:
+        """The batch's coordinator: its commits run their shards as the pipeline's commit
+        mode says (on the query's session in spark mode), its steps reported to ``metrics``."""
+        from airflow_provider_eo.spark.commit import resolve_runner
 
-            runner = SparkShardRunner(pipeline, spark)
-        commit_checkpoint(pipeline, ledger, checkpoint_id, actor=actor, runner=runner)
+        return Coordinator(
+            pipeline, ledger, actor, runner=resolve_runner(pipeline, spark), metrics=self.metrics
+        )
 
 
 class _QueryRun:

@@ -109,7 +109,7 @@ def test_a_spark_mode_backfill_commits_through_the_runner_or_says_it_commits_her
     import logging
     from types import SimpleNamespace
 
-    from airflow_provider_eo.core import backfill
+    from airflow_provider_eo.core import backfill, coordinator
     from airflow_provider_eo.ledger import CheckpointState
 
     live = _live(tmp_path, commit_mode="spark")
@@ -123,9 +123,9 @@ def test_a_spark_mode_backfill_commits_through_the_runner_or_says_it_commits_her
         fallback = kw["fallback"]
         assert callable(fallback)
         fallback("pipeline 'orders.bf.out-bf', checkpoint 1: commit_mode 'spark', but ...")
-        return SimpleNamespace(checkpoint=prepared, published=3)
+        return SimpleNamespace(checkpoint=prepared, published=3, note="", by_another=False)
 
-    monkeypatch.setattr(backfill, "commit_checkpoint", commit)
+    monkeypatch.setattr(coordinator, "commit_checkpoint", commit)
     runner = object()
     with caplog.at_level(logging.WARNING, logger=backfill.__name__):
         backfill.run_backfill(
