@@ -105,14 +105,17 @@ def make_archive(timeout_s: float = 600) -> Path | None:
         }
         log = Path(work) / "dump.log"
         with log.open("wb") as out:
-            done = subprocess.run(
-                [sys.executable, "-c", WORKLOAD],
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                timeout=timeout_s,
-            )
-        if done.returncode != 0 or not partial.is_file():
+            try:
+                done = subprocess.run(
+                    [sys.executable, "-c", WORKLOAD],
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    timeout=timeout_s,
+                )
+            except subprocess.TimeoutExpired:  # the tests run without it, only slower
+                done = None
+        if done is None or done.returncode != 0 or not partial.is_file():
             print(log.read_text(errors="replace")[-3000:], file=sys.stderr)
             return None
         partial.replace(archive)  # whole or not at all: a concurrent reader never maps half
