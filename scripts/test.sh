@@ -13,6 +13,8 @@ echo "== mypy" >&2
 echo "== import contracts" >&2
 .venv/bin/lint-imports --no-cache --no-logo
 echo "== pytest" >&2
+# Every Spark driver the tests start maps pyspark's classes from one archive (made once, ~2 min).
+.venv/bin/python tests/eo_jvm_archive.py
 # Every process the tests start inherits this mark; whatever still carries it when the run
 # ends (a worker stopped by a test's timeout skips its fixtures' teardown) is stopped here.
 export EO_TEST_RUN="$$-$(date +%s)"

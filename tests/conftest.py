@@ -28,14 +28,17 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
     p for p in (str(TESTS), str(ROOT), os.environ.get("PYTHONPATH", "")) if p
 )
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+from eo_jvm_archive import spark_submit_opts  # noqa: E402  (found through the path above)
+
 # Sensors wait in the triggerer unless a test says otherwise (Airflow's default is to poke).
 os.environ.setdefault("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE", "True")
 # Every Spark driver a test starts (a cluster master too) binds and advertises loopback only.
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-# Every Spark JVM a test starts (this session's, spark-submit's, an `eo` child's) runs a few
-# short jobs on a small, shared machine: the client JIT only (no C2 compiler threads taking
-# the cores) cuts a cold local job by about a third. Set SPARK_SUBMIT_OPTS to override.
-os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
+# Every Spark driver JVM a test starts (this session's, spark-submit's, an `eo` child's) runs
+# a few short jobs on a small, shared machine: the client JIT only, and pyspark's classes
+# mapped from a class-data-sharing archive when `tests/eo_jvm_archive.py` made one (the full
+# run makes it first). Set SPARK_SUBMIT_OPTS to override.
+os.environ.setdefault("SPARK_SUBMIT_OPTS", spark_submit_opts())
 
 
 @pytest.fixture(scope="session")
