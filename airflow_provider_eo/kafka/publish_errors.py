@@ -32,9 +32,13 @@ class ProducerStalled(ProducerLost):
 
 # How long past a call's own time-out a guarded call may take before its producer is
 # abandoned. librdkafka's send_offsets_to_transaction can wait for a group coordinator past
-# its time-out (a cached coordinator that a broker restart left stale), with no way to
-# interrupt it; a new producer's init_transactions then fences the stalled one.
-STALL_GRACE_S = 30.0
+# its time-out with no end (a cached coordinator that a broker restart left stale), with no
+# way to interrupt it; a new producer's init_transactions then fences the stalled one. The
+# allowance is long: a call that is only slow (a cluster electing new coordinators) returns
+# by itself, and a producer fenced while its call is still inside librdkafka has once
+# aborted the whole process (a three-broker cluster with its coordinator killed), so
+# abandoning is kept for calls that would otherwise never return.
+STALL_GRACE_S = 300.0
 
 
 def stall_after(timeout_s: float) -> float:
