@@ -43,14 +43,7 @@ from airflow_provider_eo.core.markers import decide_marker
 from airflow_provider_eo.core.shard import REAL_KAFKA, KafkaClients, ShardCommittable
 from airflow_provider_eo.errors import AbortRefused, CheckpointAborted, CommitFenced
 from airflow_provider_eo.kafka.client_config import librdkafka_config
-from airflow_provider_eo.kafka.publisher import (
-    Abortable,
-    ProducerLost,
-    connect,
-    kafka_call,
-    offsets,
-    stall_after,
-)
+from airflow_provider_eo.kafka.publisher import Abortable, ProducerLost, connect, kafka_call, offsets
 
 if TYPE_CHECKING:
     from airflow_provider_eo.ledger import CheckpointRecord
@@ -223,7 +216,6 @@ def _write_mark(
                 clients.group_metadata(config, names.aborted_group(pipeline.name)),
                 timeout_s,
                 where=where,
-                stall_s=stall_after(timeout_s),
             )
             kafka_call(
                 "commit_transaction",

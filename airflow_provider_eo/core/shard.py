@@ -76,7 +76,6 @@ from airflow_provider_eo.kafka.publisher import (
     produce_staged,
     serve,
     sorted_error,
-    stall_after,
 )
 
 #: Rounds of abort-and-redo / re-init before a shard gives up (retry the commit later).
@@ -107,6 +106,18 @@ def pool_key(committable: ShardCommittable, clients: KafkaClients) -> Hashable:
     the batch limits) and this process's id."""
     c = committable
     return (clients, os.getpid(), c.transactional_id, c.kafka, c.transaction_timeout_ms, c.topic_max_bytes)
+
+
+def still_connected(kept: Any) -> bool:
+    """A kept producer that lost no broker connection while it was idle (its queued
+    ``error_cb`` events served first). One that did is dropped: after a broker restart,
+    librdkafka's ``send_offsets_to_transaction`` can wait with no end for the group
+    coordinator it cached; a fresh producer looks the coordinator up again."""
+    try:
+        kept.producer.poll(0)
+    except Exception:
+        return False
+    return not kept.failures.disconnected
 
 
 class ShardTransaction:
@@ -141,7 +152,7 @@ class ShardTransaction:
         c = self.committable
         if self.pool is not None:
             kept = self.pool.take(pool_key(c, self.clients))
-            if kept is not None and kept.failures is not None:
+            if kept is not None and kept.failures is not None and still_connected(kept):
                 self.producer, self.failures, self.reused = kept.producer, kept.failures, True
                 return
         self.producer = self.clients.producer(
@@ -282,7 +293,6 @@ class ShardTransaction:
             self.clients.group_metadata(c.config, c.marker_group),
             c.timeout_s,
             where=c.where,
-            stall_s=stall_after(c.timeout_s),
             denied=self._denied("the commit marker", c.marker_group, [c.sink_topic]),
         )
         if c.group_id is not None:
@@ -293,7 +303,6 @@ class ShardTransaction:
                 self.clients.group_metadata(c.config, c.group_id),
                 c.timeout_s,
                 where=c.where,
-                stall_s=stall_after(c.timeout_s),
                 denied=self._denied(
                     "the group offsets", c.group_id, sorted({t for t, _, _ in c.group_offsets})
                 ),

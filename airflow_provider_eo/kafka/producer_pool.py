@@ -59,6 +59,8 @@ def new_producer(
     if on_failure is not None:
         # Only failures call back into Python: nothing per record on the hot path.
         reports = {"on_delivery": on_failure, "delivery.report.only.error": True}
+        if "error_cb" not in config:
+            reports["error_cb"] = on_failure.connection_error
     return Producer(
         {
             **config,

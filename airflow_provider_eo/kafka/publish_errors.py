@@ -4,7 +4,6 @@ signalled, fenced/fatal/unauthorized ones raised as eo errors, failed delivery r
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -23,54 +22,6 @@ class Abortable(ControlSignal):
 
 class ProducerLost(ControlSignal):
     """An indefinite failure: this producer may not be used again; re-init and decide by marker."""
-
-
-class ProducerStalled(ProducerLost):
-    """A transactional call did not return long after its own time-out: the producer is
-    abandoned where it waits (never used, closed or kept again; the call's thread holds it)."""
-
-
-# How long past a call's own time-out a guarded call may take before its producer is
-# abandoned. librdkafka's send_offsets_to_transaction can wait for a group coordinator past
-# its time-out with no end (a cached coordinator that a broker restart left stale), with no
-# way to interrupt it; a new producer's init_transactions then fences the stalled one. The
-# allowance is long: a call that is only slow (a cluster electing new coordinators) returns
-# by itself, and a producer fenced while its call is still inside librdkafka has once
-# aborted the whole process (a three-broker cluster with its coordinator killed), so
-# abandoning is kept for calls that would otherwise never return.
-STALL_GRACE_S = 300.0
-
-
-def stall_after(timeout_s: float) -> float:
-    """Seconds a guarded call with time-out ``timeout_s`` may take before it counts as stalled."""
-    return timeout_s + STALL_GRACE_S
-
-
-def _bounded(what: str, fn: Callable[..., T], args: tuple[Any, ...], stall_s: float, where: str) -> T:
-    """``fn(*args)`` in a thread of its own, waited for at most ``stall_s`` seconds; past that
-    :class:`ProducerStalled` (the thread stays blocked, holding the producer, so the producer
-    is never destroyed under a call still inside it)."""
-    box: dict[str, Any] = {}
-    done = threading.Event()
-
-    def call() -> None:
-        try:
-            box["value"] = fn(*args)
-        except BaseException as exc:  # handed to the caller's thread
-            box["error"] = exc
-        finally:
-            done.set()
-
-    threading.Thread(target=call, name=f"eo-{what}", daemon=True).start()
-    if not done.wait(stall_s):
-        raise ProducerStalled(
-            f"{where}{what} did not return within {stall_s:.0f} s (its own time-out is shorter): "
-            "librdkafka can wait for a group coordinator past the call's time-out. This producer "
-            "is abandoned; a new one re-inits (fencing it) and the commit marker decides."
-        )
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
 
 
 def _classify(err: KafkaError) -> str:
@@ -102,6 +53,9 @@ _PERMANENT_DELIVERY = {
 
 _PURGED = {KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT}
 
+# Errors a producer's error_cb reports when a broker connection went away.
+_CONNECTION_LOST = {KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE}
+
 
 class DeliveryFailures:
     """The producer's ``on_delivery`` callback: keeps the failed delivery reports of one
@@ -113,6 +67,16 @@ class DeliveryFailures:
         self.permanent_error: KafkaError | None = None
         self.denied_topic: str | None = None  # a topic the ACLs refused WRITE on
         self.partitions: set[int] = set()  # sink partitions with a failed record
+        #: The producer lost a broker connection (its ``error_cb``): never reused after that.
+        self.disconnected = False
+
+    def connection_error(self, err: KafkaError) -> None:
+        """The producer's ``error_cb`` (served by ``poll``/``flush``): a lost connection marks
+        the producer as not to be kept. librdkafka's ``send_offsets_to_transaction`` can wait
+        with no end for a group coordinator it cached before a broker restart (it checks no
+        time-out on coordinator requests), so a producer that saw one is not used again."""
+        if err.code() in _CONNECTION_LOST:
+            self.disconnected = True
 
     def __call__(self, err: KafkaError | None, msg: Any) -> None:
         """Record one delivery report (called from ``poll``/``flush``)."""
@@ -238,12 +202,8 @@ def kafka_call(
     deadline_s: float = 120.0,
     where: str = "",
     denied: Callable[[KafkaError], Exception] | None = None,
-    stall_s: float | None = None,
 ) -> T:
     """Call a transactional producer method, repeating it while Kafka says *retriable*.
-
-    With ``stall_s`` each call runs in a thread of its own and one that has not returned after
-    ``stall_s`` seconds raises :class:`ProducerStalled` (a :class:`ProducerLost`).
 
     Raises :class:`Abortable`, :class:`CommitFenced`, :class:`ProducerLost` (retries ran out:
     the outcome is unknown) or :class:`CommitError` (unclassified); an ACL refusal raises
@@ -254,8 +214,6 @@ def kafka_call(
     while True:
         try:
             try:
-                if stall_s is not None:
-                    return _bounded(what, fn, args, stall_s, where)
                 return fn(*args)
             except SystemError as exc:  # a fatal error met while serving delivery reports
                 cause = fatal_cause(exc)

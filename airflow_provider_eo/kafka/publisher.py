@@ -56,13 +56,11 @@ from airflow_provider_eo.kafka.publish_errors import (
     Abortable,
     DeliveryFailures,
     ProducerLost,
-    ProducerStalled,
     fatal_cause,
     kafka_call,
     known_commit_outcome,
     serve,
     sorted_error,
-    stall_after,
 )
 from airflow_provider_eo.provenance import compact_provenance_values, provenance_values
 
@@ -78,7 +76,6 @@ __all__ = [
     "PooledProducer",
     "ProducerLost",
     "ProducerPool",
-    "ProducerStalled",
     "Sent",
     "close_producers",
     "compact_provenance_values",
@@ -98,6 +95,5 @@ __all__ = [
     "record_batch_size",
     "serve",
     "sorted_error",
-    "stall_after",
     "with_dead_letter_limits",
 ]

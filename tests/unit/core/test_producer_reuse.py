@@ -32,7 +32,7 @@ from airflow_provider_eo.core.fencing import fence_id
 from airflow_provider_eo.core.shard import commit_shard, pool_key
 from airflow_provider_eo.errors import CommitError, CommitFenced, KafkaAdminError
 from airflow_provider_eo.kafka import producer_pool, publisher
-from airflow_provider_eo.kafka.publisher import PRODUCERS, ProducerPool
+from airflow_provider_eo.kafka.publisher import PRODUCERS, DeliveryFailures, ProducerPool
 from airflow_provider_eo.ledger import CheckpointState, Ledger
 from airflow_provider_eo.pipeline import Pipeline
 
@@ -436,3 +436,30 @@ def test_the_stream_closes_the_kept_producers_when_it_ends(
     else:
         stream.run_stream(pipeline, ledger=ledger, stager=Stager(), max_checkpoints=1)  # type: ignore[arg-type]
     assert producer.closed and len(PRODUCERS) == 0
+
+
+@pytest.mark.parametrize("code", [KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN])
+def test_a_kept_producer_that_lost_its_connection_while_idle_is_not_reused(
+    code: int, pipeline: Pipeline, ledger: Ledger, broker: FakeBroker
+) -> None:
+    """A broker restart while the producer was kept: librdkafka's send_offsets_to_transaction
+    on it can wait with no end for the coordinator it cached. Its error_cb saw the lost
+    connection, so the next commit makes a fresh producer (and init_transactions)."""
+    clients = FakeClients(broker)
+    commit(pipeline, ledger, clients, 1)
+    (entry,) = [e for key, e in PRODUCERS._idle.items() if key[0] is clients]
+    entry.failures.connection_error(KafkaError(code))  # what the producer's error_cb gets
+    commit(pipeline, ledger, clients, 2)
+    assert broker.count("new_producer", TID) == 2 and broker.count("init_transactions", TID) == 2
+    assert kept(clients) == [broker.producers[1]]
+    commit(pipeline, ledger, clients, 3)  # a producer that saw no error is kept as before
+    assert broker.count("new_producer", TID) == 2
+    published_once(broker, 3)
+
+
+def test_a_producers_error_callback_marks_only_lost_connections() -> None:
+    failures = DeliveryFailures()
+    failures.connection_error(KafkaError(KafkaError._MSG_TIMED_OUT))
+    assert not failures.disconnected and not failures  # no delivery failure either
+    failures.connection_error(KafkaError(KafkaError._TRANSPORT))
+    assert failures.disconnected and not failures

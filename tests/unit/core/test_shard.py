@@ -7,8 +7,6 @@ Exactly-once is counted on what the fake broker's committed transactions hold (w
 from __future__ import annotations
 
 import pickle
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -506,35 +504,3 @@ def test_an_unrelated_system_error_is_not_taken_for_kafka(tmp_path: Path, broker
     broker.fail("flush", SystemError("a bug"))
     with pytest.raises(SystemError, match="a bug"):
         commit_shard(committable(tmp_path), Hooks(), FakeClients(broker))
-
-
-def test_a_marker_call_stalled_past_its_time_out_abandons_the_producer_and_a_new_one_publishes_once(
-    tmp_path: Path, broker: FakeBroker, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """librdkafka's ``send_offsets_to_transaction`` can wait for a group coordinator long
-    past its own time-out (a coordinator a broker restart left stale in the producer's
-    cache). The shard abandons that producer (its call's thread keeps it; nothing closes or
-    reuses it), a new producer's ``init_transactions`` fences it, the marker decides: the
-    shard's records are published once and the commit does not hang."""
-    monkeypatch.setattr(shard_module, "stall_after", lambda timeout_s: 0.5)
-    release = threading.Event()
-    stalled: list[FakeProducer] = []
-
-    def stall(producer: FakeProducer) -> None:
-        del broker.on_call["send_offsets_to_transaction"]
-        stalled.append(producer)
-        release.wait(60)
-
-    broker.on_call["send_offsets_to_transaction"] = stall
-    try:
-        started = time.monotonic()
-        result = commit_shard(committable(tmp_path), Hooks(), FakeClients(broker))
-        took = time.monotonic() - started
-    finally:
-        release.set()
-    assert took < 30, f"the stalled call held the shard {took:.0f} s"
-    assert not result.skipped and result.rounds == 2
-    assert values(broker) == [f"v{i}".encode() for i in range(5)]  # exactly once
-    assert broker.mark(GROUP, SINK, 0) == 3
-    assert stalled and not stalled[0].closed
-    assert broker.count("init_transactions") == 2
