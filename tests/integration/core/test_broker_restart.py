@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from eo_harness import Harness
+from eo_harness import Harness, wait_for
 
 from airflow_provider_eo.kafka.admin import ensure_topic
 from airflow_provider_eo.ledger import CheckpointState
@@ -84,9 +84,11 @@ def test_a_kept_producer_after_a_broker_kill_and_restart_does_not_hold_the_next_
     h.produce(100)
     assert h.run_once().checkpoint is not None  # the producer is kept for the next commit
     os.kill(info.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 60
-    while (pid_alive(info.pid) or port_in_use(info.port)) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    wait_for(
+        lambda: not (pid_alive(info.pid) or port_in_use(info.port)),
+        "the killed broker's process and port to be gone",
+        timeout=60,
+    )
     assert LocalKafka(home=own_broker.home, port=info.port).up(timeout_s=120).port == info.port
     h.produce(100, start=100)
     started = time.monotonic()
