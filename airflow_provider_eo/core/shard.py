@@ -108,18 +108,6 @@ def pool_key(committable: ShardCommittable, clients: KafkaClients) -> Hashable:
     return (clients, os.getpid(), c.transactional_id, c.kafka, c.transaction_timeout_ms, c.topic_max_bytes)
 
 
-def still_connected(kept: Any) -> bool:
-    """A kept producer that lost no broker connection while it was idle (its queued
-    ``error_cb`` events served first). One that did is dropped: after a broker restart,
-    librdkafka's ``send_offsets_to_transaction`` can wait with no end for the group
-    coordinator it cached; a fresh producer looks the coordinator up again."""
-    try:
-        kept.producer.poll(0)
-    except Exception:
-        return False
-    return not kept.failures.disconnected
-
-
 class ShardTransaction:
     """One producer's go at one shard's transaction (a new one after any failure: librdkafka
     lacks KIP-890's epoch bump, so a producer is never reused across an error).
@@ -152,7 +140,7 @@ class ShardTransaction:
         c = self.committable
         if self.pool is not None:
             kept = self.pool.take(pool_key(c, self.clients))
-            if kept is not None and kept.failures is not None and still_connected(kept):
+            if kept is not None and kept.failures is not None:
                 self.producer, self.failures, self.reused = kept.producer, kept.failures, True
                 return
         self.producer = self.clients.producer(

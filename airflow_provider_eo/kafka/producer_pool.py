@@ -117,7 +117,8 @@ class ProducerPool:
 
     def take(self, key: Hashable) -> PooledProducer | None:
         """The idle producer of ``key`` made by this process (removed from the pool), or
-        None: the caller creates one and calls ``init_transactions``."""
+        None: the caller creates one and calls ``init_transactions``. A producer that lost a
+        broker connection while idle is closed instead (:func:`_still_connected`)."""
         now = time.monotonic()
         with self._lock:
             expired = self._expire(now)
@@ -125,6 +126,9 @@ class ProducerPool:
             if entry is not None and (entry.pid != os.getpid() or now - entry.idle_since > self.max_idle_s):
                 expired.append(entry)
                 entry = None
+        if entry is not None and not _still_connected(entry):
+            expired.append(entry)
+            entry = None
         self._close_all(expired)
         return entry
 
@@ -186,6 +190,20 @@ class ProducerPool:
                 entry.producer.close()  # nothing is in flight after a clean commit
             except Exception:  # already closed, or the broker is gone: nothing more to do
                 pass
+
+
+def _still_connected(entry: PooledProducer) -> bool:
+    """Whether a kept producer lost no broker connection while it was idle (its queued
+    ``error_cb`` events served first). After a broker restart, librdkafka's
+    ``send_offsets_to_transaction`` can wait with no end for the group coordinator such a
+    producer cached; a fresh producer looks the coordinator up again."""
+    if entry.failures is None:
+        return True
+    try:
+        entry.producer.poll(0)
+    except Exception:
+        return False
+    return not entry.failures.disconnected
 
 
 #: The process's pool of idle transactional producers (core/shard.py takes and gives).
