@@ -43,5 +43,7 @@ trap sweep EXIT
 # a hung Spark or Kafka client would otherwise take every later test of that worker with it.
 # pytest-xdist starts a fresh worker (its own broker and Spark session) for the rest.
 # The session timeout ends the run with its summary before CI's limit would cut it off.
+# Files are handed out in collection order, which tests/conftest.py sets longest first
+# (pytest-xdist's own order, most tests first, left the one-test YARN file for last).
 .venv/bin/pytest -q --timeout=600 --timeout-method=thread --session-timeout=4800 --durations=50 \
-  -n "${EO_TEST_WORKERS:-2}" --dist loadfile "$@"
+  -n "${EO_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"
