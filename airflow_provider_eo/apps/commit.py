@@ -17,7 +17,6 @@ operator reads it in client deploy mode). Exits 0 when the checkpoint is COMMITT
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -25,10 +24,9 @@ from pathlib import Path
 
 from airflow_provider_eo import names
 from airflow_provider_eo.apps import add_connection_args, driver_pipeline
-from airflow_provider_eo.core.coordinator import Coordinator
 from airflow_provider_eo.errors import EoError
 from airflow_provider_eo.ledger import Actor, Ledger
-from airflow_provider_eo.spark.commit import resolve_runner
+from airflow_provider_eo.runtime import build_runtime
 
 __all__ = ["EXIT_FAILED", "main"]
 
@@ -59,8 +57,6 @@ def main(argv: list[str] | None = None) -> int:
     pipeline = driver_pipeline(
         args.pipeline, kafka_conn_id=args.kafka_conn_id, ledger_conn_id=args.ledger_conn_id
     )
-    # This application is the commit's Spark side: its shards run as this session's tasks.
-    pipeline = dataclasses.replace(pipeline, commit_mode="spark")
     actor = Actor(**json.loads(args.actor_json)) if args.actor_json else Actor.here()
 
     from airflow_provider_eo.spark.session import get_spark
@@ -71,10 +67,11 @@ def main(argv: list[str] | None = None) -> int:
         names.commit_app_name(pipeline.name, args.checkpoint),
         {"spark.speculation": "false", **pipeline.spark_conf},
     )
+    # This application is the commit's Spark side: its shards run as this session's tasks.
+    rt = build_runtime(pipeline, spark=spark, commit_mode="spark", stage=False)
     try:
         with Ledger(pipeline.ledger_url) as ledger:
-            coordinator = Coordinator(pipeline, ledger, actor, runner=resolve_runner(pipeline, spark))
-            result = coordinator.commit(args.checkpoint)
+            result = rt.coordinator(ledger, actor).commit(args.checkpoint)
     except EoError as exc:
         print(
             f"{names.COMMIT_APP}: pipeline {pipeline.name!r}, checkpoint {args.checkpoint} was not "

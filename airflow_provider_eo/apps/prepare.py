@@ -17,10 +17,9 @@ import sys
 
 from airflow_provider_eo import names
 from airflow_provider_eo.apps import add_connection_args, driver_pipeline
-from airflow_provider_eo.core.coordinator import Coordinator
 from airflow_provider_eo.ledger import Actor, Ledger
 from airflow_provider_eo.metrics import AirflowStatsSink
-from airflow_provider_eo.spark.stager import SparkStager
+from airflow_provider_eo.runtime import build_runtime
 
 __all__ = ["main"]
 
@@ -59,12 +58,13 @@ def main(argv: list[str] | None = None) -> int:
             allow_live_sink=True,
         )
     actor = Actor(**json.loads(args.actor_json)) if args.actor_json else Actor.here()
-    stager = SparkStager(app_name=names.prepare_app_name(pipeline.name, args.checkpoint))
-    stager.start(pipeline)  # an application without a session fails before opening the ledger
+    # A prepare this run did is reported as eo.prepare.seconds through Airflow's Stats.
+    rt = build_runtime(
+        pipeline, app_name=names.prepare_app_name(pipeline.name, args.checkpoint), metrics=AirflowStatsSink()
+    )
+    rt.stager.start(pipeline)  # an application without a session fails before opening the ledger
     with Ledger(pipeline.ledger_url) as ledger:
-        # A prepare this run did is reported as eo.prepare.seconds through Airflow's Stats.
-        coordinator = Coordinator(pipeline, ledger, actor, metrics=AirflowStatsSink())
-        result = coordinator.prepare(args.checkpoint, stager, attempt=args.attempt)
+        result = rt.coordinator(ledger, actor).prepare(args.checkpoint, rt.stager, attempt=args.attempt)
     print(
         json.dumps(
             {

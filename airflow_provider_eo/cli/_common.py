@@ -82,11 +82,3 @@ def checkpoint_or_unfinished(ledger: Ledger, pipeline: str, checkpoint: int | No
     if cp is None:
         raise EoError(f"pipeline {pipeline!r} has no unfinished checkpoint; run `eo plan` first")
     return int(cp.checkpoint_id)
-
-
-def with_commit_mode(pipeline: Pipeline, mode: str | None) -> Pipeline:
-    """``pipeline`` with ``--commit-mode`` applied (unchanged without the flag); a bad value
-    is a clear error naming the pipeline."""
-    import dataclasses
-
-    return pipeline if mode is None else dataclasses.replace(pipeline, commit_mode=mode)  # type: ignore[arg-type]
