@@ -16,14 +16,14 @@ operator reads it in client deploy mode). Exits 0 when the checkpoint is COMMITT
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 from pathlib import Path
 
 from airflow_provider_eo import names
-from airflow_provider_eo.apps import add_connection_args, driver_pipeline
+from airflow_provider_eo.apps import driver_pipeline
+from airflow_provider_eo.apps.args import CommitAppArgs
 from airflow_provider_eo.errors import EoError
 from airflow_provider_eo.ledger import Actor, Ledger
 from airflow_provider_eo.runtime import build_runtime
@@ -44,20 +44,13 @@ def _write_summary(path: str, line: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """``spark-submit apps/commit.py --pipeline MOD:ATTR --checkpoint N [--actor-json J]
-    [--summary-file PATH]``."""
-    parser = argparse.ArgumentParser(prog=names.COMMIT_APP, description=__doc__.splitlines()[0])
-    parser.add_argument("--pipeline", required=True, help="MODULE:ATTR of the Pipeline")
-    parser.add_argument("--checkpoint", type=int, required=True)
-    parser.add_argument("--actor-json", default=None, help="Airflow lineage for the ledger")
-    add_connection_args(parser)
-    parser.add_argument(
-        "--summary-file", default=None, help="also write the summary JSON to this file (client mode)"
-    )
-    args = parser.parse_args(argv)
+    [--summary-file PATH]``: a :class:`~airflow_provider_eo.apps.args.CommitAppArgs`, as the
+    operator builds it."""
+    args = CommitAppArgs.from_argv(argv, description=__doc__.splitlines()[0])
     pipeline = driver_pipeline(
         args.pipeline, kafka_conn_id=args.kafka_conn_id, ledger_conn_id=args.ledger_conn_id
     )
-    actor = Actor(**json.loads(args.actor_json)) if args.actor_json else Actor.here()
+    actor = args.actor or Actor.here()
 
     from airflow_provider_eo.spark.session import get_spark
 
