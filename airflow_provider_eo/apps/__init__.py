@@ -10,11 +10,9 @@ Only these entry points may read Airflow connections; the code that runs on exec
 from __future__ import annotations
 
 import argparse
-import os
 
-from airflow_provider_eo import names
-from airflow_provider_eo.connections import apply_settings, read_handoff
-from airflow_provider_eo.pipeline import Pipeline, load_pipeline
+from airflow_provider_eo.pipeline import Pipeline
+from airflow_provider_eo.runtime import resolve_pipeline
 
 __all__ = ["add_connection_args", "driver_pipeline"]
 
@@ -32,16 +30,8 @@ def driver_pipeline(
     Airflow task handed over (client deploy mode: the file named by
     :data:`~airflow_provider_eo.names.CONNECTIONS_FILE_ENV`, read once and deleted), else
     with the connections read here (cluster deploy mode, ``spark-submit`` by hand: the
-    secrets backend or ``AIRFLOW_CONN_*`` of this host)."""
-    pipeline = load_pipeline(ref)
-    handoff = os.environ.pop(names.CONNECTIONS_FILE_ENV, None)
-    if handoff:
-        pipeline = apply_settings(pipeline, read_handoff(handoff))
-        kafka_conn_id = ledger_conn_id = None  # what the task read is in the hand-off
-    if pipeline.connection_ids or kafka_conn_id or ledger_conn_id:
-        from airflow_provider_eo.hooks.base import resolve_connections
-
-        pipeline, _ = resolve_connections(
-            pipeline, kafka_conn_id=kafka_conn_id, ledger_conn_id=ledger_conn_id
-        )
-    return pipeline
+    secrets backend or ``AIRFLOW_CONN_*`` of this host):
+    :func:`~airflow_provider_eo.runtime.resolve_pipeline` with ``handoff="env"``."""
+    return resolve_pipeline(
+        ref, kafka_conn_id=kafka_conn_id, ledger_conn_id=ledger_conn_id, handoff="env"
+    ).pipeline

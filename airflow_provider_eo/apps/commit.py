@@ -16,19 +16,17 @@ operator reads it in client deploy mode). Exits 0 when the checkpoint is COMMITT
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import json
 import os
 import sys
 from pathlib import Path
 
 from airflow_provider_eo import names
-from airflow_provider_eo.apps import add_connection_args, driver_pipeline
-from airflow_provider_eo.core.coordinator import Coordinator
+from airflow_provider_eo.apps import driver_pipeline
+from airflow_provider_eo.apps.args import CommitAppArgs
 from airflow_provider_eo.errors import EoError
 from airflow_provider_eo.ledger import Actor, Ledger
-from airflow_provider_eo.spark.commit import resolve_runner
+from airflow_provider_eo.runtime import build_runtime
 
 __all__ = ["EXIT_FAILED", "main"]
 
@@ -46,22 +44,13 @@ def _write_summary(path: str, line: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """``spark-submit apps/commit.py --pipeline MOD:ATTR --checkpoint N [--actor-json J]
-    [--summary-file PATH]``."""
-    parser = argparse.ArgumentParser(prog=names.COMMIT_APP, description=__doc__.splitlines()[0])
-    parser.add_argument("--pipeline", required=True, help="MODULE:ATTR of the Pipeline")
-    parser.add_argument("--checkpoint", type=int, required=True)
-    parser.add_argument("--actor-json", default=None, help="Airflow lineage for the ledger")
-    add_connection_args(parser)
-    parser.add_argument(
-        "--summary-file", default=None, help="also write the summary JSON to this file (client mode)"
-    )
-    args = parser.parse_args(argv)
+    [--summary-file PATH]``: a :class:`~airflow_provider_eo.apps.args.CommitAppArgs`, as the
+    operator builds it."""
+    args = CommitAppArgs.from_argv(argv, description=__doc__.splitlines()[0])
     pipeline = driver_pipeline(
         args.pipeline, kafka_conn_id=args.kafka_conn_id, ledger_conn_id=args.ledger_conn_id
     )
-    # This application is the commit's Spark side: its shards run as this session's tasks.
-    pipeline = dataclasses.replace(pipeline, commit_mode="spark")
-    actor = Actor(**json.loads(args.actor_json)) if args.actor_json else Actor.here()
+    actor = args.actor or Actor.here()
 
     from airflow_provider_eo.spark.session import get_spark
 
@@ -71,10 +60,11 @@ def main(argv: list[str] | None = None) -> int:
         names.commit_app_name(pipeline.name, args.checkpoint),
         {"spark.speculation": "false", **pipeline.spark_conf},
     )
+    # This application is the commit's Spark side: its shards run as this session's tasks.
+    rt = build_runtime(pipeline, spark=spark, commit_mode="spark", stage=False)
     try:
         with Ledger(pipeline.ledger_url) as ledger:
-            coordinator = Coordinator(pipeline, ledger, actor, runner=resolve_runner(pipeline, spark))
-            result = coordinator.commit(args.checkpoint)
+            result = rt.coordinator(ledger, actor).commit(args.checkpoint)
     except EoError as exc:
         print(
             f"{names.COMMIT_APP}: pipeline {pipeline.name!r}, checkpoint {args.checkpoint} was not "

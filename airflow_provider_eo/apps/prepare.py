@@ -11,16 +11,15 @@ the arguments, builds the pipeline and runs the two.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
 from airflow_provider_eo import names
-from airflow_provider_eo.apps import add_connection_args, driver_pipeline
-from airflow_provider_eo.core.coordinator import Coordinator
+from airflow_provider_eo.apps import driver_pipeline
+from airflow_provider_eo.apps.args import PrepareAppArgs
 from airflow_provider_eo.ledger import Actor, Ledger
 from airflow_provider_eo.metrics import AirflowStatsSink
-from airflow_provider_eo.spark.stager import SparkStager
+from airflow_provider_eo.runtime import build_runtime
 
 __all__ = ["main"]
 
@@ -28,22 +27,9 @@ __all__ = ["main"]
 def main(argv: list[str] | None = None) -> int:
     """``spark-submit prepare.py --pipeline MOD:ATTR --checkpoint N [--attempt A]``; with
     ``--backfill-sink-topic TOPIC [--backfill-transform MOD:FN]`` the checkpoint is one of
-    the pipeline's backfill into TOPIC (core/backfill.py)."""
-    parser = argparse.ArgumentParser(prog=names.PREPARE_APP, description=__doc__.splitlines()[0])
-    parser.add_argument("--pipeline", required=True, help="MODULE:ATTR of the Pipeline")
-    parser.add_argument("--checkpoint", type=int, required=True)
-    parser.add_argument("--attempt", default=None)
-    parser.add_argument("--actor-json", default=None, help="Airflow lineage for the ledger")
-    add_connection_args(parser)
-    parser.add_argument(
-        "--backfill-sink-topic", default=None, help="prepare a checkpoint of the backfill into TOPIC"
-    )
-    parser.add_argument(
-        "--backfill-transform", default=None, help="the backfill's transform MOD:FN (default: the pipeline's)"
-    )
-    args = parser.parse_args(argv)
-    if args.backfill_transform and not args.backfill_sink_topic:
-        parser.error("--backfill-transform needs --backfill-sink-topic")
+    the pipeline's backfill into TOPIC (core/backfill.py). The arguments are a
+    :class:`~airflow_provider_eo.apps.args.PrepareAppArgs`, as the operator builds them."""
+    args = PrepareAppArgs.from_argv(argv, description=__doc__.splitlines()[0])
     pipeline = driver_pipeline(
         args.pipeline, kafka_conn_id=args.kafka_conn_id, ledger_conn_id=args.ledger_conn_id
     )
@@ -58,13 +44,14 @@ def main(argv: list[str] | None = None) -> int:
             transform=args.backfill_transform,
             allow_live_sink=True,
         )
-    actor = Actor(**json.loads(args.actor_json)) if args.actor_json else Actor.here()
-    stager = SparkStager(app_name=names.prepare_app_name(pipeline.name, args.checkpoint))
-    stager.start(pipeline)  # an application without a session fails before opening the ledger
+    actor = args.actor or Actor.here()
+    # A prepare this run did is reported as eo.prepare.seconds through Airflow's Stats.
+    rt = build_runtime(
+        pipeline, app_name=names.prepare_app_name(pipeline.name, args.checkpoint), metrics=AirflowStatsSink()
+    )
+    rt.stager.start(pipeline)  # an application without a session fails before opening the ledger
     with Ledger(pipeline.ledger_url) as ledger:
-        # A prepare this run did is reported as eo.prepare.seconds through Airflow's Stats.
-        coordinator = Coordinator(pipeline, ledger, actor, metrics=AirflowStatsSink())
-        result = coordinator.prepare(args.checkpoint, stager, attempt=args.attempt)
+        result = rt.coordinator(ledger, actor).prepare(args.checkpoint, rt.stager, attempt=args.attempt)
     print(
         json.dumps(
             {

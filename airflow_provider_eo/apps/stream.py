@@ -39,35 +39,34 @@ def main(argv: list[str] | None = None) -> int:
     report = StreamReportWriter(args.report_file)
 
     try:
-        from airflow_provider_eo.spark.stager import SparkStager
+        from airflow_provider_eo.runtime import build_runtime
 
         args.validate()
         pipeline = driver_pipeline(
             args.pipeline, kafka_conn_id=args.kafka_conn_id, ledger_conn_id=args.ledger_conn_id
         )
         actor = args.actor or Actor.here()
-        stager = SparkStager(app_name=f"eo-stream-{pipeline.name}")
-        stager.start(pipeline)
+        # eo.* metrics through Airflow's Stats ([metrics])
+        rt = build_runtime(pipeline, app_name=f"eo-stream-{pipeline.name}", metrics=AirflowStatsSink())
+        rt.stager.start(pipeline)
 
         def line(cp: StreamCheckpoint) -> None:
             report.checkpoint(cp.summary())
 
-        from airflow_provider_eo.spark.commit import resolve_runner
-
         result = run_stream(
-            pipeline,
+            rt.pipeline,
             interval_s=args.interval,
             commit=args.commit,
             duration_s=args.duration,
             max_checkpoints=args.checkpoints,
-            stager=stager,
+            stager=rt.stager,
             actor=actor,
             on_checkpoint=line,
             run_id=args.run_id,
             heartbeat_s=args.heartbeat,
             log_path=args.log_path,
-            runner=resolve_runner(pipeline),
-            metrics=AirflowStatsSink(),  # eo.* metrics through Airflow's Stats ([metrics])
+            runner=rt.runner,
+            metrics=rt.metrics,
         )
         report.summary(result.summary())
         return 0

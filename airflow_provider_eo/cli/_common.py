@@ -55,14 +55,11 @@ def say_ledger(url: str) -> None:
 def load(ref: str) -> Pipeline:
     """Import the pipeline ``MODULE:ATTR``, read the Airflow connections it names
     (``kafka_conn_id`` / ``ledger_conn_id``: ``AIRFLOW_CONN_*`` or the configured secrets
-    backend) and say which ledger it uses."""
-    from airflow_provider_eo.pipeline import load_pipeline
+    backend; :func:`~airflow_provider_eo.runtime.resolve_pipeline`) and say which ledger it
+    uses."""
+    from airflow_provider_eo.runtime import resolve_pipeline
 
-    pipeline = load_pipeline(ref)
-    if pipeline.connection_ids:
-        from airflow_provider_eo.hooks.base import resolve_connections
-
-        pipeline, _ = resolve_connections(pipeline)
+    pipeline = resolve_pipeline(ref).pipeline
     say_ledger(pipeline.ledger_url)
     return pipeline
 
@@ -85,11 +82,3 @@ def checkpoint_or_unfinished(ledger: Ledger, pipeline: str, checkpoint: int | No
     if cp is None:
         raise EoError(f"pipeline {pipeline!r} has no unfinished checkpoint; run `eo plan` first")
     return int(cp.checkpoint_id)
-
-
-def with_commit_mode(pipeline: Pipeline, mode: str | None) -> Pipeline:
-    """``pipeline`` with ``--commit-mode`` applied (unchanged without the flag); a bad value
-    is a clear error naming the pipeline."""
-    import dataclasses
-
-    return pipeline if mode is None else dataclasses.replace(pipeline, commit_mode=mode)  # type: ignore[arg-type]

@@ -32,8 +32,7 @@ def backfill_cmd(
     committed, into SINK_TOPIC, exactly once (a rerun adds nothing)."""
     from airflow_provider_eo.core.backfill import iso_ms, local_prepare, parse_instant, run_backfill
     from airflow_provider_eo.ledger import Actor
-    from airflow_provider_eo.spark.commit import resolve_runner
-    from airflow_provider_eo.spark.stager import SparkStager
+    from airflow_provider_eo.runtime import build_runtime
 
     try:
         start_ms, end_ms = parse_instant(start), parse_instant(end)
@@ -50,6 +49,7 @@ def backfill_cmd(
         )
 
     with reported(), opened(ref) as (pipeline, ledger):
+        rt = build_runtime(pipeline, ship=[ref])
         result = run_backfill(
             pipeline,
             ledger,
@@ -59,9 +59,9 @@ def backfill_cmd(
             transform=transform,
             allow_live_sink=allow_live_sink,
             actor=Actor.here(),
-            prepare=local_prepare(SparkStager(ship=[ref])),
+            prepare=local_prepare(rt.stager),
             progress=progress,
-            runner=resolve_runner(pipeline),
+            runner=rt.runner,
             say=lambda line: err.print(line, highlight=False, soft_wrap=True),
         )
     summary = result.summary()

@@ -192,7 +192,7 @@ def recover_cmd(
     listed and ended first, hanging ones included."""
     from airflow_provider_eo.core.recover import recover_pipeline
     from airflow_provider_eo.ledger import Actor
-    from airflow_provider_eo.spark.commit import resolve_runner
+    from airflow_provider_eo.runtime import build_runtime
 
     with reported(), opened(ref) as (pipeline, ledger):
         result = recover_pipeline(
@@ -203,7 +203,7 @@ def recover_cmd(
             progress=lambda line: err.print(line),
             force_live=force_live,
             abort_hanging=abort_hanging,
-            runner=resolve_runner(pipeline),
+            runner=build_runtime(pipeline, stage=False).runner,
         )
     emit(result.summary(), as_json)
     if not result.clean:

@@ -11,7 +11,6 @@ from airflow_provider_eo.cli._common import (
     emit,
     load,
     opened,
-    with_commit_mode,
 )
 from airflow_provider_eo.cli.errors import EXIT_STOPPED, reported
 
@@ -21,13 +20,12 @@ def run_once_cmd(ref: PipelineRef, commit_mode: CommitModeOpt = None, as_json: J
 
     Exits 3 when the pipeline is stopped and nothing is unfinished (`eo resume`)."""
     from airflow_provider_eo.core.runner import run_once
-    from airflow_provider_eo.spark.commit import resolve_runner
-    from airflow_provider_eo.spark.stager import SparkStager
+    from airflow_provider_eo.runtime import build_runtime
 
     with reported(stopped=EXIT_STOPPED):
-        pipeline = with_commit_mode(load(ref), commit_mode)
-        stager = SparkStager(app_name=f"eo-{pipeline.name}", ship=[ref])
-        result = run_once(pipeline, stager=stager, runner=resolve_runner(pipeline))
+        pipeline = load(ref)
+        rt = build_runtime(pipeline, commit_mode=commit_mode, app_name=f"eo-{pipeline.name}", ship=[ref])
+        result = run_once(rt.pipeline, stager=rt.stager, runner=rt.runner)
     emit(result.as_dict(), as_json)
 
 
@@ -44,14 +42,13 @@ def plan_cmd(ref: PipelineRef, as_json: JsonFlag = False) -> None:
 
 def prepare_cmd(ref: PipelineRef, checkpoint: CheckpointOpt = None, as_json: JsonFlag = False) -> None:
     """Prepare a PLANNED checkpoint with Spark (local[*] unless the pipeline names a master)."""
-    from airflow_provider_eo.core.coordinator import Coordinator
     from airflow_provider_eo.ledger import Actor
-    from airflow_provider_eo.spark.stager import SparkStager
+    from airflow_provider_eo.runtime import build_runtime
 
     with reported(), opened(ref) as (pipeline, ledger):
         cid = checkpoint_or_unfinished(ledger, pipeline.name, checkpoint)
-        stager = SparkStager(app_name=f"eo-prepare-{pipeline.name}", ship=[ref])
-        result = Coordinator(pipeline, ledger, Actor.here()).prepare(cid, stager)
+        rt = build_runtime(pipeline, app_name=f"eo-prepare-{pipeline.name}", ship=[ref])
+        result = rt.coordinator(ledger, Actor.here()).prepare(cid, rt.stager)
     emit({**result.checkpoint.summary(), "attempt": result.attempt, "note": result.note}, as_json)
 
 
@@ -65,13 +62,11 @@ def commit_cmd(
 
     With --json the summary names the process that published each shard ("publishers":
     shard, host, pid, records; executor and task attempt in spark mode)."""
-    from airflow_provider_eo.core.coordinator import Coordinator
     from airflow_provider_eo.ledger import Actor
-    from airflow_provider_eo.spark.commit import resolve_runner
+    from airflow_provider_eo.runtime import build_runtime
 
     with reported(), opened(ref) as (pipeline, ledger):
-        pipeline = with_commit_mode(pipeline, commit_mode)
+        rt = build_runtime(pipeline, commit_mode=commit_mode, stage=False)
         cid = checkpoint_or_unfinished(ledger, pipeline.name, checkpoint)
-        coordinator = Coordinator(pipeline, ledger, Actor.here(), runner=resolve_runner(pipeline))
-        result = coordinator.commit(cid)
+        result = rt.coordinator(ledger, Actor.here()).commit(cid)
     emit(result.summary(), as_json)

@@ -14,7 +14,6 @@ from airflow_provider_eo.cli._common import (
     emit,
     load,
     opened,
-    with_commit_mode,
 )
 from airflow_provider_eo.cli.errors import fail, reported
 
@@ -79,21 +78,23 @@ def stream_cmd(
         else:
             print(" ".join(f"{k}={'-' if v is None else v}" for k, v in summary.items()), flush=True)
 
-    from airflow_provider_eo.spark.commit import resolve_runner
-    from airflow_provider_eo.spark.stager import SparkStager
+    from airflow_provider_eo.runtime import build_runtime
 
     with reported():
-        pipeline = with_commit_mode(load(app.pipeline), commit_mode)
+        pipeline = load(app.pipeline)
+        rt = build_runtime(
+            pipeline, commit_mode=commit_mode, app_name=f"eo-stream-{pipeline.name}", ship=[app.pipeline]
+        )
         result = run_stream(
-            pipeline,
+            rt.pipeline,
             interval_s=app.interval,
             commit=app.commit,
             duration_s=app.duration,
             max_checkpoints=app.checkpoints,
             on_checkpoint=line,
             heartbeat_s=app.heartbeat,
-            stager=SparkStager(app_name=f"eo-stream-{pipeline.name}", ship=[app.pipeline]),
-            runner=resolve_runner(pipeline),
+            stager=rt.stager,
+            runner=rt.runner,
         )
     summary = result.summary()
     if as_json:

@@ -21,9 +21,8 @@ def run_demo(*, keep_broker: bool = False, checkpoints: int = 3) -> int:
     from airflow_provider_eo.core.runner import run_once
     from airflow_provider_eo.ledger import Ledger
     from airflow_provider_eo.pipeline import Pipeline
-    from airflow_provider_eo.spark.commit import resolve_runner
+    from airflow_provider_eo.runtime import build_runtime
     from airflow_provider_eo.spark.session import get_spark
-    from airflow_provider_eo.spark.stager import SparkStager
     from airflow_provider_eo.stack.kafka import LocalKafka
     from airflow_provider_eo.stack.paths import state_dir
 
@@ -58,15 +57,11 @@ def run_demo(*, keep_broker: bool = False, checkpoints: int = 3) -> int:
         )
         with console.status("starting Spark (local) ..."):
             spark = get_spark("eo-demo")
+        rt = build_runtime(pipeline, spark=spark)
         with Ledger(pipeline.ledger_url) as ledger:
             for n in range(1, checkpoints + 1):
                 with console.status(f"checkpoint {n}/{checkpoints}: plan -> prepare (Spark) -> commit ..."):
-                    result = run_once(
-                        pipeline,
-                        ledger=ledger,
-                        stager=SparkStager(spark),
-                        runner=resolve_runner(pipeline, spark),
-                    )
+                    result = run_once(pipeline, ledger=ledger, stager=rt.stager, runner=rt.runner)
                 cp = result.checkpoint
                 if cp is None:
                     console.print("  nothing new to read")

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
 from airflow_provider_eo import names
+from airflow_provider_eo.apps.args import PrepareAppArgs
 from airflow_provider_eo.assets import checkpoint_extra, emit, topic_outlets
 from airflow_provider_eo.connections import ConnectionSettings
 from airflow_provider_eo.ledger import CheckpointRecord, CheckpointState, Ledger, LedgerError
@@ -442,13 +443,7 @@ class EoBackfillOperator(OpenLineageMixin, PipelineTaskMixin, SparkSubmitOperato
             self,
             context,
             application=prepare_application(),
-            application_args=[
-                "--pipeline",
-                self.pipeline,
-                "--checkpoint",
-                str(checkpoint_id),
-                *extra_args,
-            ],
+            application_args=[*PrepareAppArgs(self.pipeline, checkpoint_id).to_argv(), *extra_args],
             pipeline_ref=self.pipeline,
             pipeline_name=backfill.name,
             overrides=overrides,

@@ -15,29 +15,21 @@ from typing import Any
 
 from airflow_provider_eo.connections import ConnectionSettings
 from airflow_provider_eo.ledger import Actor, Ledger
-from airflow_provider_eo.pipeline import Pipeline, is_secret_kafka_setting, load_pipeline
-from airflow_provider_eo.version_compat import AirflowSkipException, Context, mask_secret, task_identity
+from airflow_provider_eo.pipeline import Pipeline
+from airflow_provider_eo.runtime import mask_pipeline_secrets
+from airflow_provider_eo.runtime import resolve_pipeline as _resolve
+from airflow_provider_eo.version_compat import AirflowSkipException, Context, task_identity
 
-
-def mask_pipeline_secrets(pipeline: Pipeline) -> None:
-    """Register the pipeline's secrets with Airflow's masker, so the task log (and rendered
-    fields) show ``***``: the ledger URL's password and the Kafka settings that are secrets
-    (``sasl.password``, ``ssl.key.password``, ``sasl.oauthbearer.client.secret``, ...)."""
-    from sqlalchemy.engine import make_url
-
-    try:
-        password = make_url(pipeline.ledger_url).password
-    except Exception:  # not a URL SQLAlchemy parses: the ledger refuses it later, loudly
-        password = None
-    if password:
-        mask_secret(str(password))
-    for key, value in pipeline.kafka.items():
-        if value and is_secret_kafka_setting(key):
-            mask_secret(str(value))
-    for key in ("secret_key", "session_token"):  # the AWS connection's staging credentials
-        value = (pipeline.aws_settings or {}).get(key)
-        if value:
-            mask_secret(str(value))
+__all__ = [
+    "PIPELINE_TEMPLATE_FIELDS",
+    "PipelineTaskMixin",
+    "actor_for",
+    "mask_pipeline_secrets",
+    "open_ledger",
+    "parse_checkpoint_id",
+    "resolve_pipeline",
+    "resolve_pipeline_settings",
+]
 
 
 def resolve_pipeline_settings(
@@ -47,13 +39,8 @@ def resolve_pipeline_settings(
     when given, else the pipeline's own); its secrets are masked in the task log from here
     on (:func:`mask_pipeline_secrets`). Also returns the settings read, which a Spark driver
     started by the task is handed (:mod:`airflow_provider_eo.connections`)."""
-    from airflow_provider_eo.hooks.base import resolve_connections
-
-    pipeline, settings = resolve_connections(
-        load_pipeline(ref), kafka_conn_id=kafka_conn_id, ledger_conn_id=ledger_conn_id
-    )
-    mask_pipeline_secrets(pipeline)
-    return pipeline, settings
+    resolved = _resolve(ref, kafka_conn_id=kafka_conn_id, ledger_conn_id=ledger_conn_id, mask=True)
+    return resolved.pipeline, resolved.settings
 
 
 def resolve_pipeline(

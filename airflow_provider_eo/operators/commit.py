@@ -16,6 +16,7 @@ from typing import Any, Literal
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
 from airflow_provider_eo import names
+from airflow_provider_eo.apps.args import CommitAppArgs
 from airflow_provider_eo.assets import checkpoint_extra, emit, topic_of, topic_outlets
 from airflow_provider_eo.errors import NotPrepared
 from airflow_provider_eo.ledger import CheckpointRecord, CheckpointState
@@ -303,9 +304,7 @@ class EoCommitOperator(OpenLineageMixin, PipelineTaskMixin, SparkSubmitOperator)
         summary_dir = tempfile.mkdtemp(prefix="eo-commit-") if deploy_mode != "cluster" else None
         summary_file = os.path.join(summary_dir, "summary.json") if summary_dir else None
         try:
-            args = ["--pipeline", self.pipeline, "--checkpoint", str(checkpoint_id)]
-            if summary_file:
-                args += ["--summary-file", summary_file]
+            args = CommitAppArgs(self.pipeline, checkpoint_id, summary_file=summary_file).to_argv()
             if configure_submit(
                 self,
                 context,

@@ -41,6 +41,7 @@ from airflow_provider_eo.operators.submit import (
     remember_spark_target,
     spark_target,
 )
+from airflow_provider_eo.runtime import resolve_pipeline
 from airflow_provider_eo.version_compat import (
     AirflowException,
     AirflowFailException,
@@ -131,12 +132,9 @@ class EoQueryOperator(SparkSubmitOperator):
         from airflow_provider_eo.streaming.sink import RUN_ID_ENV
 
         sink = self._load_sink()
-        base = sink.base_pipeline()
-        settings = None
-        if base.connection_ids:  # read here, by the task: never in Spark conf or the command line
-            from airflow_provider_eo.hooks.base import resolve_connections
-
-            base, settings = resolve_connections(base)
+        # The connections are read here, by the task: never in Spark conf or the command line.
+        resolved = resolve_pipeline(sink.base_pipeline())
+        base, settings = resolved.pipeline, (resolved.settings or None)
         self._eo_ledger_url = base.ledger_url
         ti = context["ti"]
         self._eo_run_id = query_run_id(ti.dag_id, ti.run_id, ti.task_id, ti.try_number)
@@ -264,11 +262,7 @@ class EoQueryOperator(SparkSubmitOperator):
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
         """The detached query's run ended: its row (XCom), or :class:`QueryRunFailed`. The
         run's id comes with the event; the ledger is the sink's, read again here."""
-        base = self._load_sink().base_pipeline()
-        if base.connection_ids:
-            from airflow_provider_eo.hooks.base import resolve_connections
-
-            base = resolve_connections(base)[0]
+        base = resolve_pipeline(self._load_sink().base_pipeline()).pipeline
         self._eo_run_id, self._eo_ledger_url = str(event["run_id"]), base.ledger_url
         name = (event.get("run") or {}).get("pipeline") or self.sink
         run = self._read_run()

@@ -13,6 +13,7 @@ from typing import Any
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
 from airflow_provider_eo import names
+from airflow_provider_eo.apps.args import PrepareAppArgs
 from airflow_provider_eo.connections import ConnectionSettings, remove_handoff, write_handoff
 from airflow_provider_eo.ledger import CheckpointState
 from airflow_provider_eo.operators._openlineage import OpenLineageMixin
@@ -403,7 +404,7 @@ def submit_prepare(
         task,
         context,
         application=prepare_application(),
-        application_args=["--pipeline", pipeline_ref, "--checkpoint", str(checkpoint_id), *extra_args],
+        application_args=[*PrepareAppArgs(pipeline_ref, checkpoint_id).to_argv(), *extra_args],
         pipeline_ref=pipeline_ref,
         pipeline_name=pipeline_name,
         overrides=overrides,

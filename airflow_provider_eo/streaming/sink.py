@@ -24,8 +24,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_eo import names
-from airflow_provider_eo.connections import ConnectionSettings, apply_settings, read_handoff
+from airflow_provider_eo.connections import ConnectionSettings
 from airflow_provider_eo.core.batches import BatchPosition, OffsetLog
 from airflow_provider_eo.core.coordinator import Coordinator
 from airflow_provider_eo.core.fault_seam import fault_point
@@ -36,6 +35,7 @@ from airflow_provider_eo.kafka.client_config import librdkafka_config
 from airflow_provider_eo.ledger import Actor, Ledger, RangeSpec
 from airflow_provider_eo.ledger.urls import DEFAULT_LEDGER_URL, redact_url
 from airflow_provider_eo.pipeline import Pipeline
+from airflow_provider_eo.runtime import build_runtime, resolve_pipeline, take_handoff
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -367,17 +367,12 @@ class KafkaExactlyOnceSink:
     def _resolve(self, pipeline: Pipeline) -> Pipeline:
         """``pipeline`` with its Airflow connections applied (when it names any): the settings
         an Airflow task handed this driver (client deploy mode: the private hand-off file,
-        read once), else the connections read here."""
-        handoff = os.environ.pop(names.CONNECTIONS_FILE_ENV, None)
-        if handoff:
-            self._settings = read_handoff(handoff)
-        if self._settings is not None:
-            return apply_settings(pipeline, self._settings)
-        if pipeline.connection_ids:
-            from airflow_provider_eo.hooks.base import resolve_connections
-
-            pipeline, _ = resolve_connections(pipeline)
-        return pipeline
+        read once and kept for the pipelines of later batches), else the connections read
+        here (:func:`~airflow_provider_eo.runtime.resolve_pipeline`)."""
+        handed = take_handoff()
+        if handed is not None:
+            self._settings = handed
+        return resolve_pipeline(pipeline, handoff=self._settings).pipeline
 
     def _ledger_for(self, pipeline: Pipeline) -> Ledger:
         if self._ledger is None:
@@ -400,12 +395,10 @@ class KafkaExactlyOnceSink:
 
     def _coordinator(self, pipeline: Pipeline, ledger: Ledger, actor: Actor, spark: Any) -> Coordinator:
         """The batch's coordinator: its commits run their shards as the pipeline's commit
-        mode says (on the query's session in spark mode), its steps reported to ``metrics``."""
-        from airflow_provider_eo.spark.commit import resolve_runner
-
-        return Coordinator(
-            pipeline, ledger, actor, runner=resolve_runner(pipeline, spark), metrics=self.metrics
-        )
+        mode says (on the query's session in spark mode), its steps reported to ``metrics``.
+        The batch's frame is its stager, so the runtime is built without one."""
+        runtime = build_runtime(pipeline, spark=spark, stage=False, metrics=self.metrics)
+        return runtime.coordinator(ledger, actor)
 
 
 class _QueryRun:
