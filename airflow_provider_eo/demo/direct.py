@@ -82,5 +82,10 @@ def run_demo(*, keep_broker: bool = False, checkpoints: int = 3) -> int:
         if spark is not None:
             spark.stop()
         if not keep_broker and not already_running:
+            # The commits' kept producers go first: left to the exit, they would log the
+            # stopped broker's refused connections.
+            from airflow_provider_eo.kafka.producer_pool import close_producers
+
+            close_producers()
             kafka.down()
             console.print("broker stopped (use --keep to leave it running)")
