@@ -153,6 +153,7 @@ from confluent_kafka import KafkaException, Producer  # noqa: E402
 
 from airflow_provider_eo.kafka import admin  # noqa: E402
 from airflow_provider_eo.kafka.audit import high_watermarks, read_sink, read_topic  # noqa: E402
+from airflow_provider_eo.kafka.producer_pool import close_producers  # noqa: E402
 from airflow_provider_eo.ledger import CheckpointState, Ledger  # noqa: E402
 from airflow_provider_eo.pipeline import Pipeline  # noqa: E402
 from airflow_provider_eo.stack.kafka import LocalKafka, pid_alive, port_in_use  # noqa: E402
@@ -773,6 +774,7 @@ class Torture:
         # While the broker still answers: clients left to the interpreter's exit would wait
         # on a stopped broker's connections.
         admin.close_shared_clients()
+        close_producers()  # the in-process commits' kept producers, likewise
         if self.ledger is not None:
             self.ledger.close()
         try:
