@@ -6,15 +6,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # The tests also need a headless Chromium for the UI's browser test (the demo does not).
 EO_BOOTSTRAP_BROWSER=1 scripts/bootstrap.sh
-echo "== ruff" >&2
-.venv/bin/ruff check airflow_provider_eo tests dags bench
-echo "== mypy" >&2
-.venv/bin/mypy
-echo "== import contracts" >&2
-.venv/bin/lint-imports --no-cache --no-logo
-echo "== pytest" >&2
-# Every Spark driver the tests start maps pyspark's classes from one archive (made once, ~2 min).
-.venv/bin/python tests/eo_jvm_archive.py
 # Every process the tests start inherits this mark; whatever still carries it when the run
 # ends (a worker stopped by a test's timeout skips its fixtures' teardown) is stopped here.
 export EO_TEST_RUN="$$-$(date +%s)"
@@ -34,9 +25,24 @@ sweep() {
   fi
 }
 trap sweep EXIT
+# Every Spark driver the tests start maps pyspark's classes from one archive (made once, ~2 min,
+# a Spark job), made while the linters run.
+archive_log=$(mktemp)
+.venv/bin/python tests/eo_jvm_archive.py >"$archive_log" 2>&1 &
+archive_pid=$!
+echo "== ruff" >&2
+.venv/bin/ruff check airflow_provider_eo tests dags bench
+echo "== mypy" >&2
+.venv/bin/mypy
+echo "== import contracts" >&2
+.venv/bin/lint-imports --no-cache --no-logo
+wait "$archive_pid" || true  # without the archive the tests run, only slower
+cat "$archive_log"
+rm -f "$archive_log"
+echo "== pytest" >&2
 # pytest exits 5 when it collects nothing; set -e turns that into a failure too.
-# Two processes (pytest-xdist), whole files to each: most of the run is waiting on brokers,
-# JVMs and subprocesses, not CPU. Each worker is a test session of its own (its own broker,
+# Two processes (pytest-xdist), whole files to each (on two cores a third makes every test
+# slower: the JVMs, Airflow and `eo` processes already keep both busy). Each worker is a test session of its own (its own broker,
 # Spark session and temp folders); a file's tests share its module fixtures in one worker.
 # EO_TEST_WORKERS=0 runs everything in this process.
 # A test past its timeout has its stacks printed and its worker stopped (the thread method):
