@@ -9,20 +9,23 @@ EO_BOOTSTRAP_BROWSER=1 scripts/bootstrap.sh
 # Every process the tests start inherits this mark; whatever still carries it when the run
 # ends (a worker stopped by a test's timeout skips its fixtures' teardown) is stopped here.
 export EO_TEST_RUN="$$-$(date +%s)"
+# Looked for again after each stop: a process may start one (a JVM) while it is stopped.
 sweep() {
-  local pids=() p
-  for p in /proc/[0-9]*; do
-    [ "${p#/proc/}" = $$ ] && continue
-    if tr '\0' '\n' 2>/dev/null < "$p/environ" | grep -qx "EO_TEST_RUN=$EO_TEST_RUN"; then
-      pids+=("${p#/proc/}")
-    fi
-  done
-  if [ ${#pids[@]} -gt 0 ]; then
+  local pids p round
+  for round in 1 2 3; do
+    pids=()
+    for p in /proc/[0-9]*; do
+      [ "${p#/proc/}" = $$ ] && continue
+      if tr '\0' '\n' 2>/dev/null < "$p/environ" | grep -qx "EO_TEST_RUN=$EO_TEST_RUN"; then
+        pids+=("${p#/proc/}")
+      fi
+    done
+    [ ${#pids[@]} -gt 0 ] || return 0
     echo "test run: stopping ${#pids[@]} processes the tests left running" >&2
     kill -TERM "${pids[@]}" 2>/dev/null || true
     sleep 5
     kill -KILL "${pids[@]}" 2>/dev/null || true
-  fi
+  done
 }
 trap sweep EXIT
 # Every Spark driver the tests start maps pyspark's classes from one archive (made once, ~2 min,
