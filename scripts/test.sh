@@ -45,8 +45,9 @@ rm -f "$archive_log"
 echo "== pytest" >&2
 # pytest exits 5 when it collects nothing; set -e turns that into a failure too.
 # Two processes (pytest-xdist), whole files to each (on two cores a third makes every test
-# slower: the JVMs, Airflow and `eo` processes already keep both busy). Each worker is a test session of its own (its own broker,
-# Spark session and temp folders); a file's tests share its module fixtures in one worker.
+# slower: the JVMs, Airflow and `eo` processes already keep both busy). Each worker has its
+# own broker, Spark driver and temp folders; a file's tests share its module fixtures in one
+# worker.
 # EO_TEST_WORKERS=0 runs everything in this process.
 # A test past its timeout has its stacks printed and its worker stopped (the thread method):
 # a hung Spark or Kafka client would otherwise take every later test of that worker with it.
