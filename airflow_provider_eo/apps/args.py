@@ -10,10 +10,9 @@ drift apart (the streaming application's is
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from airflow_provider_eo import names
 from airflow_provider_eo.apps import add_connection_args
@@ -22,8 +21,15 @@ from airflow_provider_eo.ledger import Actor
 __all__ = ["CommitAppArgs", "PrepareAppArgs"]
 
 
-def _actor(text: str | None) -> Actor | None:
-    return Actor(**json.loads(text)) if text else None
+def _common(ns: argparse.Namespace) -> dict[str, Any]:
+    """The fields both applications read the same way from their parsed arguments."""
+    return {
+        "pipeline": ns.pipeline,
+        "checkpoint": ns.checkpoint,
+        "actor": Actor.from_arg(ns.actor_json),
+        "kafka_conn_id": ns.kafka_conn_id,
+        "ledger_conn_id": ns.ledger_conn_id,
+    }
 
 
 @dataclass(frozen=True)
@@ -86,12 +92,8 @@ class PrepareAppArgs:
         if ns.backfill_transform and not ns.backfill_sink_topic:
             parser.error("--backfill-transform needs --backfill-sink-topic")
         return cls(
-            pipeline=ns.pipeline,
-            checkpoint=ns.checkpoint,
+            **_common(ns),
             attempt=ns.attempt,
-            actor=_actor(ns.actor_json),
-            kafka_conn_id=ns.kafka_conn_id,
-            ledger_conn_id=ns.ledger_conn_id,
             backfill_sink_topic=ns.backfill_sink_topic,
             backfill_transform=ns.backfill_transform,
         )
@@ -137,14 +139,7 @@ class CommitAppArgs:
             "--summary-file", default=None, help="also write the summary JSON to this file (client mode)"
         )
         ns = parser.parse_args(None if argv is None else list(argv))
-        return cls(
-            pipeline=ns.pipeline,
-            checkpoint=ns.checkpoint,
-            summary_file=ns.summary_file,
-            actor=_actor(ns.actor_json),
-            kafka_conn_id=ns.kafka_conn_id,
-            ledger_conn_id=ns.ledger_conn_id,
-        )
+        return cls(**_common(ns), summary_file=ns.summary_file)
 
 
 def _tail(kafka_conn_id: str | None, ledger_conn_id: str | None, actor: Actor | None) -> list[str]:
@@ -154,6 +149,5 @@ def _tail(kafka_conn_id: str | None, ledger_conn_id: str | None, actor: Actor | 
     if ledger_conn_id is not None:
         argv += ["--ledger-conn-id", ledger_conn_id]
     if actor is not None:
-        known = {k: v for k, v in dataclasses.asdict(actor).items() if v is not None}
-        argv += ["--actor-json", json.dumps(known)]
+        argv += ["--actor-json", actor.to_arg()]
     return argv

@@ -20,7 +20,6 @@ call it. Imports nothing from Spark, Airflow or the CLI.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import traceback
@@ -174,8 +173,7 @@ class StreamAppArgs:
         if self.log_path is not None:
             argv += _option("--log-path", self.log_path)
         if self.actor is not None:
-            known = {k: v for k, v in dataclasses.asdict(self.actor).items() if v is not None}
-            argv += _option("--actor-json", json.dumps(known))
+            argv += _option("--actor-json", self.actor.to_arg())
         if self.kafka_conn_id is not None:
             argv += _option("--kafka-conn-id", self.kafka_conn_id)
         if self.ledger_conn_id is not None:
@@ -195,7 +193,7 @@ class StreamAppArgs:
             commit=ns.commit,
             duration=ns.duration,
             checkpoints=ns.checkpoints,
-            actor=Actor(**json.loads(ns.actor_json)) if ns.actor_json else None,
+            actor=Actor.from_arg(ns.actor_json),
             report_file=ns.report_file,
             run_id=ns.run_id,
             heartbeat=ns.heartbeat,

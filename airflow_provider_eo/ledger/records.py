@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import json
 import os
 import socket
 from collections.abc import Mapping
@@ -70,6 +72,15 @@ class Actor:
     def here(cls, **airflow: Any) -> Actor:
         """An actor for this process (hostname, pid) plus any Airflow ids given."""
         return cls(hostname=socket.gethostname(), pid=os.getpid(), **airflow)
+
+    def to_arg(self) -> str:
+        """The actor as an application's ``--actor-json`` value (the known fields only)."""
+        return json.dumps({k: v for k, v in dataclasses.asdict(self).items() if v is not None})
+
+    @classmethod
+    def from_arg(cls, text: str | None) -> Actor | None:
+        """The inverse of :meth:`to_arg` (None for no value)."""
+        return cls(**json.loads(text)) if text else None
 
     def label(self) -> str:
         """``dag/run/task#try@host:pid``, leaving out what is unknown."""
