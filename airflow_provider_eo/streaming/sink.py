@@ -395,7 +395,7 @@ class KafkaExactlyOnceSink:
 
     def _coordinator(self, pipeline: Pipeline, ledger: Ledger, actor: Actor, spark: Any) -> Coordinator:
         """The batch's coordinator: its commits run their shards as the pipeline's commit
-        mode says (on the query's session in spark mode), its steps reported to ``metrics``.
+        mode says (on the query's SparkSession in spark mode), its steps reported to ``metrics``.
         The batch's frame is its stager, so the runtime is built without one."""
         runtime = build_runtime(pipeline, spark=spark, stage=False, metrics=self.metrics)
         return runtime.coordinator(ledger, actor)
