@@ -24,6 +24,7 @@ never changes a step's outcome: its failure is logged.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -235,9 +236,13 @@ class Coordinator:
         self._tell("prepared", cp, None)
         return cp
 
-    def commit(self, checkpoint_id: int, *, runner: ShardRunner | None = None) -> CommitResult:
+    def commit(
+        self, checkpoint_id: int, *, runner: ShardRunner | None = None, commit_mode: str | None = None
+    ) -> CommitResult:
         """Publish a PREPARED checkpoint and make it COMMITTED (core/commit.py; committing a
-        COMMITTED checkpoint does nothing), through ``runner`` (default: the coordinator's)."""
+        COMMITTED checkpoint does nothing), through ``runner`` (default: the coordinator's).
+        ``commit_mode``: ``local`` commits in this process whatever the pipeline says (a caller
+        that chose where to commit); None: the pipeline's mode."""
         try:
             result = commit_checkpoint(
                 self.pipeline,
@@ -245,6 +250,7 @@ class Coordinator:
                 checkpoint_id,
                 actor=self.actor,
                 clients=self.clients,
+                commit_mode=commit_mode,
                 runner=runner or self.runner,
                 fallback=self.fallback,
             )
@@ -254,6 +260,24 @@ class Coordinator:
         if committed_here(result):
             self._tell("committed", result.checkpoint, result.seconds)
         return result
+
+    def commit_with(self, checkpoint_id: int, commit: Callable[[int], object]) -> CheckpointRecord:
+        """Commit a checkpoint by ``commit(checkpoint_id)`` (a spark-submit of the commit
+        application, or any commit that runs elsewhere) and return it as the ledger now has
+        it. Listeners are told it is COMMITTED, with the call's time, when the ledger shows it
+        moved to COMMITTED during the call; the caller decides what a call that left it
+        uncommitted means (it is not a failure here)."""
+        started = time.monotonic()
+        try:
+            before = self.ledger.get(self.pipeline.name, checkpoint_id).state
+            commit(checkpoint_id)
+            cp = self.ledger.get(self.pipeline.name, checkpoint_id)
+        except BaseException as exc:
+            self._tell("failed", "commit", checkpoint_id, exc)
+            raise
+        if before is not CheckpointState.COMMITTED and cp.state is CheckpointState.COMMITTED:
+            self._tell("committed", cp, time.monotonic() - started)
+        return cp
 
     def finish(self, planned: Planned, prepare: Callable[[int], object] | None = None) -> CommitResult | None:
         """Carry ``planned`` to COMMITTED: prepare it by ``prepare`` when its step is

@@ -1,39 +1,69 @@
 """What an operator reports when a checkpoint changes state: metrics through Airflow's
 ``Stats`` (:mod:`airflow_provider_eo.metrics`) and the pipeline's notifiers
-(:mod:`airflow_provider_eo.notify`). One call per moment, so each operator adds one line;
-nothing here changes a task's outcome (failures are logged)."""
+(:mod:`airflow_provider_eo.notify`). The plan and commit tasks move checkpoints through a
+coordinator (:func:`coordinator_for`) whose listeners report each step; the other
+operators add one call per moment. Nothing here changes a task's outcome."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from typing import Any
 
+from airflow_provider_eo.core.coordinator import Coordinator
 from airflow_provider_eo.errors import StagingError
-from airflow_provider_eo.ledger import CheckpointRecord, CheckpointState
-from airflow_provider_eo.metrics import pipeline_metrics
-from airflow_provider_eo.notify import notify, notify_committed, notify_refusals
-from airflow_provider_eo.operators.base import open_ledger
+from airflow_provider_eo.ledger import CheckpointRecord, CheckpointState, Ledger
+from airflow_provider_eo.metrics import AirflowStatsSink, pipeline_metrics
+from airflow_provider_eo.notify import DATA_LOSS_REFUSALS, notify, notify_committed, notify_refusal
+from airflow_provider_eo.operators.base import actor_for, open_ledger
 from airflow_provider_eo.pipeline import Pipeline
+from airflow_provider_eo.version_compat import Context
 
 log = logging.getLogger(__name__)
 
 
-def committed(context: Mapping[str, Any], pipeline: Pipeline, checkpoint_id: int, seconds: float) -> None:
-    """The checkpoint was made COMMITTED by this try in ``seconds``: records, dead letters,
-    commit time, the lag left over the partitions it read (read from the ledger now);
-    ``dead_letters`` notified when over the pipeline's threshold."""
-    try:
-        with open_ledger(pipeline) as ledger:
-            cp = ledger.get(pipeline.name, checkpoint_id)
-    except Exception as exc:
-        log.warning("pipeline %s: checkpoint %s not reported: %s", pipeline.name, checkpoint_id, exc)
-        return
-    metrics = pipeline_metrics(pipeline.name)
-    metrics.committed(cp, seconds)
-    metrics.lag_after(pipeline.kafka, cp)
-    notify_committed(pipeline, context, cp)
+class AirflowListener:
+    """A task's coordinator listener (core/coordinator.py): the pipeline's notifiers with the
+    task's context. Committed: ``dead_letters`` over the threshold; a failed step: a
+    data-loss refusal notifies ``data_loss``, a verified staging mismatch (which aborts the
+    checkpoint, core/commit.py) reports the abort. The metrics go through the coordinator's
+    metrics listener (:func:`coordinator_for`)."""
+
+    def __init__(self, context: Mapping[str, Any], pipeline: Pipeline) -> None:
+        self.context = context
+        self.pipeline = pipeline
+
+    def planned(self, cp: CheckpointRecord) -> None:
+        """Nothing is notified at plan time."""
+
+    def prepared(self, cp: CheckpointRecord, seconds: float | None) -> None:
+        """Nothing is notified at prepare time."""
+
+    def committed(self, cp: CheckpointRecord, seconds: float | None) -> None:
+        """``dead_letters`` when ``cp`` sent more than the pipeline's threshold."""
+        notify_committed(self.pipeline, self.context, cp)
+
+    def failed(self, step: str, checkpoint_id: int | None, error: BaseException) -> None:
+        """``data_loss`` for a refusal; the abort a staging mismatch made, if it made one."""
+        if isinstance(error, DATA_LOSS_REFUSALS):
+            notify_refusal(self.pipeline, self.context, error, checkpoint_id=checkpoint_id)
+        elif isinstance(error, StagingError) and checkpoint_id is not None:
+            with open_ledger(self.pipeline) as ledger:
+                cp = ledger.get(self.pipeline.name, checkpoint_id)
+            if cp.state is CheckpointState.ABORTED:
+                aborted(self.context, self.pipeline, cp)
+
+
+def coordinator_for(context: Context, pipeline: Pipeline, ledger: Ledger) -> Coordinator:
+    """The coordinator of a task: ``pipeline`` in ``ledger``, acted on by the task instance,
+    metrics through Airflow's ``Stats``, the notifiers through :class:`AirflowListener`."""
+    return Coordinator(
+        pipeline,
+        ledger,
+        actor_for(context),
+        metrics=AirflowStatsSink(),
+        listeners=[AirflowListener(context, pipeline)],
+    )
 
 
 def aborted(context: Mapping[str, Any], pipeline: Pipeline, cp: CheckpointRecord) -> None:
@@ -61,23 +91,3 @@ def stream_lost(context: Mapping[str, Any], pipeline: Pipeline, run: Mapping[str
         pid=run.get("pid"),
         log_path=run.get("log_path"),
     )
-
-
-@contextmanager
-def commit_refusals(context: Mapping[str, Any], pipeline: Pipeline, checkpoint_id: int) -> Iterator[None]:
-    """Around a commit in this process: a data-loss refusal notifies ``data_loss``; a
-    verified staging mismatch, which aborts the checkpoint (core/commit.py), reports the
-    abort. The error propagates unchanged."""
-    try:
-        with notify_refusals(pipeline, context, checkpoint_id=checkpoint_id):
-            yield
-    except StagingError:
-        try:
-            with open_ledger(pipeline) as ledger:
-                cp = ledger.get(pipeline.name, checkpoint_id)
-        except Exception as exc:
-            log.warning("pipeline %s: checkpoint %s not reported: %s", pipeline.name, checkpoint_id, exc)
-            raise
-        if cp.state is CheckpointState.ABORTED:
-            aborted(context, pipeline, cp)
-        raise

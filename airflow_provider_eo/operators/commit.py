@@ -8,7 +8,6 @@ import contextlib
 import json
 import os
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -18,6 +17,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow_provider_eo import names
 from airflow_provider_eo.apps.args import CommitAppArgs
 from airflow_provider_eo.assets import checkpoint_extra, emit, topic_of, topic_outlets
+from airflow_provider_eo.core.coordinator import Coordinator
 from airflow_provider_eo.errors import NotPrepared
 from airflow_provider_eo.ledger import CheckpointRecord, CheckpointState
 from airflow_provider_eo.operators import _observe as observe
@@ -26,7 +26,6 @@ from airflow_provider_eo.operators._resume import resume_key, resume_submission
 from airflow_provider_eo.operators.base import (
     PIPELINE_TEMPLATE_FIELDS,
     PipelineTaskMixin,
-    actor_for,
     open_ledger,
 )
 from airflow_provider_eo.operators.submit import (
@@ -216,15 +215,18 @@ class EoCommitOperator(OpenLineageMixin, PipelineTaskMixin, SparkSubmitOperator)
             cp = ledger.get(pipeline.name, checkpoint_id)
         self.remember_for_lineage(checkpoint=cp)
         mode = self.resolve_commit_mode(pipeline, cp)
-        started = time.monotonic()
         if cp.state is CheckpointState.COMMITTED:
             out = _summary(pipeline, cp, mode, published=0, shards_skipped=0, note="already COMMITTED")
             out["publishers"] = []
-        elif mode == "spark":
-            out = self._commit_on_spark(context, pipeline, cp)
         else:
-            with observe.commit_refusals(context, pipeline, checkpoint_id):
-                out = self._commit_here(context, pipeline, checkpoint_id)
+            # The coordinator's listeners report a commit made by this try (metrics, notifiers)
+            # and a failed one (a data-loss refusal, the abort a staging mismatch made).
+            with open_ledger(pipeline) as ledger:
+                coordinator = observe.coordinator_for(context, pipeline, ledger)
+                if mode == "spark":
+                    out = self._commit_on_spark(context, pipeline, cp, coordinator)
+                else:
+                    out = self._commit_here(pipeline, checkpoint_id, coordinator)
         self.remember_for_lineage(state=out["state"], records=out["records"])
         self.log.info(
             "pipeline %s: checkpoint %s %s (commit_mode %s): %s records published by this try, "
@@ -240,8 +242,6 @@ class EoCommitOperator(OpenLineageMixin, PipelineTaskMixin, SparkSubmitOperator)
         self._emit_asset_event(
             context, pipeline, checkpoint_id, already_committed=cp.state is CheckpointState.COMMITTED
         )
-        if cp.state is not CheckpointState.COMMITTED:  # this try committed it: metrics, notifiers
-            observe.committed(context, pipeline, checkpoint_id, time.monotonic() - started)
         return out
 
     def _emit_asset_event(
@@ -273,14 +273,11 @@ class EoCommitOperator(OpenLineageMixin, PipelineTaskMixin, SparkSubmitOperator)
             " (again: it was already COMMITTED)" if already_committed else "",
         )
 
-    def _commit_here(self, context: Context, pipeline: Pipeline, checkpoint_id: int) -> dict[str, Any]:
+    def _commit_here(
+        self, pipeline: Pipeline, checkpoint_id: int, coordinator: Coordinator
+    ) -> dict[str, Any]:
         """The local commit, in this process (a no-op on a COMMITTED checkpoint)."""
-        from airflow_provider_eo.core.commit import commit_checkpoint
-
-        with open_ledger(pipeline) as ledger:
-            result = commit_checkpoint(
-                pipeline, ledger, checkpoint_id, actor=actor_for(context), commit_mode="local"
-            )
+        result = coordinator.commit(checkpoint_id, commit_mode="local")
         out = _summary(
             pipeline,
             result.checkpoint,
@@ -292,8 +289,11 @@ class EoCommitOperator(OpenLineageMixin, PipelineTaskMixin, SparkSubmitOperator)
         out["publishers"] = [p.as_dict() for p in sorted(result.publishers, key=lambda p: p.shard)]
         return out
 
-    def _commit_on_spark(self, context: Context, pipeline: Pipeline, cp: CheckpointRecord) -> dict[str, Any]:
-        """spark-submit the commit application for ``cp``, then read the ledger."""
+    def _commit_on_spark(
+        self, context: Context, pipeline: Pipeline, cp: CheckpointRecord, coordinator: Coordinator
+    ) -> dict[str, Any]:
+        """spark-submit the commit application for ``cp`` (through ``coordinator``), then read
+        the ledger."""
         checkpoint_id = cp.checkpoint_id
         if cp.state is not CheckpointState.PREPARED:
             raise NotPrepared(
@@ -303,50 +303,56 @@ class EoCommitOperator(OpenLineageMixin, PipelineTaskMixin, SparkSubmitOperator)
         _master, deploy_mode = spark_target(self)
         summary_dir = tempfile.mkdtemp(prefix="eo-commit-") if deploy_mode != "cluster" else None
         summary_file = os.path.join(summary_dir, "summary.json") if summary_dir else None
-        try:
-            args = CommitAppArgs(self.pipeline, checkpoint_id, summary_file=summary_file).to_argv()
-            if configure_submit(
-                self,
-                context,
-                application=commit_application(),
-                application_args=args,
-                pipeline_ref=self.pipeline,
-                pipeline_name=pipeline.name,
-                overrides=self.pipeline_overrides(pipeline),
-                spark_kafka=False,
-            ):
-                self.log.info("commit job: cluster deploy mode, the Spark provider tracks the driver")
-            self.log.info(
-                "pipeline %s: committing checkpoint %s (%s records) on Spark executors",
-                pipeline.name,
-                checkpoint_id,
-                cp.records,
-            )
-            # Re-attach only to a commit driver of this checkpoint (see the class docstring).
-            resume_submission(
-                self,
-                context,
-                key=resume_key("commit", pipeline.name, checkpoint_id),
-                what=f"pipeline {pipeline.name!r}: the commit of checkpoint {checkpoint_id}",
-            )
-            self._submitted = True
-            failure: Exception | None = None
+        # What the submission left: spark-submit's failure (the ledger decides) and the summary.
+        failures: list[Exception] = []
+        summaries: list[dict[str, Any] | None] = []
+
+        def submit(checkpoint_id: int) -> None:
             try:
-                SparkSubmitOperator.execute(self, context)
-            except (AirflowException, RuntimeError) as exc:
-                # spark-submit's failure, or a tracked cluster driver's final state (the
-                # Spark provider raises RuntimeError for those): the ledger decides below.
-                failure = exc
-            summary = _read_summary(summary_file)
-        finally:
-            end_submit(self)  # the connection hand-off, if the driver never read it
-            if summary_dir:
-                with contextlib.suppress(OSError):
-                    for leftover in Path(summary_dir).iterdir():
-                        leftover.unlink()
-                    os.rmdir(summary_dir)
-        with open_ledger(pipeline) as ledger:
-            done = ledger.get(pipeline.name, checkpoint_id)
+                args = CommitAppArgs(self.pipeline, checkpoint_id, summary_file=summary_file).to_argv()
+                if configure_submit(
+                    self,
+                    context,
+                    application=commit_application(),
+                    application_args=args,
+                    pipeline_ref=self.pipeline,
+                    pipeline_name=pipeline.name,
+                    overrides=self.pipeline_overrides(pipeline),
+                    spark_kafka=False,
+                ):
+                    self.log.info("commit job: cluster deploy mode, the Spark provider tracks the driver")
+                self.log.info(
+                    "pipeline %s: committing checkpoint %s (%s records) on Spark executors",
+                    pipeline.name,
+                    checkpoint_id,
+                    cp.records,
+                )
+                # Re-attach only to a commit driver of this checkpoint (see the class docstring).
+                resume_submission(
+                    self,
+                    context,
+                    key=resume_key("commit", pipeline.name, checkpoint_id),
+                    what=f"pipeline {pipeline.name!r}: the commit of checkpoint {checkpoint_id}",
+                )
+                self._submitted = True
+                try:
+                    SparkSubmitOperator.execute(self, context)
+                except (AirflowException, RuntimeError) as exc:
+                    # spark-submit's failure, or a tracked cluster driver's final state (the
+                    # Spark provider raises RuntimeError for those): the ledger decides below.
+                    failures.append(exc)
+                summaries.append(_read_summary(summary_file))
+            finally:
+                end_submit(self)  # the connection hand-off, if the driver never read it
+                if summary_dir:
+                    with contextlib.suppress(OSError):
+                        for leftover in Path(summary_dir).iterdir():
+                            leftover.unlink()
+                        os.rmdir(summary_dir)
+
+        done = coordinator.commit_with(checkpoint_id, submit)
+        failure = failures[-1] if failures else None
+        summary = summaries[-1] if summaries else None
         if done.state is not CheckpointState.COMMITTED:
             raise CommitNotRecorded(
                 f"pipeline {pipeline.name!r}: the commit job finished but checkpoint {checkpoint_id} "

@@ -7,7 +7,7 @@ from typing import Any
 
 from airflow_provider_eo.errors import PipelineStopped
 from airflow_provider_eo.ledger import CheckpointConflict, CheckpointRecord, InvariantViolation
-from airflow_provider_eo.notify import DATA_LOSS_REFUSALS, notify_refusal
+from airflow_provider_eo.operators import _observe as observe
 from airflow_provider_eo.operators._openlineage import OpenLineageMixin
 from airflow_provider_eo.operators.base import (
     PIPELINE_TEMPLATE_FIELDS,
@@ -167,7 +167,6 @@ class EoPlanOperator(OpenLineageMixin, PipelineTaskMixin, BaseOperator):
         self.log.info("pipeline %s: preflight ok (%d checks)", pipeline.name, len(report.findings))
 
     def execute(self, context: Context) -> dict[str, Any] | None:
-        from airflow_provider_eo.core.plan import plan_checkpoint
         from airflow_provider_eo.core.restore import restore_from_savepoint
 
         _refuse_watcher_errors(context, self.pipeline)
@@ -196,7 +195,9 @@ class EoPlanOperator(OpenLineageMixin, PipelineTaskMixin, BaseOperator):
                     restored,
                 )
             try:
-                cp = plan_checkpoint(pipeline, ledger, actor=actor)
+                # A data-loss refusal (lost offsets, a ledger behind the sink ...) notifies
+                # ``data_loss`` through the coordinator's listener, then propagates.
+                cp = observe.coordinator_for(context, pipeline, ledger).plan().checkpoint
             except PipelineStopped as exc:
                 raise AirflowSkipException(str(exc)) from exc
             except CheckpointConflict as exc:
@@ -207,9 +208,6 @@ class EoPlanOperator(OpenLineageMixin, PipelineTaskMixin, BaseOperator):
                 ) from exc
             except InvariantViolation as exc:
                 raise PlanRefused(f"pipeline {pipeline.name!r}: the ledger refused the plan: {exc}") from exc
-            except DATA_LOSS_REFUSALS as exc:  # lost offsets, a ledger behind the sink ...
-                notify_refusal(pipeline, context, exc)
-                raise
         if cp is None:
             message = f"pipeline {pipeline.name!r}: nothing new to read in {list(pipeline.source_topics)}"
             if self.skip_when_empty:

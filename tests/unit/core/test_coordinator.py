@@ -244,6 +244,37 @@ def test_a_failing_listener_never_fails_the_step(
     assert "listener Broken.planned failed: RuntimeError: listener down" in caplog.text
 
 
+def test_a_commit_made_elsewhere_is_reported_once_and_only_when_it_moved_the_ledger(
+    pipeline: Pipeline, ledger: Ledger, fake_steps: list[str]
+) -> None:
+    """``commit_with`` (the commit task's spark-submit): told committed, with a time, when
+    the call moved the checkpoint to COMMITTED; not when it was COMMITTED already, nor when
+    the call left it PREPARED (the caller says what that means); a raising call is told."""
+    heard = Recorder()
+    coord = Coordinator(pipeline, ledger, listeners=[heard])
+    planned = coord.plan()
+    assert planned.checkpoint is not None
+    coord.prepare(planned.checkpoint.checkpoint_id, stager=None)  # type: ignore[arg-type]
+    cid = planned.checkpoint.checkpoint_id
+    heard.events.clear()
+
+    left = coord.commit_with(cid, lambda c: None)  # a job that ended without committing
+    assert left.state is CheckpointState.PREPARED and heard.events == []
+
+    def boom(c: int) -> None:
+        raise RuntimeError("spark-submit died")
+
+    with pytest.raises(RuntimeError, match="spark-submit died"):
+        coord.commit_with(cid, boom)
+    assert heard.events == [("failed commit", cid)]
+
+    done = coord.commit_with(cid, lambda c: coordinator.commit_checkpoint(pipeline, ledger, c))
+    assert done.state is CheckpointState.COMMITTED
+    assert heard.events == [("failed commit", cid), ("committed", cid)]
+    coord.commit_with(cid, lambda c: None)  # COMMITTED before the call: not reported again
+    assert heard.events == [("failed commit", cid), ("committed", cid)]
+
+
 # -- every entry point sends the same metrics --------------------------------------------------
 
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_eo.core import coordinator as core_plan  # the plan step the task calls
 from airflow_provider_eo.core import doctor as core_doctor
-from airflow_provider_eo.core import plan as core_plan
 from airflow_provider_eo.core.doctor import DoctorReport, Finding
 from airflow_provider_eo.ledger import CheckpointConflict, InvariantViolation, Ledger, RangeSpec
 from airflow_provider_eo.operators.plan import EoPlanOperator, PlanRefused, PreflightFailed
@@ -61,7 +61,7 @@ def test_xcom_summary_and_lineage(
 ) -> None:
     seen: dict[str, Any] = {}
 
-    def fake_plan(pipeline: Any, ledger: Ledger, *, actor: Any) -> Any:
+    def fake_plan(pipeline: Any, ledger: Ledger, *, actor: Any, next_only: bool = False) -> Any:
         seen["actor"] = actor
         ledger.ensure_pipeline(pipeline.name, pipeline.fingerprint())
         return ledger.plan(pipeline.name, [RangeSpec("in", 0, 0, 7), RangeSpec("in", 1, 3, 5)], actor=actor)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_eo.core import plan as core_plan
+from airflow_provider_eo.core import coordinator as core_plan  # the plan step the task calls
 from airflow_provider_eo.core import restore as core_restore
 from airflow_provider_eo.core.restore import RestoreResult
 from airflow_provider_eo.errors import PipelineStopped
