@@ -21,11 +21,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_provider_eo.core.commit_plan import check_commit_plan, record_planned, sink_partitions
+from airflow_provider_eo.core.commit_plan import record_planned, sink_partitions
 from airflow_provider_eo.core.coordinator import Coordinator, Planned
 from airflow_provider_eo.core.markers import check_marker_identity
 from airflow_provider_eo.core.metrics import MetricsSink
-from airflow_provider_eo.core.plan import lost_ranges
+from airflow_provider_eo.core.plan import lost_ranges, resume_unfinished
 from airflow_provider_eo.core.prepare import Stager, prepare_checkpoint
 from airflow_provider_eo.core.shard import REAL_KAFKA, KafkaClients, ShardRunner
 from airflow_provider_eo.errors import BackfillRefused, DataLossError, KafkaAdminError
@@ -33,7 +33,6 @@ from airflow_provider_eo.ledger import (
     Actor,
     CheckpointNotFound,
     CheckpointRecord,
-    CheckpointState,
     Ledger,
     PipelineFingerprintMismatch,
     RangeSpec,
@@ -130,24 +129,16 @@ def _check_request(live: Pipeline, ledger: Ledger, start_ms: int, end_ms: int) -
         )
 
 
-def _resume(derived: Pipeline, cp: CheckpointRecord) -> CheckpointRecord:
-    """The unfinished checkpoint ``cp``, checked: a PLANNED one whose offsets Kafka deleted
-    fails naming them (a backfill never skips), a commit plan the cluster cannot carry out
-    is refused."""
-    if cp.state is CheckpointState.PLANNED:
-        lost = lost_ranges(derived, list(cp.ranges))
-        if lost:
-            raise DataLossError(
-                f"backfill pipeline {derived.name!r} (of {derived.backfill_of!r}), checkpoint "
-                f"{cp.checkpoint_id}: its planned offsets can no longer be read from Kafka: "
-                f"{'; '.join(lost)}. Nothing of it was published. Those records cannot be "
-                "backfilled from Kafka; abort the checkpoint (Ledger(url).abort("
-                f"{derived.name!r}, {cp.checkpoint_id}, reason=...)) and backfill an interval "
-                "after the lost offsets."
-            )
-    if cp.commit_plan is not None:
-        check_commit_plan(derived, cp, cp.commit_plan)
-    return cp
+def _lost_error(derived: Pipeline, cp: CheckpointRecord, lost: list[str]) -> DataLossError:
+    """A backfill checkpoint PLANNED over offsets Kafka deleted (a backfill never skips)."""
+    return DataLossError(
+        f"backfill pipeline {derived.name!r} (of {derived.backfill_of!r}), checkpoint "
+        f"{cp.checkpoint_id}: its planned offsets can no longer be read from Kafka: "
+        f"{'; '.join(lost)}. Nothing of it was published. Those records cannot be "
+        "backfilled from Kafka; abort the checkpoint (Ledger(url).abort("
+        f"{derived.name!r}, {cp.checkpoint_id}, reason=...)) and backfill an interval "
+        "after the lost offsets."
+    )
 
 
 def plan_backfill(
@@ -184,7 +175,9 @@ def plan_backfill(
             )
         unfinished = ledger.unfinished(derived.name)
         if unfinished is not None:
-            return _resume(derived, unfinished)
+            resumed = resume_unfinished(derived, ledger, unfinished, may_skip=False, lost_error=_lost_error)
+            assert resumed is not None  # never skipped
+            return resumed
     try:
         partition_count = sink_partitions(live, sink_topic)
     except KafkaAdminError as exc:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import statistics
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from airflow_provider_eo.core.abort import abort_checkpoint
@@ -246,29 +246,40 @@ def data_loss_error(pipeline: Pipeline, cp: CheckpointRecord, lost: list[str]) -
     return error
 
 
-def resume_or_drop_lost(
-    pipeline: Pipeline, ledger: Ledger, cp: CheckpointRecord, *, actor: Actor | None = None
+def resume_unfinished(
+    pipeline: Pipeline,
+    ledger: Ledger,
+    cp: CheckpointRecord,
+    *,
+    actor: Actor | None = None,
+    may_skip: bool = True,
+    lost_error: Callable[[Pipeline, CheckpointRecord, list[str]], Exception] = data_loss_error,
 ) -> CheckpointRecord | None:
-    """``cp`` (unfinished) when it can still be prepared; ``None`` when it was PLANNED over
-    offsets Kafka no longer has and ``on_data_loss='skip'`` aborted it (the caller plans
-    anew, from the log start, recording the skip). With ``on_data_loss='fail'`` a lost range
-    raises :class:`DataLossError` naming it. A PREPARED checkpoint is returned as is: its
-    output is already staged."""
-    if cp.state is not CheckpointState.PLANNED:
-        return cp
-    lost = lost_ranges(pipeline, list(cp.ranges))
-    if not lost:
-        return cp
-    if pipeline.on_data_loss != "skip":
-        raise data_loss_error(pipeline, cp, lost)
-    abort_checkpoint(
-        pipeline,
-        ledger,
-        cp.checkpoint_id,
-        reason=f"on_data_loss='skip': planned offsets deleted before prepare: {'; '.join(lost)}",
-        actor=actor,
-    )
-    return None
+    """The one check before anything continues the unfinished checkpoint ``cp`` (a DAG
+    retry, a stream restart, a backfill's next call): ``cp`` when it can still be finished;
+    ``None`` when it was PLANNED over offsets Kafka no longer has and ``on_data_loss='skip'``
+    (with ``may_skip``) aborted it, so the caller plans anew from the log start, recording
+    the skip. Otherwise a lost range raises ``lost_error(pipeline, cp, lost)`` (default
+    :func:`data_loss_error`). A PREPARED checkpoint's ranges are not looked at: its output
+    is already staged. A frozen commit plan the cluster can no longer carry out is refused
+    now, not at commit time (a checkpoint from before ledger revision 0002 is frozen at
+    prepare or commit instead, where the staged partition count is known)."""
+    if cp.state is CheckpointState.PLANNED:
+        lost = lost_ranges(pipeline, list(cp.ranges))
+        if lost:
+            if not may_skip or pipeline.on_data_loss != "skip":
+                raise lost_error(pipeline, cp, lost)
+            abort_checkpoint(
+                pipeline,
+                ledger,
+                cp.checkpoint_id,
+                reason=f"on_data_loss='skip': planned offsets deleted before prepare: {'; '.join(lost)}",
+                actor=actor,
+            )
+            return None
+    if cp.commit_plan is not None:
+        check_commit_plan(pipeline, cp, cp.commit_plan)
+    return cp
 
 
 def check_may_plan(pipeline: Pipeline, ledger: Ledger) -> None:
@@ -313,13 +324,8 @@ def plan_checkpoint(
     if unfinished is not None:
         # A PLANNED range retention (or a topic re-creation) took away would fail every
         # prepare: refuse it by name, or with on_data_loss='skip' abort it and plan anew.
-        unfinished = resume_or_drop_lost(pipeline, ledger, unfinished, actor=actor)
+        unfinished = resume_unfinished(pipeline, ledger, unfinished, actor=actor)
         if unfinished is not None:
-            # A plan the cluster can no longer carry out is refused now, not at commit time.
-            # (A checkpoint from before revision 0002 is frozen at prepare or commit instead,
-            # where the staged partition count is known.)
-            if unfinished.commit_plan is not None:
-                check_commit_plan(pipeline, unfinished, unfinished.commit_plan)
             return unfinished
     check_may_plan(pipeline, ledger)
     config = librdkafka_config(pipeline.kafka)

@@ -117,7 +117,7 @@ def default_steps(
     spark commit mode: the commit of N runs as Spark jobs while N+1 prepares). Each prepare
     and each commit that finishes a checkpoint is reported to ``metrics``
     (:mod:`airflow_provider_eo.core.metrics`)."""
-    from airflow_provider_eo.core.plan import resume_or_drop_lost, sized_to_transaction_timeout
+    from airflow_provider_eo.core.plan import resume_unfinished, sized_to_transaction_timeout
 
     coordinator = Coordinator(pipeline, ledger, actor, runner=runner, metrics=metrics)
     source = LiveOffsets(next_only=True)
@@ -132,7 +132,7 @@ def default_steps(
         commit=lambda cid: coordinator.commit(cid).seconds,
         unfinished=lambda: unfinished_checkpoints(ledger, pipeline.name),
         state=lambda cid: ledger.get(pipeline.name, cid).state,
-        resume_planned=lambda cp: resume_or_drop_lost(pipeline, ledger, cp, actor=actor),
+        resume_planned=lambda cp: resume_unfinished(pipeline, ledger, cp, actor=actor),
         full=lambda cp: (
             planned_records(cp) >= pipeline.max_records_per_checkpoint
             or sized_to_transaction_timeout(ledger, cp)

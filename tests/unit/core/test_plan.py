@@ -1,14 +1,22 @@
-"""Pure planning logic: fair capping of offset ranges, the commit plan a checkpoint freezes."""
+"""Planning logic: fair capping of offset ranges, the commit plan a checkpoint freezes, the
+one check before an unfinished checkpoint is continued (Kafka faked)."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
+from eo_fake_kafka import fake_pipeline
 from hypothesis import given
 from hypothesis import strategies as st
 
 from airflow_provider_eo import names
+from airflow_provider_eo.core import plan as core_plan
 from airflow_provider_eo.core.plan import cap_ranges
-from airflow_provider_eo.ledger import CommitPlan
+from airflow_provider_eo.errors import DataLossError
+from airflow_provider_eo.ledger import CheckpointState, CommitPlan, Ledger, RangeSpec
 from airflow_provider_eo.pipeline import Pipeline
 
 
@@ -68,3 +76,77 @@ def test_commit_plan_defaults_to_the_configured_prefix() -> None:
     plan = names.commit_plan(_pipeline(transactional_id_prefix="acme"), 2)
     assert plan.transactional_id_prefix == "acme"
     assert names.plan_transactional_id(plan, "orders", 0) == "acme.orders.0"
+
+
+# -- the one check before an unfinished checkpoint is continued --------------------------------
+
+
+@pytest.fixture
+def resumable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[Pipeline, Ledger, list[str]]]:
+    """A pipeline with one PLANNED checkpoint (frozen commit plan) in a SQLite ledger; the
+    Kafka lookups faked: ``lost`` is what ``lost_ranges`` answers; each commit-plan check is
+    written down in the list returned third."""
+    pipeline = fake_pipeline(tmp_path, sink="out", shards=1)
+    checked: list[str] = []
+    monkeypatch.setattr(core_plan, "lost_ranges", lambda p, ranges: list(LOST))
+    monkeypatch.setattr(core_plan, "check_commit_plan", lambda p, cp, plan: checked.append(p.name))
+    monkeypatch.setattr(
+        core_plan,
+        "abort_checkpoint",
+        lambda p, led, cid, *, reason, actor: led.abort(p.name, cid, reason=reason, actor=actor),
+    )
+    with Ledger(f"sqlite:///{tmp_path / 'ledger.db'}") as ledger:
+        ledger.ensure_pipeline(pipeline.name, pipeline.fingerprint())
+        ledger.plan(pipeline.name, [RangeSpec("in", 0, 0, 10)], commit_plan=names.commit_plan(pipeline, 1))
+        yield pipeline, ledger, checked
+
+
+LOST: list[str] = []
+
+
+def test_a_resumable_checkpoint_is_returned_with_its_commit_plan_checked(
+    resumable: tuple[Pipeline, Ledger, list[str]],
+) -> None:
+    pipeline, ledger, checked = resumable
+    LOST[:] = []
+    cp = core_plan.resume_unfinished(pipeline, ledger, ledger.get(pipeline.name, 1))
+    assert cp is not None and cp.checkpoint_id == 1 and checked == ["orders"]
+
+
+def test_lost_planned_offsets_fail_by_name_or_are_skipped_by_the_setting(
+    resumable: tuple[Pipeline, Ledger, list[str]],
+) -> None:
+    pipeline, ledger, checked = resumable
+    LOST[:] = ["in[0] [0, 10) (log starts at 12)"]
+    cp = ledger.get(pipeline.name, 1)
+    with pytest.raises(DataLossError, match=r"checkpoint 1: its planned offsets .*in\[0\] \[0, 10\)"):
+        core_plan.resume_unfinished(pipeline, ledger, cp)
+    # A caller that never skips (a backfill) gets its own error even under 'skip'.
+    skipping = dataclasses.replace(pipeline, on_data_loss="skip")
+    with pytest.raises(RuntimeError, match="backfill never skips"):
+        core_plan.resume_unfinished(
+            skipping,
+            ledger,
+            cp,
+            may_skip=False,
+            lost_error=lambda p, c, lost: RuntimeError("backfill never skips"),
+        )
+    assert ledger.get(pipeline.name, 1).state is CheckpointState.PLANNED and checked == []
+    assert core_plan.resume_unfinished(skipping, ledger, cp) is None
+    aborted = ledger.get(pipeline.name, 1)
+    assert aborted.state is CheckpointState.ABORTED and "planned offsets deleted" in (
+        aborted.abort_reason or ""
+    )
+
+
+def test_a_prepared_checkpoints_ranges_are_not_looked_at(
+    resumable: tuple[Pipeline, Ledger, list[str]],
+) -> None:
+    pipeline, ledger, checked = resumable
+    LOST[:] = ["in[0] [0, 10)"]
+    cp = ledger.mark_prepared(
+        pipeline.name, 1, attempt="a", staging_location="/x", records=10, bytes_=10, shard_counts={0: 10}
+    )
+    assert core_plan.resume_unfinished(pipeline, ledger, cp) == cp and checked == ["orders"]
