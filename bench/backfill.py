@@ -156,7 +156,7 @@ def throughput(n: int, day_ms: int) -> tuple[float, float, int]:
 
     from e2e import one_checkpoint_timeout_ms, settle  # bench/ is the script's folder
 
-    from airflow_provider_eo.core.backfill import run_backfill
+    from airflow_provider_eo.core.backfill import BackfillRequest, run_backfill
     from airflow_provider_eo.core.prepare import prepare_checkpoint
     from airflow_provider_eo.core.runner import run_once
     from airflow_provider_eo.kafka import admin
@@ -197,7 +197,7 @@ def throughput(n: int, day_ms: int) -> tuple[float, float, int]:
         log("warming up: a 10k-record checkpoint and its backfill")
         warm = replace(pipeline, name="warm", source_topics=["warm-src"], sink_topic="warm-sink")
         run_once(warm, ledger=ledger, stager=SparkStager(spark))
-        run_backfill(warm, ledger, day_ms, day_ms + DAY, sink_topic="warm-bf", prepare=prepare)
+        run_backfill(BackfillRequest(warm, day_ms, day_ms + DAY, "warm-bf"), ledger, prepare=prepare)
 
         settle()
         log("live: plan -> prepare -> commit")
@@ -212,7 +212,8 @@ def throughput(n: int, day_ms: int) -> tuple[float, float, int]:
         settle()
         log("backfill of the day: lookup -> plan -> filtered prepare -> commit")
         t = time.monotonic()
-        done = run_backfill(pipeline, ledger, day_ms, day_ms + DAY, sink_topic="sink-bf", prepare=prepare)
+        request = BackfillRequest(pipeline, day_ms, day_ms + DAY, "sink-bf")
+        done = run_backfill(request, ledger, prepare=prepare)
         backfill_s = time.monotonic() - t
 
         # The live side again, after the backfill (a second pipeline on the same records), so

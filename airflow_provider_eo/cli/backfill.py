@@ -30,7 +30,13 @@ def backfill_cmd(
 ) -> None:
     """Re-process the records with a Kafka timestamp in [START, END) that the pipeline
     committed, into SINK_TOPIC, exactly once (a rerun adds nothing)."""
-    from airflow_provider_eo.core.backfill import iso_ms, local_prepare, parse_instant, run_backfill
+    from airflow_provider_eo.core.backfill import (
+        BackfillRequest,
+        iso_ms,
+        local_prepare,
+        parse_instant,
+        run_backfill,
+    )
     from airflow_provider_eo.ledger import Actor
     from airflow_provider_eo.runtime import build_runtime
 
@@ -50,14 +56,10 @@ def backfill_cmd(
 
     with reported(), opened(ref) as (pipeline, ledger):
         rt = build_runtime(pipeline, ship=[ref])
+        request = BackfillRequest(pipeline, start_ms, end_ms, sink_topic, transform, allow_live_sink)
         result = run_backfill(
-            pipeline,
+            request,
             ledger,
-            start_ms,
-            end_ms,
-            sink_topic=sink_topic,
-            transform=transform,
-            allow_live_sink=allow_live_sink,
             actor=Actor.here(),
             prepare=local_prepare(rt.stager),
             progress=progress,

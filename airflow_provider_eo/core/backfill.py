@@ -226,10 +226,15 @@ def plan_backfill(
 
 
 @dataclass(frozen=True)
-class StoredRanges:
-    """The coordinator's range source of a backfill: the offset ranges the live pipeline's
-    ledger recorded as COMMITTED for ``[start_ms, end_ms)`` (:func:`plan_backfill`). The
-    coordinator's pipeline is the derived one (:func:`backfill_pipeline`)."""
+class BackfillRequest:
+    """A backfill: process again what pipeline ``live`` committed in ``[start_ms, end_ms)``
+    into ``sink_topic``, with ``transform`` (None: the live pipeline's); ``allow_live_sink``
+    lets it write into the live sink topic. The CLI (``eo backfill``), the operator
+    (``EoBackfillOperator``) and scripts build one and hand it to :func:`run_backfill`.
+
+    It is also the coordinator's range source of the backfill: the offset ranges the live
+    pipeline's ledger recorded as COMMITTED for the interval (:func:`plan_backfill`). The
+    coordinator's pipeline is the derived one (:meth:`derived`)."""
 
     live: Pipeline
     start_ms: int
@@ -315,14 +320,9 @@ def local_prepare(stager: Stager) -> PrepareFn:
 
 
 def run_backfill(
-    live: Pipeline,
+    request: BackfillRequest,
     ledger: Ledger,
-    start_ms: int,
-    end_ms: int,
     *,
-    sink_topic: str,
-    transform: str | None = None,
-    allow_live_sink: bool = False,
     actor: Actor | None = None,
     prepare: PrepareFn,
     progress: ProgressFn | None = None,
@@ -331,9 +331,9 @@ def run_backfill(
     clients: KafkaClients = REAL_KAFKA,
     metrics: MetricsSink | None = None,
 ) -> BackfillResult:
-    """Backfill ``[start_ms, end_ms)`` to the end: resume the backfill pipeline's unfinished
-    checkpoint (prepare it if PLANNED, commit it), else plan the next one; until nothing is
-    left. ``prepare`` prepares a PLANNED checkpoint of the backfill pipeline
+    """Carry out ``request`` to the end of its interval: resume the backfill pipeline's
+    unfinished checkpoint (prepare it if PLANNED, commit it), else plan the next one; until
+    nothing is left. ``prepare`` prepares a PLANNED checkpoint of the backfill pipeline
     (:func:`local_prepare` in this process, or a spark-submit); ``progress`` is called with
     each checkpoint once it is COMMITTED. A spark-mode pipeline's commits run through
     ``runner`` (spark/commit.py's ``SparkShardRunner``); without one, or where it cannot
@@ -345,8 +345,7 @@ def run_backfill(
     adds only what is missing; a rerun of a finished interval plans nothing.
     """
     started = time.monotonic()
-    source = StoredRanges(live, start_ms, end_ms, sink_topic, transform, allow_live_sink)
-    derived = source.derived()
+    derived = request.derived()
     coordinator = Coordinator(
         derived,
         ledger,
@@ -359,7 +358,7 @@ def run_backfill(
     done: list[CheckpointRecord] = []
     steps: list[str] = []
     while True:
-        planned = coordinator.plan(source)
+        planned = coordinator.plan(request)
         cp = planned.checkpoint
         if cp is None:
             break
@@ -383,13 +382,13 @@ def run_backfill(
         if progress is not None:
             progress(committed.checkpoint)
     return BackfillResult(
-        pipeline=live.name,
+        pipeline=request.live.name,
         backfill_pipeline=derived.name,
         checkpoints=tuple(done),
         records=sum(cp.records or 0 for cp in done),
-        sink_topic=sink_topic,
-        start_ms=start_ms,
-        end_ms=end_ms,
+        sink_topic=request.sink_topic,
+        start_ms=request.start_ms,
+        end_ms=request.end_ms,
         seconds=time.monotonic() - started,
         steps=tuple(steps),
     )

@@ -6,7 +6,7 @@ batch) is a short loop over it:
 
 1. ``plan(source)``: the :class:`RangeSource` says where the ranges come from (the live
    offsets, :class:`LiveOffsets`; a backfill's stored ranges,
-   :class:`~airflow_provider_eo.core.backfill.StoredRanges`; a Structured Streaming offset
+   :class:`~airflow_provider_eo.core.backfill.BackfillRequest`; a Structured Streaming offset
    log, :class:`~airflow_provider_eo.core.batches.OffsetLog`) and returns a
    :class:`Planned`: the checkpoint and the step it needs next (:func:`next_step`, pure).
 2. ``prepare(checkpoint_id, stager)``: stage it (core/prepare.py), or ``prepare_with`` a

@@ -257,18 +257,13 @@ class EoBackfillOperator(OpenLineageMixin, PipelineTaskMixin, SparkSubmitOperato
             )
 
         # Imported here, not with the module: DAG files import operators, and parsing stays light.
-        from airflow_provider_eo.core.backfill import run_backfill
+        from airflow_provider_eo.core.backfill import BackfillRequest, run_backfill
         from airflow_provider_eo.metrics import AirflowStatsSink
 
         with open_ledger(live) as ledger:
             result = run_backfill(
-                live,
+                BackfillRequest(live, start_ms, end_ms, sink_topic, transform, allow_live_sink),
                 ledger,
-                start_ms,
-                end_ms,
-                sink_topic=sink_topic,
-                transform=transform,
-                allow_live_sink=allow_live_sink,
                 actor=actor_for(context),
                 prepare=prepare,
                 progress=progress,

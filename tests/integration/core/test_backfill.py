@@ -19,7 +19,7 @@ from confluent_kafka.admin import AdminClient
 from eo_harness import Harness, parse_json_line
 from sqlalchemy import MetaData, select
 
-from airflow_provider_eo.core.backfill import backfill_pipeline, iso_ms, run_backfill
+from airflow_provider_eo.core.backfill import BackfillRequest, backfill_pipeline, iso_ms, run_backfill
 from airflow_provider_eo.kafka.audit import read_sink
 from airflow_provider_eo.ledger import CheckpointState, Ledger
 
@@ -57,15 +57,15 @@ def backfill(h: Harness, sink: str, start_day: int, end_day: int, **kw: Any) -> 
     def prepare(pipeline: Any, ledger: Ledger, cid: int) -> None:
         prepare_checkpoint(pipeline, ledger, cid, stager=SparkStager(h.spark))
 
-    return run_backfill(
+    request = BackfillRequest(
         h.pipeline,
-        h.ledger,
         D0 + start_day * DAY,
         D0 + end_day * DAY,
-        sink_topic=sink,
-        prepare=prepare,
-        **kw,
+        sink,
+        transform=kw.pop("transform", None),
+        allow_live_sink=kw.pop("allow_live_sink", False),
     )
+    return run_backfill(request, h.ledger, prepare=prepare, **kw)
 
 
 def expected(days: dict[str, int], *wanted: int) -> Counter[str]:

@@ -129,11 +129,8 @@ def test_a_spark_mode_backfill_commits_through_the_runner_or_says_it_commits_her
     runner = object()
     with caplog.at_level(logging.WARNING, logger=backfill.__name__):
         backfill.run_backfill(
-            live,
+            backfill.BackfillRequest(live, 0, 1, "out-bf"),
             None,  # type: ignore[arg-type]
-            0,
-            1,
-            sink_topic="out-bf",
             prepare=lambda *a: None,
             runner=runner,  # type: ignore[arg-type]
         )

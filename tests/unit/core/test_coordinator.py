@@ -329,7 +329,9 @@ def test_run_backfill_sends_the_streams_metrics(
 
     prepare = backfill.local_prepare(stager=None) if where == "here" else submitted  # type: ignore[arg-type]
     sink = RecordingSink()
-    result = backfill.run_backfill(pipeline, ledger, 0, 1, sink_topic="out-bf", prepare=prepare, metrics=sink)
+    result = backfill.run_backfill(
+        backfill.BackfillRequest(pipeline, 0, 1, "out-bf"), ledger, prepare=prepare, metrics=sink
+    )
     assert result.steps == ("prepare:1", "commit:1:7")
     expected = STREAM_METRICS if where == "here" else STREAM_METRICS - {("seconds", PREPARE_SECONDS)}
     assert _kinds(sink) == expected
@@ -391,11 +393,8 @@ def test_a_spark_mode_backfill_without_a_runner_commits_here_and_says_so(
     monkeypatch.setattr(backfill, "plan_backfill", lambda *a, **k: plans.pop(0))
     lines: list[str] = []
     result = backfill.run_backfill(
-        live,
+        backfill.BackfillRequest(live, 0, 1, "out-bf"),
         ledger,
-        0,
-        1,
-        sink_topic="out-bf",
         prepare=lambda *a: pytest.fail("a PREPARED checkpoint is not prepared again"),
         say=lines.append,
         clients=FakeClients(broker),

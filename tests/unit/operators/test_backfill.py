@@ -63,8 +63,15 @@ def test_runs_the_interval_and_prepares_by_spark_submit(
         submitted.append(kwargs)
         states[kwargs["checkpoint_id"]] = CheckpointState.PREPARED
 
-    def fake_run(live: Any, ledger: Any, start_ms: int, end_ms: int, **kwargs: Any) -> Any:
-        seen.update(start_ms=start_ms, end_ms=end_ms, **kwargs)
+    def fake_run(request: Any, ledger: Any, **kwargs: Any) -> Any:
+        seen.update(
+            start_ms=request.start_ms,
+            end_ms=request.end_ms,
+            sink_topic=request.sink_topic,
+            transform=request.transform,
+            allow_live_sink=request.allow_live_sink,
+            **kwargs,
+        )
         backfill = SimpleNamespace(
             name="orders~backfill", transform="acme.t:fn", staging_dir="s3a://bucket/orders"
         )
@@ -72,7 +79,7 @@ def test_runs_the_interval_and_prepares_by_spark_submit(
         kwargs["prepare"](backfill, FakeLedger(), 8)  # already PREPARED: nothing submitted
         return SimpleNamespace(
             summary=lambda: {
-                "pipeline": live.name,
+                "pipeline": request.live.name,
                 "backfill_pipeline": backfill.name,
                 "checkpoints": [7, 8],
                 "records": 12,
@@ -115,7 +122,7 @@ def test_prepare_not_recorded_is_an_error(
         def get(self, name: str, checkpoint_id: int) -> Any:
             return SimpleNamespace(state=CheckpointState.PLANNED)
 
-    def fake_run(live: Any, ledger: Any, start_ms: int, end_ms: int, **kwargs: Any) -> Any:
+    def fake_run(request: Any, ledger: Any, **kwargs: Any) -> Any:
         kwargs["prepare"](SimpleNamespace(name="bf", transform=None, staging_dir="/tmp/bf"), FakeLedger(), 1)
 
     monkeypatch.setattr(core_backfill, "run_backfill", fake_run)
@@ -153,7 +160,7 @@ class _Backfill:
     def get(self, name: str, checkpoint_id: int) -> Any:
         return SimpleNamespace(state=self.states[checkpoint_id])
 
-    def __call__(self, live: Any, ledger: Any, start_ms: int, end_ms: int, **kwargs: Any) -> Any:
+    def __call__(self, request: Any, ledger: Any, **kwargs: Any) -> Any:
         self.calls += 1
         done = []
         for cid in (7, 8):
@@ -167,7 +174,7 @@ class _Backfill:
             kwargs["progress"](cp)
         return SimpleNamespace(
             summary=lambda: {
-                "pipeline": live.name,
+                "pipeline": request.live.name,
                 "backfill_pipeline": self.backfill.name,
                 "checkpoints": [cp.checkpoint_id for cp in done],
                 "records": sum(cp.records for cp in done),
