@@ -121,6 +121,10 @@ class FakeBroker:
     stable_waits: list[tuple[str, list[tuple[str, int]], float, bool]] = field(default_factory=list)
     # A test that makes a stable read wait on purpose says so (else the test fails).
     expect_waits: bool = False
+    # Source partitions: (topic, partition) -> (log start, last stable offset).
+    logs: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
+    # Consumer groups' committed offsets: group -> (topic, partition) -> offset.
+    groups: dict[str, dict[tuple[str, int], int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         BROKERS.append(self)
@@ -374,8 +378,27 @@ class _Msg:
         return self._partition
 
 
+class _TailMsg:
+    """A committed record as a consumer returns it (confluent_kafka.Message's getters)."""
+
+    def __init__(self, record: Record) -> None:
+        self._record = record
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        return list(self._record.headers)
+
+    def partition(self) -> int:
+        return self._record.partition
+
+    def value(self) -> bytes | None:
+        return self._record.value
+
+    def key(self) -> bytes | None:
+        return self._record.key
+
+
 class FakeClients:
-    """:class:`airflow_provider_eo.core.shard.KafkaClients` on a :class:`FakeBroker`."""
+    """:class:`airflow_provider_eo.core.kafka_clients.KafkaClients` on a :class:`FakeBroker`."""
 
     def __init__(self, broker: FakeBroker) -> None:
         self.broker = broker
@@ -430,6 +453,45 @@ class FakeClients:
 
     def partition_count(self, config: Mapping[str, Any], topic: str) -> int:
         return self.broker.partitions[topic]
+
+    def partitions_of(self, config: Mapping[str, Any], topics: Any) -> dict[str, list[int]]:
+        """A source topic's partitions from :attr:`FakeBroker.logs`, else a sink topic's; a
+        missing topic is the real call's error."""
+        from airflow_provider_eo.errors import KafkaAdminError
+
+        out: dict[str, list[int]] = {}
+        for topic in topics:
+            parts = sorted(p for t, p in self.broker.logs if t == topic)
+            if not parts and topic in self.broker.partitions:
+                parts = list(range(self.broker.partitions[topic]))
+            if not parts:
+                raise KafkaAdminError(f"topic {topic!r} does not exist (fake broker)")
+            out[topic] = parts
+        return out
+
+    def list_offsets(
+        self, config: Mapping[str, Any], partitions: Any, *, spec: str
+    ) -> dict[tuple[str, int], int]:
+        self.broker.calls.append(("", f"list_offsets:{spec}"))
+        return {tp: self.broker.logs[tp][0 if spec == "earliest" else 1] for tp in partitions}
+
+    def offsets_for_timestamp(self, config: Mapping[str, Any], partitions: Any, timestamp_ms: int) -> Any:
+        raise AssertionError("the fake broker keeps no record timestamps")
+
+    def committed_offsets(
+        self, config: Mapping[str, Any], group: str, partitions: Any
+    ) -> dict[tuple[str, int], int]:
+        held = self.broker.groups.get(group, {})
+        return {tp: held[tp] for tp in partitions if tp in held}
+
+    def tail_records(self, config: Mapping[str, Any], topic: str, *, per_partition: int) -> list[Any]:
+        """The newest ``per_partition`` committed records of each partition of ``topic``."""
+        self.broker.calls.append(("", "tail_records"))
+        out: list[Any] = []
+        for partition in range(self.broker.partitions.get(topic, 0)):
+            records = [r for r in self.broker.committed if (r.topic, r.partition) == (topic, partition)]
+            out.extend(_TailMsg(r) for r in records[-per_partition:])
+        return out
 
     def topic_max_message_bytes(self, config: Mapping[str, Any], topic: str, default: int) -> int:
         return default

@@ -151,6 +151,7 @@ def plan_backfill(
     transform: str | None = None,
     allow_live_sink: bool = False,
     actor: Actor | None = None,
+    clients: KafkaClients = REAL_KAFKA,
 ) -> CheckpointRecord | None:
     """The backfill pipeline's unfinished checkpoint, else the next checkpoint of
     ``[start_ms, end_ms)``, else None (the interval is done).
@@ -175,11 +176,13 @@ def plan_backfill(
             )
         unfinished = ledger.unfinished(derived.name)
         if unfinished is not None:
-            resumed = resume_unfinished(derived, ledger, unfinished, may_skip=False, lost_error=_lost_error)
+            resumed = resume_unfinished(
+                derived, ledger, unfinished, may_skip=False, lost_error=_lost_error, clients=clients
+            )
             assert resumed is not None  # never skipped
             return resumed
     try:
-        partition_count = sink_partitions(live, sink_topic)
+        partition_count = sink_partitions(live, sink_topic, clients=clients)
     except KafkaAdminError as exc:
         raise BackfillRefused(
             f"backfill of pipeline {live.name!r} into {sink_topic!r}: {exc} Nothing was planned."
@@ -191,7 +194,7 @@ def plan_backfill(
     wanted = [
         RangeSpec(t, p, a, b) for seg in segments for (t, p), parts in seg.work.items() for a, b in parts
     ]
-    lost = lost_ranges(live, wanted)
+    lost = lost_ranges(live, wanted, clients=clients)
     if lost:
         raise DataLossError(
             f"backfill of pipeline {live.name!r} [{iso_ms(start_ms)}, {iso_ms(end_ms)}) into "
@@ -211,7 +214,7 @@ def plan_backfill(
     except PipelineFingerprintMismatch as exc:  # a concurrent first run with another transform
         raise BackfillRefused(str(exc)) from exc
     prefix = ledger.pin_transactional_id_prefix(derived.name, derived.transactional_id_prefix)
-    check_marker_identity(derived, registered.identity)
+    check_marker_identity(derived, registered.identity, clients=clients)
     return record_planned(
         derived,
         ledger,
@@ -249,7 +252,9 @@ class BackfillRequest:
             self.live, self.sink_topic, transform=self.transform, allow_live_sink=self.allow_live_sink
         )
 
-    def plan(self, pipeline: Pipeline, ledger: Ledger, actor: Actor) -> Planned:
+    def plan(
+        self, pipeline: Pipeline, ledger: Ledger, actor: Actor, clients: KafkaClients = REAL_KAFKA
+    ) -> Planned:
         """:func:`plan_backfill`: the unfinished checkpoint, else the next one, else nothing."""
         return Planned.of(
             plan_backfill(
@@ -261,6 +266,7 @@ class BackfillRequest:
                 transform=self.transform,
                 allow_live_sink=self.allow_live_sink,
                 actor=actor,
+                clients=clients,
             )
         )
 

@@ -33,6 +33,7 @@ from typing import Literal
 
 from airflow_provider_eo.core.commit_plan import pinned_prefix, record_planned, sink_partitions
 from airflow_provider_eo.core.coordinator import Planned, Step
+from airflow_provider_eo.core.kafka_clients import REAL_KAFKA, KafkaClients
 from airflow_provider_eo.core.plan import check_may_plan
 from airflow_provider_eo.errors import BatchOutOfStep as BatchOutOfStep
 from airflow_provider_eo.errors import BatchRangesDiffer as BatchRangesDiffer
@@ -249,6 +250,7 @@ def begin_batch(
     allow_new_query: bool = False,
     actor: Actor | None = None,
     commit_previous: Callable[[int], object] | None = None,
+    clients: KafkaClients = REAL_KAFKA,
 ) -> BatchStep:
     """Decide batch ``pos`` against the ledger and record it PLANNED when it is new.
 
@@ -278,13 +280,13 @@ def begin_batch(
             return BatchStep(action, newest, reason)
         # A stopped pipeline, another ledger's markers, a ledger older than the sink: refused
         # before the batch is recorded, as every plan refuses them.
-        check_may_plan(pipeline, ledger)
+        check_may_plan(pipeline, ledger, clients=clients)
         cp = record_planned(
             pipeline,
             ledger,
             pos.ranges,
             prefix=prefix,
-            partitions=sink_partitions(pipeline),
+            partitions=sink_partitions(pipeline, clients=clients),
             max_pending=1,
             actor=actor,
             details={"reason": reason},
@@ -310,7 +312,9 @@ class OffsetLog:
     allow_new_query: bool = False
     commit_previous: Callable[[int], object] | None = None
 
-    def plan(self, pipeline: Pipeline, ledger: Ledger, actor: Actor) -> Planned:
+    def plan(
+        self, pipeline: Pipeline, ledger: Ledger, actor: Actor, clients: KafkaClients = REAL_KAFKA
+    ) -> Planned:
         """:func:`begin_batch`'s step as the coordinator's (``stage`` is ``prepare``)."""
         step = begin_batch(
             pipeline,
@@ -319,6 +323,7 @@ class OffsetLog:
             allow_new_query=self.allow_new_query,
             actor=actor,
             commit_previous=self.commit_previous,
+            clients=clients,
         )
         return Planned(step.checkpoint, _STEPS[step.action], step.reason)
 

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 
 from airflow_provider_eo import names
 from airflow_provider_eo.connections import require_applied
+from airflow_provider_eo.core.kafka_clients import REAL_KAFKA, KafkaClients
 from airflow_provider_eo.errors import ConfigError
-from airflow_provider_eo.kafka import admin
 from airflow_provider_eo.kafka.client_config import librdkafka_config
 from airflow_provider_eo.ledger import Actor, CheckpointRecord, CommitPlan, Ledger, RangeSpec
 from airflow_provider_eo.pipeline import Pipeline
@@ -34,10 +34,12 @@ def pinned_prefix(pipeline: Pipeline, ledger: Ledger, *, where: str) -> str:
     return ledger.pin_transactional_id_prefix(pipeline.name, pipeline.transactional_id_prefix)
 
 
-def sink_partitions(pipeline: Pipeline, topic: str | None = None) -> int:
+def sink_partitions(
+    pipeline: Pipeline, topic: str | None = None, *, clients: KafkaClients = REAL_KAFKA
+) -> int:
     """The partition count of ``topic`` (default: the pipeline's sink topic); a missing
     topic fails here, before anything is planned."""
-    return admin.partition_count(librdkafka_config(pipeline.kafka), topic or pipeline.sink_topic)
+    return clients.partition_count(librdkafka_config(pipeline.kafka), topic or pipeline.sink_topic)
 
 
 def record_planned(
@@ -82,7 +84,9 @@ def record_planned(
     )
 
 
-def check_commit_plan(pipeline: Pipeline, cp: CheckpointRecord, plan: CommitPlan) -> None:
+def check_commit_plan(
+    pipeline: Pipeline, cp: CheckpointRecord, plan: CommitPlan, *, clients: KafkaClients = REAL_KAFKA
+) -> None:
     """Refuse a frozen commit plan the cluster can no longer carry out; say when the
     settings moved on (they apply from the next checkpoint).
 
@@ -94,7 +98,7 @@ def check_commit_plan(pipeline: Pipeline, cp: CheckpointRecord, plan: CommitPlan
        (logged); the new topic is used from the next checkpoint.
     """
     config = librdkafka_config(pipeline.kafka)
-    live = admin.partition_count(config, plan.sink_topic)
+    live = clients.partition_count(config, plan.sink_topic)
     if live < plan.sink_partitions:
         raise ConfigError(
             f"pipeline {pipeline.name!r}, checkpoint {cp.checkpoint_id}: sink_topic "
@@ -124,6 +128,7 @@ def frozen_commit_plan(
     *,
     staged_partitions: int | None = None,
     actor: Actor | None = None,
+    clients: KafkaClients = REAL_KAFKA,
 ) -> CommitPlan:
     """The commit plan checkpoint ``cp`` is published with, checked (:func:`check_commit_plan`).
 
@@ -138,11 +143,11 @@ def frozen_commit_plan(
     if plan is None:
         count = staged_partitions
         if count is None:
-            count = admin.partition_count(librdkafka_config(pipeline.kafka), pipeline.sink_topic)
+            count = clients.partition_count(librdkafka_config(pipeline.kafka), pipeline.sink_topic)
         frozen = ledger.freeze_commit_plan(
             pipeline.name, cp.checkpoint_id, names.commit_plan(pipeline, count, prefix), actor=actor
         )
         assert frozen.commit_plan is not None  # freeze_commit_plan raises otherwise
         plan = frozen.commit_plan
-    check_commit_plan(pipeline, cp, plan)
+    check_commit_plan(pipeline, cp, plan, clients=clients)
     return plan

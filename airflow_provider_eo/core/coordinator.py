@@ -78,8 +78,9 @@ class RangeSource(Protocol):
     """Where a checkpoint's ranges come from. ``plan`` returns the unfinished checkpoint it
     resumes or the one it recorded PLANNED (every refusal before the ledger is written)."""
 
-    def plan(self, pipeline: Pipeline, ledger: Ledger, actor: Actor) -> Planned:
-        """Resume or plan the next checkpoint of ``pipeline``."""
+    def plan(self, pipeline: Pipeline, ledger: Ledger, actor: Actor, clients: KafkaClients) -> Planned:
+        """Resume or plan the next checkpoint of ``pipeline``, reading Kafka through
+        ``clients``."""
         ...
 
 
@@ -91,9 +92,13 @@ class LiveOffsets:
 
     next_only: bool = False
 
-    def plan(self, pipeline: Pipeline, ledger: Ledger, actor: Actor) -> Planned:
+    def plan(
+        self, pipeline: Pipeline, ledger: Ledger, actor: Actor, clients: KafkaClients = REAL_KAFKA
+    ) -> Planned:
         """:func:`~airflow_provider_eo.core.plan.plan_checkpoint`."""
-        return Planned.of(plan_checkpoint(pipeline, ledger, actor=actor, next_only=self.next_only))
+        return Planned.of(
+            plan_checkpoint(pipeline, ledger, actor=actor, next_only=self.next_only, clients=clients)
+        )
 
 
 class CheckpointListener(Protocol):
@@ -201,7 +206,7 @@ class Coordinator:
     def plan(self, source: RangeSource | None = None) -> Planned:
         """Resume or plan the next checkpoint from ``source`` (default: :class:`LiveOffsets`)."""
         try:
-            planned = (source or LiveOffsets()).plan(self.pipeline, self.ledger, self.actor)
+            planned = (source or LiveOffsets()).plan(self.pipeline, self.ledger, self.actor, self.clients)
         except BaseException as exc:
             self._tell("failed", "plan", None, exc)
             raise

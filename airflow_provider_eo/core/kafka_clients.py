@@ -1,18 +1,43 @@
-"""The Kafka side of a commit as one object passed in: producers, markers, offsets, topic
-settings (:class:`KafkaClients`); :data:`REAL_KAFKA` talks to the cluster, unit tests pass a
-fake."""
+"""The Kafka side of the protocol as one object passed in (:class:`KafkaClients`): the
+source's partitions and offsets and the consumer group's (the plan), producers, commit
+markers, the sink's tail and topic settings (the sink guard, the commit);
+:data:`REAL_KAFKA` talks to the cluster, unit tests pass a fake."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from airflow_provider_eo.kafka.publisher import DeliveryFailures
 
+TP = tuple[str, int]
+
 
 class KafkaClients(Protocol):
-    """The Kafka side of a shard transaction, made fakeable (Flink passes a producer
-    factory to its committer for the same reason)."""
+    """The Kafka side of planning and committing a checkpoint, made fakeable (Flink passes a
+    producer factory to its committer for the same reason)."""
+
+    def partitions_of(self, config: Mapping[str, Any], topics: Sequence[str]) -> dict[str, list[int]]:
+        """Partition ids per topic; a missing topic is an error naming it."""
+
+    def list_offsets(
+        self, config: Mapping[str, Any], partitions: Iterable[TP], *, spec: str
+    ) -> dict[TP, int]:
+        """``earliest`` (the log start) or ``latest`` (the last stable offset) per partition."""
+
+    def offsets_for_timestamp(
+        self, config: Mapping[str, Any], partitions: Iterable[TP], timestamp_ms: int
+    ) -> dict[TP, int]:
+        """The first offset at or after ``timestamp_ms`` per partition (the log end if none)."""
+
+    def committed_offsets(
+        self, config: Mapping[str, Any], group: str, partitions: Iterable[TP]
+    ) -> dict[TP, int]:
+        """Committed offsets of consumer group ``group`` (partitions without one left out)."""
+
+    def tail_records(self, config: Mapping[str, Any], topic: str, *, per_partition: int) -> list[Any]:
+        """Up to the last ``per_partition`` committed records of every partition of ``topic``
+        (confluent_kafka.Message's interface: ``headers()``)."""
 
     def producer(
         self,
@@ -60,6 +85,42 @@ class KafkaClients(Protocol):
 
 class RealKafka:
     """:class:`KafkaClients` on the real cluster (stateless, so picklable)."""
+
+    def partitions_of(self, config: Mapping[str, Any], topics: Sequence[str]) -> dict[str, list[int]]:
+        """:func:`kafka.admin.partitions_of`."""
+        from airflow_provider_eo.kafka import admin
+
+        return admin.partitions_of(config, topics)
+
+    def list_offsets(
+        self, config: Mapping[str, Any], partitions: Iterable[TP], *, spec: str
+    ) -> dict[TP, int]:
+        """:func:`kafka.admin.list_offsets`."""
+        from airflow_provider_eo.kafka import admin
+
+        return admin.list_offsets(config, partitions, spec=spec)
+
+    def offsets_for_timestamp(
+        self, config: Mapping[str, Any], partitions: Iterable[TP], timestamp_ms: int
+    ) -> dict[TP, int]:
+        """:func:`kafka.admin.offsets_for_timestamp`."""
+        from airflow_provider_eo.kafka import admin
+
+        return admin.offsets_for_timestamp(config, partitions, timestamp_ms)
+
+    def committed_offsets(
+        self, config: Mapping[str, Any], group: str, partitions: Iterable[TP]
+    ) -> dict[TP, int]:
+        """:func:`kafka.admin.committed_group_offsets`."""
+        from airflow_provider_eo.kafka import admin
+
+        return admin.committed_group_offsets(config, group, partitions)
+
+    def tail_records(self, config: Mapping[str, Any], topic: str, *, per_partition: int) -> list[Any]:
+        """:func:`kafka.tail.tail_records`."""
+        from airflow_provider_eo.kafka.tail import tail_records
+
+        return tail_records(dict(config), topic, per_partition=per_partition)
 
     def producer(
         self,

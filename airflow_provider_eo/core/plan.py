@@ -15,9 +15,9 @@ from airflow_provider_eo.core.commit_plan import (
     record_planned,
     sink_partitions,
 )
+from airflow_provider_eo.core.kafka_clients import REAL_KAFKA, KafkaClients
 from airflow_provider_eo.core.sink_guard import check_sink
 from airflow_provider_eo.errors import DataLossError, PipelineStopped, SourceError
-from airflow_provider_eo.kafka import admin
 from airflow_provider_eo.kafka.client_config import librdkafka_config
 from airflow_provider_eo.ledger import (
     Actor,
@@ -33,19 +33,21 @@ TP = tuple[str, int]
 log = logging.getLogger(__name__)
 
 
-def startup_offsets(pipeline: Pipeline, partitions: list[TP]) -> dict[TP, int]:
+def startup_offsets(
+    pipeline: Pipeline, partitions: list[TP], *, clients: KafkaClients = REAL_KAFKA
+) -> dict[TP, int]:
     """Where partitions the ledger has never seen start, by the pipeline's startup policy."""
     if not partitions:
         return {}
     config = librdkafka_config(pipeline.kafka)
     mode = pipeline.startup.mode
     if mode == "earliest":
-        return admin.list_offsets(config, partitions, spec="earliest")
+        return clients.list_offsets(config, partitions, spec="earliest")
     if mode == "latest":
-        return admin.list_offsets(config, partitions, spec="latest")
+        return clients.list_offsets(config, partitions, spec="latest")
     if mode == "timestamp":
         assert pipeline.startup.timestamp_ms is not None
-        return admin.offsets_for_timestamp(config, partitions, pipeline.startup.timestamp_ms)
+        return clients.offsets_for_timestamp(config, partitions, pipeline.startup.timestamp_ms)
     if mode == "offsets":
         given = pipeline.startup.offsets or {}
         out: dict[TP, int] = {}
@@ -56,13 +58,13 @@ def startup_offsets(pipeline: Pipeline, partitions: list[TP]) -> dict[TP, int]:
             else:
                 rest.append((topic, partition))
         if rest:  # partitions not named start by the fallback
-            out.update(admin.list_offsets(config, rest, spec=pipeline.startup.fallback))
+            out.update(clients.list_offsets(config, rest, spec=pipeline.startup.fallback))
         return out
     # group: the consumer group's committed offsets, else the fallback
-    committed = admin.committed_group_offsets(config, pipeline.group_id, partitions)
+    committed = clients.committed_offsets(config, pipeline.group_id, partitions)
     missing = [tp for tp in partitions if tp not in committed]
     if missing:
-        committed.update(admin.list_offsets(config, missing, spec=pipeline.startup.fallback))
+        committed.update(clients.list_offsets(config, missing, spec=pipeline.startup.fallback))
     return committed
 
 
@@ -200,7 +202,9 @@ def sized_to_transaction_timeout(ledger: Ledger, cp: CheckpointRecord) -> bool:
     )
 
 
-def lost_ranges(pipeline: Pipeline, ranges: list[RangeSpec]) -> list[str]:
+def lost_ranges(
+    pipeline: Pipeline, ranges: list[RangeSpec], *, clients: KafkaClients = REAL_KAFKA
+) -> list[str]:
     """The parts of planned ranges Kafka can no longer serve, as ``topic[p]: [a, b) ...``.
 
     Lost: offsets below the partition's log start (retention or ``delete_records`` removed
@@ -211,10 +215,10 @@ def lost_ranges(pipeline: Pipeline, ranges: list[RangeSpec]) -> list[str]:
     wanted = [r for r in ranges if r.end > r.start]
     if not wanted:
         return []
-    existing = admin.partitions_of(config, sorted({r.topic for r in wanted}))  # a deleted topic: its error
+    existing = clients.partitions_of(config, sorted({r.topic for r in wanted}))  # a deleted topic: its error
     present = [r.key for r in wanted if r.partition in existing.get(r.topic, [])]
-    log_start = admin.list_offsets(config, present, spec="earliest") if present else {}
-    log_end = admin.list_offsets(config, present, spec="latest") if present else {}
+    log_start = clients.list_offsets(config, present, spec="earliest") if present else {}
+    log_end = clients.list_offsets(config, present, spec="latest") if present else {}
     lost: list[str] = []
     for r in wanted:
         name = f"{r.topic}[{r.partition}]"
@@ -254,6 +258,7 @@ def resume_unfinished(
     actor: Actor | None = None,
     may_skip: bool = True,
     lost_error: Callable[[Pipeline, CheckpointRecord, list[str]], Exception] = data_loss_error,
+    clients: KafkaClients = REAL_KAFKA,
 ) -> CheckpointRecord | None:
     """The one check before anything continues the unfinished checkpoint ``cp`` (a DAG
     retry, a stream restart, a backfill's next call): ``cp`` when it can still be finished;
@@ -265,7 +270,7 @@ def resume_unfinished(
     now, not at commit time (a checkpoint from before ledger revision 0002 is frozen at
     prepare or commit instead, where the staged partition count is known)."""
     if cp.state is CheckpointState.PLANNED:
-        lost = lost_ranges(pipeline, list(cp.ranges))
+        lost = lost_ranges(pipeline, list(cp.ranges), clients=clients)
         if lost:
             if not may_skip or pipeline.on_data_loss != "skip":
                 raise lost_error(pipeline, cp, lost)
@@ -278,11 +283,11 @@ def resume_unfinished(
             )
             return None
     if cp.commit_plan is not None:
-        check_commit_plan(pipeline, cp, cp.commit_plan)
+        check_commit_plan(pipeline, cp, cp.commit_plan, clients=clients)
     return cp
 
 
-def check_may_plan(pipeline: Pipeline, ledger: Ledger) -> None:
+def check_may_plan(pipeline: Pipeline, ledger: Ledger, *, clients: KafkaClients = REAL_KAFKA) -> None:
     """Refuse a new checkpoint of a stopped pipeline, and one the sink shows to be unsafe.
 
     A stopped pipeline finishes what it started but starts nothing new (the ledger's plan
@@ -299,11 +304,16 @@ def check_may_plan(pipeline: Pipeline, ledger: Ledger) -> None:
             stopped_at=current.stopped_at.isoformat() if current.stopped_at else None,
             reason=current.stop_reason,
         )
-    check_sink(pipeline, current)
+    check_sink(pipeline, current, clients=clients)
 
 
 def plan_checkpoint(
-    pipeline: Pipeline, ledger: Ledger, *, actor: Actor | None = None, next_only: bool = False
+    pipeline: Pipeline,
+    ledger: Ledger,
+    *,
+    actor: Actor | None = None,
+    next_only: bool = False,
+    clients: KafkaClients = REAL_KAFKA,
 ) -> CheckpointRecord | None:
     """Return the pipeline's unfinished checkpoint, else plan the next one.
 
@@ -324,21 +334,21 @@ def plan_checkpoint(
     if unfinished is not None:
         # A PLANNED range retention (or a topic re-creation) took away would fail every
         # prepare: refuse it by name, or with on_data_loss='skip' abort it and plan anew.
-        unfinished = resume_unfinished(pipeline, ledger, unfinished, actor=actor)
+        unfinished = resume_unfinished(pipeline, ledger, unfinished, actor=actor, clients=clients)
         if unfinished is not None:
             return unfinished
-    check_may_plan(pipeline, ledger)
+    check_may_plan(pipeline, ledger, clients=clients)
     config = librdkafka_config(pipeline.kafka)
-    topics = admin.partitions_of(config, pipeline.source_topics)
-    partition_count = sink_partitions(pipeline)  # a missing sink fails here
+    topics = clients.partitions_of(config, pipeline.source_topics)
+    partition_count = sink_partitions(pipeline, clients=clients)  # a missing sink fails here
     partitions = [(t, p) for t, ps in sorted(topics.items()) for p in ps]
     known = ledger.next_starts(pipeline.name)
     new = [tp for tp in partitions if tp not in known]
     starts: dict[TP, int] = {tp: known[tp] for tp in partitions if tp in known}
-    log_start = admin.list_offsets(config, partitions, spec="earliest")
+    log_start = clients.list_offsets(config, partitions, spec="earliest")
     discovered: dict[str, dict[str, int | str]] = {}
     if not known:  # the pipeline's first checkpoint (of its lineage): the startup policy
-        starts.update(startup_offsets(pipeline, new))
+        starts.update(startup_offsets(pipeline, new, clients=clients))
     else:
         # A partition found later (the topic grew) starts from its earliest offset whatever
         # the startup policy, as in Flink: its records were all written after the pipeline
@@ -351,7 +361,7 @@ def plan_checkpoint(
             }
     # The end is the last stable offset (open transactions of a transactional input
     # are excluded), so the range never reaches into undecided records.
-    ends = admin.list_offsets(config, partitions, spec="latest")
+    ends = clients.list_offsets(config, partitions, spec="latest")
     skipped: dict[TP, int] = {}
     for tp in partitions:
         topic, partition = tp

@@ -31,11 +31,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from airflow_provider_eo import names
+from airflow_provider_eo.core.kafka_clients import REAL_KAFKA, KafkaClients
 from airflow_provider_eo.core.markers import NO_MARKER, read_markers
 from airflow_provider_eo.errors import ForeignOutputInSink, LedgerBehindSink, PipelineNameInUse
-from airflow_provider_eo.kafka import admin
 from airflow_provider_eo.kafka.client_config import librdkafka_config
-from airflow_provider_eo.kafka.tail import tail_records
 from airflow_provider_eo.ledger import PipelineRecord
 from airflow_provider_eo.pipeline import Pipeline
 
@@ -90,12 +89,14 @@ class SinkOutput:
         return f"{self.records} records of checkpoints up to {self.checkpoint} written by {who}"
 
 
-def scan_sink(pipeline: Pipeline, per_partition: int = SINK_SCAN_RECORDS) -> dict[str | None, SinkOutput]:
+def scan_sink(
+    pipeline: Pipeline, per_partition: int = SINK_SCAN_RECORDS, *, clients: KafkaClients = REAL_KAFKA
+) -> dict[str | None, SinkOutput]:
     """This pipeline name's output among the newest ``per_partition`` records of every sink
     partition, per ledger identity (read_committed)."""
     config = librdkafka_config(pipeline.kafka)
     found: dict[str | None, SinkOutput] = {}
-    for msg in tail_records(config, pipeline.sink_topic, per_partition=per_partition):
+    for msg in clients.tail_records(config, pipeline.sink_topic, per_partition=per_partition):
         prov = dict(msg.headers() or []).get(names.HEADER_PROVENANCE)
         fields = names.parse_provenance(prov) if isinstance(prov, bytes) else None
         parsed = names.parse_checkpoint_field(fields[0], pipeline.name) if fields else None
@@ -203,7 +204,9 @@ def mark_clear(step: str, bootstrap: str, group: str, identity: str | None) -> N
     _clear_at[(step, bootstrap, group, identity)] = time.monotonic()
 
 
-def check_other_deployments(pipeline: Pipeline, identity: str | None) -> None:
+def check_other_deployments(
+    pipeline: Pipeline, identity: str | None, *, clients: KafkaClients = REAL_KAFKA
+) -> None:
     """Refuse when another deployment of this pipeline name (another ledger identity) has
     committed markers on a topic other than this pipeline's sink (:func:`other_deployments`).
 
@@ -221,14 +224,14 @@ def check_other_deployments(pipeline: Pipeline, identity: str | None) -> None:
     bootstrap = str(config.get("bootstrap.servers"))
     if recently_clear("plan", bootstrap, group, identity):
         return
-    marks = admin.committed_group_marks_everywhere(config, group, exclude=[pipeline.sink_topic])
+    marks = clients.marks_elsewhere(config, group, pipeline.sink_topic)
     others = other_deployments(marks, sink_topic=pipeline.sink_topic, identity=identity)
     if others:
         raise other_deployments_error(pipeline.name, group, pipeline.sink_topic, identity, others)
     mark_clear("plan", bootstrap, group, identity)
 
 
-def check_sink(pipeline: Pipeline, record: PipelineRecord) -> None:
+def check_sink(pipeline: Pipeline, record: PipelineRecord, *, clients: KafkaClients = REAL_KAFKA) -> None:
     """Refuse to plan when the sink shows that this ledger is older than its output, or (on
     a pipeline's first plan) that another ledger published this pipeline name's output.
 
@@ -241,18 +244,18 @@ def check_sink(pipeline: Pipeline, record: PipelineRecord) -> None:
         output written by another ledger (and no restore/reset chose a start since).
     """
     config = librdkafka_config(pipeline.kafka)
-    shards = range(admin.partition_count(config, pipeline.sink_topic))
-    markers = read_markers(pipeline, shards, identity=record.identity)
-    check_other_deployments(pipeline, record.identity)
+    shards = range(clients.partition_count(config, pipeline.sink_topic))
+    markers = read_markers(pipeline, shards, identity=record.identity, clients=clients)
+    check_other_deployments(pipeline, record.identity, clients=clients)
     ahead = {s: m for s, m in markers.items() if m > record.last_checkpoint_id}
     if ahead:
         shows = ", ".join(f"shard {s} at checkpoint {m}" for s, m in sorted(ahead.items())[:5])
-        output = scan_sink(pipeline).get(record.identity[: names.PROVENANCE_IDENTITY_CHARS])
+        output = scan_sink(pipeline, clients=clients).get(record.identity[: names.PROVENANCE_IDENTITY_CHARS])
         raise _behind(pipeline, record, f"Its commit markers show {shows}", output)
     if any(m != NO_MARKER for m in markers.values()):
         return  # the markers agree with the ledger: nothing to read
     # No marker at all (never committed, or they expired): the output is the proof left.
-    found = scan_sink(pipeline)
+    found = scan_sink(pipeline, clients=clients)
     ours = found.pop(record.identity[: names.PROVENANCE_IDENTITY_CHARS], None)
     if ours is not None and ours.checkpoint > record.last_checkpoint_id:
         raise _behind(pipeline, record, f"Its newest output holds {ours.describe()}", ours)

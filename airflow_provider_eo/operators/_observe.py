@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from airflow_provider_eo.core.coordinator import Coordinator
 from airflow_provider_eo.errors import StagingError
 from airflow_provider_eo.ledger import CheckpointRecord, CheckpointState, Ledger
 from airflow_provider_eo.metrics import AirflowStatsSink, pipeline_metrics
@@ -18,6 +17,9 @@ from airflow_provider_eo.notify import DATA_LOSS_REFUSALS, notify, notify_commit
 from airflow_provider_eo.operators.base import actor_for, open_ledger
 from airflow_provider_eo.pipeline import Pipeline
 from airflow_provider_eo.version_compat import Context
+
+if TYPE_CHECKING:
+    from airflow_provider_eo.core.coordinator import Coordinator
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +59,9 @@ class AirflowListener:
 def coordinator_for(context: Context, pipeline: Pipeline, ledger: Ledger) -> Coordinator:
     """The coordinator of a task: ``pipeline`` in ``ledger``, acted on by the task instance,
     metrics through Airflow's ``Stats``, the notifiers through :class:`AirflowListener`."""
+    # Imported here, not with the module: DAG files import operators, and parsing stays light.
+    from airflow_provider_eo.core.coordinator import Coordinator
+
     return Coordinator(
         pipeline,
         ledger,

@@ -10,14 +10,13 @@ import os
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
 from airflow_provider_eo import names
 from airflow_provider_eo.apps.args import CommitAppArgs
 from airflow_provider_eo.assets import checkpoint_extra, emit, topic_of, topic_outlets
-from airflow_provider_eo.core.coordinator import Coordinator
 from airflow_provider_eo.errors import NotPrepared
 from airflow_provider_eo.ledger import CheckpointRecord, CheckpointState
 from airflow_provider_eo.operators import _observe as observe
@@ -38,6 +37,9 @@ from airflow_provider_eo.operators.submit import (
 from airflow_provider_eo.pipeline import COMMIT_MODES, Pipeline
 from airflow_provider_eo.ui.links import LINK_ATTR, EoCheckpointLink
 from airflow_provider_eo.version_compat import AirflowException, Context
+
+if TYPE_CHECKING:
+    from airflow_provider_eo.core.coordinator import Coordinator
 
 COMMIT_MODULE = "airflow_provider_eo.apps.commit"
 

@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 from eo_fake_kafka import FakeBroker, FakeClients, FakeProducer, kafka_error, prepared_checkpoint
 
-from airflow_provider_eo.core import plan as plan_module
 from airflow_provider_eo.core.commit import LedgerShardHooks, commit_checkpoint
 from airflow_provider_eo.core.plan import (
     DEFAULT_PUBLISH_RATE,
@@ -27,7 +26,6 @@ from airflow_provider_eo.core.plan import (
 )
 from airflow_provider_eo.core.stream import default_steps
 from airflow_provider_eo.errors import CommitError
-from airflow_provider_eo.kafka import admin
 from airflow_provider_eo.ledger import Actor, CheckpointState, Ledger, events, leases, transitions
 from airflow_provider_eo.pipeline import Pipeline
 
@@ -212,17 +210,12 @@ def test_a_skewed_shard_shrinks_the_budget(
     assert budget.offsets == int(8.0 * 5 / 0.75)
 
 
-def plan_next(pipeline: Pipeline, ledger: Ledger, monkeypatch: pytest.MonkeyPatch, *, end: int) -> Any:
-    """plan_checkpoint against a source ``in[0]`` that ends at ``end`` (no Kafka dialled)."""
-    monkeypatch.setattr(admin, "partitions_of", lambda config, topics: {"in": [0]})
-    monkeypatch.setattr(admin, "partition_count", lambda config, topic: SINK_PARTITIONS)
-    monkeypatch.setattr(
-        admin, "list_offsets", lambda config, tps, spec: {tp: 0 if spec == "earliest" else end for tp in tps}
-    )
-    for check in ("check_marker_identity", "check_sink"):  # what the sink shows is not tested here
-        if hasattr(plan_module, check):
-            monkeypatch.setattr(plan_module, check, lambda *args: None)
-    return plan_checkpoint(pipeline, ledger)
+def plan_next(pipeline: Pipeline, ledger: Ledger, broker: FakeBroker | None, *, end: int) -> Any:
+    """plan_checkpoint against a source ``in[0]`` that ends at ``end``, through the fake
+    clients (the sink guard reads the fake broker's markers and output too)."""
+    broker = broker or FakeBroker(partitions={OUT: SINK_PARTITIONS})
+    broker.logs[("in", 0)] = (0, end)
+    return plan_checkpoint(pipeline, ledger, clients=FakeClients(broker))
 
 
 def planned_event(ledger: Ledger, checkpoint_id: int) -> Any:
@@ -239,7 +232,7 @@ def test_plan_caps_the_next_checkpoint_to_the_measured_rate(
     ledger = make_ledger(pipeline="orders", fingerprint=pipeline.fingerprint())
     publish_at(broker, clock, 0.1)
     committed(pipeline, ledger, broker, {0: values(10)}, read=20)
-    cp = plan_next(pipeline, ledger, monkeypatch, end=1020)
+    cp = plan_next(pipeline, ledger, broker, end=1020)
     assert cp is not None and [(r.start, r.end) for r in cp.ranges] == [(20, 120)]
     sized = planned_event(ledger, cp.checkpoint_id).details["sized_to_transaction_timeout"]
     assert (sized["offsets"], sized["offsets_per_s"], sized["measured"]) == (100, 20.0, True)
@@ -251,7 +244,7 @@ def test_plan_is_unchanged_when_the_budget_is_larger(
     ledger = make_ledger(pipeline="orders", fingerprint=pipeline.fingerprint())
     publish_at(broker, clock, 0.001)  # 20,000 offsets/s: 100,000 fit in 5 s
     committed(pipeline, ledger, broker, {0: values(10)}, read=20)
-    cp = plan_next(pipeline, ledger, monkeypatch, end=1020)
+    cp = plan_next(pipeline, ledger, broker, end=1020)
     assert cp is not None and [(r.start, r.end) for r in cp.ranges] == [(20, 1020)]
     assert "sized_to_transaction_timeout" not in planned_event(ledger, cp.checkpoint_id).details
 
@@ -260,7 +253,7 @@ def test_the_first_checkpoint_is_sized_by_the_default_rate(
     pipeline: Pipeline, make_ledger: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ledger = make_ledger(pipeline="orders", fingerprint=pipeline.fingerprint())
-    cp = plan_next(pipeline, ledger, monkeypatch, end=90_000)
+    cp = plan_next(pipeline, ledger, None, end=90_000)
     assert cp is not None and [(r.start, r.end) for r in cp.ranges] == [(0, 25_000)]
     sized = planned_event(ledger, cp.checkpoint_id).details["sized_to_transaction_timeout"]
     assert sized["measured"] is False
@@ -273,7 +266,7 @@ def test_the_stream_plans_again_at_once_after_a_plan_cut_to_the_timeout(
     """A plan cut below ``max_records_per_checkpoint`` by the budget leaves input waiting: the
     stream's ``full`` says so, so it plans the next checkpoint without waiting an interval."""
     ledger = make_ledger(pipeline="orders", fingerprint=pipeline.fingerprint())
-    cp = plan_next(pipeline, ledger, monkeypatch, end=end)
+    cp = plan_next(pipeline, ledger, None, end=end)
     assert cp is not None
     steps = default_steps(pipeline, ledger, stager=None, actor=Actor())  # type: ignore[arg-type]
     assert steps.full(cp) is cut

@@ -125,7 +125,9 @@ def fake_steps(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     finds 5 records past every end. Returns the calls, in order."""
     calls: list[str] = []
 
-    def plan(pipeline: Pipeline, ledger: Ledger, *, actor: Any = None, next_only: bool = False) -> Any:
+    def plan(
+        pipeline: Pipeline, ledger: Ledger, *, actor: Any = None, next_only: bool = False, clients: Any = None
+    ) -> Any:
         calls.append("plan")
         unfinished = None if next_only else ledger.unfinished(pipeline.name)
         if unfinished is not None:
@@ -361,7 +363,7 @@ def test_the_sinks_batch_sends_the_streams_metrics(
         lambda spark, location, batch, where: SimpleNamespace(starts={("in", 0): 0}, ends={("in", 0): 10}),
     )
     monkeypatch.setattr(frame_stager, "FrameStager", lambda df: None)
-    monkeypatch.setattr(batches, "check_may_plan", lambda pipeline, ledger: None)
+    monkeypatch.setattr(batches, "check_may_plan", lambda pipeline, ledger, **k: None)
     monkeypatch.setattr(admin, "partition_count", lambda config, topic: 1)
     sink._run = SimpleNamespace()  # type: ignore[assignment]  # the query's run: not under test
     frame = SimpleNamespace(sparkSession=None)
@@ -426,7 +428,7 @@ def test_planned_of_a_source(pipeline: Pipeline, ledger: Ledger) -> None:
     """A range source's answer is the checkpoint with its step."""
 
     class Fixed:
-        def plan(self, pipeline: Pipeline, ledger: Ledger, actor: Actor) -> Planned:
+        def plan(self, pipeline: Pipeline, ledger: Ledger, actor: Actor, clients: Any) -> Planned:
             return Planned.of(None, "nothing waiting")
 
     assert Coordinator(pipeline, ledger).plan(Fixed()) == Planned(None, "nothing", "nothing waiting")

@@ -61,7 +61,7 @@ def test_xcom_summary_and_lineage(
 ) -> None:
     seen: dict[str, Any] = {}
 
-    def fake_plan(pipeline: Any, ledger: Ledger, *, actor: Any, next_only: bool = False) -> Any:
+    def fake_plan(pipeline: Any, ledger: Ledger, *, actor: Any, **_: Any) -> Any:
         seen["actor"] = actor
         ledger.ensure_pipeline(pipeline.name, pipeline.fingerprint())
         return ledger.plan(pipeline.name, [RangeSpec("in", 0, 0, 7), RangeSpec("in", 1, 3, 5)], actor=actor)

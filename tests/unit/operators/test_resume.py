@@ -183,7 +183,7 @@ def test_a_backfill_try_submits_one_driver_per_checkpoint(
     )
     cluster.install(monkeypatch)
 
-    def run_backfill(live: Any, ledger: Any, start_ms: int, end_ms: int, **kwargs: Any) -> Any:
+    def run_backfill(request: Any, ledger: Any, **kwargs: Any) -> Any:
         backfill = SimpleNamespace(name="orders~backfill", transform=None, staging_dir="/tmp/bf")
         for checkpoint_id in (1, 2, 3):  # one try prepares them in turn
             kwargs["prepare"](backfill, BackfillLedger(), checkpoint_id)
