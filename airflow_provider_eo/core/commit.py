@@ -263,7 +263,7 @@ def _commit_prepared(
             "PREPARED; run (or retry) its prepare step first"
         )
     registered = ledger.get_pipeline(pipeline.name)
-    plan = commit_plan_of(pipeline, ledger, cp, registered, actor=actor)
+    plan = commit_plan_of(pipeline, ledger, cp, registered, actor=actor, clients=clients)
     shards = plan.shards
     owner = owner or names.lease_owner(actor)
     identity = registered.identity

@@ -31,8 +31,9 @@ def commit_plan_of(
     registered: PipelineRecord,
     *,
     actor: Actor | None,
+    clients: KafkaClients,
 ) -> CommitPlan:
-    """The commit plan ``cp`` is committed by."""
+    """The commit plan ``cp`` is committed by (the sink's partitions read through ``clients``)."""
     # The frozen plan, never today's settings (a checkpoint from before ledger revision
     # 0002 freezes one now, for the partition count its output was staged for). Refuses a
     # process with another transactional-id prefix, and a sink that lost partitions.
@@ -40,7 +41,7 @@ def commit_plan_of(
         # This process's prefix is the pinned one (a pin never changes): pinning it again
         # would change nothing, so only the plan is checked (no ledger write).
         plan = cp.commit_plan
-        check_commit_plan(pipeline, cp, plan)
+        check_commit_plan(pipeline, cp, plan, clients=clients)
     else:
         plan = frozen_commit_plan(
             pipeline,
@@ -50,6 +51,7 @@ def commit_plan_of(
             if cp.commit_plan is None
             else None,
             actor=actor,
+            clients=clients,
         )
     return plan
 
