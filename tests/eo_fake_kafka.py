@@ -125,6 +125,8 @@ class FakeBroker:
     logs: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
     # Consumer groups' committed offsets: group -> (topic, partition) -> offset.
     groups: dict[str, dict[tuple[str, int], int]] = field(default_factory=dict)
+    # Topics' max.message.bytes (a topic not named: the caller's default).
+    max_message_bytes: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         BROKERS.append(self)
@@ -494,7 +496,7 @@ class FakeClients:
         return out
 
     def topic_max_message_bytes(self, config: Mapping[str, Any], topic: str, default: int) -> int:
-        return default
+        return self.broker.max_message_bytes.get(topic, default)
 
     def open_transactions(self, config: Mapping[str, Any], topic: str) -> dict[int, tuple[int, int]]:
         """Partitions holding records of a still-open transaction: (committed, + open)."""

@@ -220,7 +220,13 @@ class Coordinator:
         the attempt's name (default: a fresh one)."""
         try:
             result = prepare_checkpoint(
-                self.pipeline, self.ledger, checkpoint_id, stager=stager, attempt=attempt, actor=self.actor
+                self.pipeline,
+                self.ledger,
+                checkpoint_id,
+                stager=stager,
+                attempt=attempt,
+                actor=self.actor,
+                clients=self.clients,
             )
         except BaseException as exc:
             self._tell("failed", "prepare", checkpoint_id, exc)

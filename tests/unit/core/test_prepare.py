@@ -1,6 +1,7 @@
 """The prepare protocol step (core/prepare.py) with a fake stager: state checks, the manifest
 written after the staged files and before the ledger, the losing race, the counts that reach
-the ledger. Kafka's admin calls are faked; the ledger is a real SQLite file."""
+the ledger. Kafka is the fake cluster (tests/eo_fake_kafka.py) through the clients object;
+the ledger is a real SQLite file."""
 
 from __future__ import annotations
 
@@ -12,12 +13,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from eo_fake_kafka import FakeBroker, FakeClients
 
 from airflow_provider_eo import names, staging
 from airflow_provider_eo.core import prepare
-from airflow_provider_eo.core.prepare import RangeRead, StageRequest, StageResult, prepare_checkpoint
-from airflow_provider_eo.errors import PrepareError
-from airflow_provider_eo.kafka import admin
+from airflow_provider_eo.core.prepare import RangeRead, StageRequest, StageResult
+from airflow_provider_eo.errors import DataLossError, PrepareError
 from airflow_provider_eo.ledger import CheckpointRecord, CheckpointState, Ledger, RangeSpec
 from airflow_provider_eo.pipeline import Pipeline
 from airflow_provider_eo.testing import faults
@@ -68,20 +69,28 @@ class FakeStager:
         )
 
 
+#: The fake cluster of the test running now (:func:`fake_kafka`).
+KAFKA: list[FakeClients] = []
+
+
 @pytest.fixture(autouse=True)
-def fake_admin(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every source partition exists and holds offsets [0, 1000); the sink has three
-    partitions and a max.message.bytes of MAX_BYTES."""
-    monkeypatch.setattr(
-        admin, "partitions_of", lambda config, topics, *a, **k: {t: [0, 1, 2] for t in topics}
+def fake_kafka() -> Iterator[FakeBroker]:
+    """The fake cluster every prepare here asks (:func:`prepare`): source ``in`` has three
+    partitions holding offsets [0, 1000); the sink ``out`` has three partitions and a
+    ``max.message.bytes`` of MAX_BYTES."""
+    broker = FakeBroker(
+        partitions={"out": SINK_PARTITIONS},
+        logs={("in", p): (0, 1000) for p in range(3)},
+        max_message_bytes={"out": MAX_BYTES},
     )
-    monkeypatch.setattr(admin, "partition_count", lambda config, topic, *a, **k: SINK_PARTITIONS)
-    monkeypatch.setattr(
-        admin,
-        "list_offsets",
-        lambda config, tps, spec="latest", *a, **k: {tp: 0 if spec == "earliest" else 1000 for tp in tps},
-    )
-    monkeypatch.setattr(admin, "topic_max_message_bytes", lambda config, topic, default: MAX_BYTES)
+    KAFKA[:] = [FakeClients(broker)]
+    yield broker
+    KAFKA.clear()
+
+
+def prepare_checkpoint(*args: Any, **kwargs: Any) -> Any:
+    """:func:`~airflow_provider_eo.core.prepare.prepare_checkpoint` against the fake cluster."""
+    return prepare.prepare_checkpoint(*args, clients=KAFKA[0], **kwargs)
 
 
 @pytest.fixture
@@ -371,3 +380,27 @@ def test_a_relative_staging_dir_is_resolved_once_and_pinned(
     second = prepare_checkpoint(relative, ledger, cp2.checkpoint_id, stager=FakeStager(), attempt="a2")
     assert (second.checkpoint.staging_location or "").startswith(pinned + os.sep)
     assert not (tmp_path / "b" / "staging-rel").exists()
+
+
+def test_a_planned_range_kafka_no_longer_has_is_refused_before_the_engine_runs(
+    pipeline: Pipeline, ledger: Ledger, fake_kafka: FakeBroker
+) -> None:
+    """Retention took offsets a PLANNED checkpoint reads: the prepare names them and what to
+    do, stages nothing and leaves the checkpoint PLANNED."""
+    cp = planned(pipeline, ledger)
+    fake_kafka.logs[("in", 0)] = (950, 1000)
+    stager = FakeStager()
+    with pytest.raises(DataLossError, match=r"in\[0\]: \[0, 10\) \(below the log start 950\)"):
+        prepare_checkpoint(pipeline, ledger, cp.checkpoint_id, stager=stager)
+    assert stager.requests == [] and manifests(pipeline) == []
+    assert ledger.get(pipeline.name, cp.checkpoint_id).state is CheckpointState.PLANNED
+
+
+def test_the_sinks_message_limit_reaches_the_stager(
+    pipeline: Pipeline, ledger: Ledger, fake_kafka: FakeBroker
+) -> None:
+    fake_kafka.max_message_bytes["out"] = 4096
+    stager = FakeStager()
+    prepare_checkpoint(pipeline, ledger, planned(pipeline, ledger).checkpoint_id, stager=stager)
+    (request,) = stager.requests
+    assert request.max_message_bytes == 4096
