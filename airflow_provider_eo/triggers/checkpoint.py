@@ -49,8 +49,8 @@ def resolve_watched(
     what is missing and what to do.
     """
     from airflow_provider_eo.errors import WatcherSetupError
-    from airflow_provider_eo.hooks.base import resolve_connections
     from airflow_provider_eo.pipeline import Pipeline, PipelineConfigError, load_pipeline
+    from airflow_provider_eo.runtime import resolve_pipeline
 
     try:
         pipeline = load_pipeline(ref)
@@ -85,8 +85,8 @@ def resolve_watched(
             pipeline.name,
             exc,
         )
-    try:
-        return resolve_connections(pipeline, kafka_conn_id=kafka_conn_id, ledger_conn_id=ledger_conn_id)[0]
+    try:  # the connections as every entry point applies them (runtime.resolve_pipeline)
+        return resolve_pipeline(pipeline, kafka_conn_id=kafka_conn_id, ledger_conn_id=ledger_conn_id).pipeline
     except ConfigError as exc:  # a connection not defined where the triggerer runs
         raise WatcherSetupError(str(exc)) from exc
 
