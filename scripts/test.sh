@@ -55,5 +55,7 @@ echo "== pytest" >&2
 # The session timeout ends the run with its summary before CI's limit would cut it off.
 # Files are handed out in collection order, which tests/conftest.py sets longest first
 # (pytest-xdist's own order, most tests first, left the one-test YARN file for last).
+# Every test's time is kept in .eo/test-report.xml (JUnit XML; per file:
+# scripts/test_times.py).
 .venv/bin/pytest -q --timeout=600 --timeout-method=thread --session-timeout=4800 --durations=50 \
-  -n "${EO_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"
+  --junitxml=.eo/test-report.xml -n "${EO_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"
