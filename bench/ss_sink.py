@@ -282,8 +282,11 @@ def main() -> int:
         )
         return 0
     finally:
+        from airflow_provider_eo.kafka.producer_pool import close_producers
+
         if spark is not None:
             spark.stop()
+        close_producers()  # the sink's kept producers, before their broker goes
         kafka.wipe()
         shutil.rmtree(work, ignore_errors=True)
 
