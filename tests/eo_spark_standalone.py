@@ -19,7 +19,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from eo_harness import wait_for
+from eo_harness import poll_until, wait_for
 
 from airflow_provider_eo.stack.kafka import free_port, pid_alive
 
@@ -153,27 +153,45 @@ class StandaloneCluster:
         self._start_worker(timeout_s, private)
 
     def _start_worker(self, timeout_s: float, private: tuple[Path, ...]) -> None:
-        self._start(
-            "worker",
-            "org.apache.spark.deploy.worker.Worker",
-            "--host",
-            "127.0.0.1",
-            "--webui-port",
-            str(self.worker_ui_port),
-            "--cores",
-            str(self.cores),
-            "--memory",
-            self.memory,
-            "--work-dir",
-            str(self.home / "work"),
-            self.master_url,
-            private=private,
-        )
-        try:
-            wait_for(lambda: self._alive_workers() == 1, "the worker to register", timeout=timeout_s)
-        except BaseException:
-            self.down()
-            raise
+        """Start the worker and wait until the master lists it ALIVE. A worker that exits
+        first, or is not listed in ``timeout_s``, is stopped and started once more (new UI
+        port); a second failure stops the cluster and fails with both logs' tails."""
+        for attempt in (1, 2):
+            self._start(
+                "worker",
+                "org.apache.spark.deploy.worker.Worker",
+                "--host",
+                "127.0.0.1",
+                "--webui-port",
+                str(self.worker_ui_port),
+                "--cores",
+                str(self.cores),
+                "--memory",
+                self.memory,
+                "--work-dir",
+                str(self.home / "work"),
+                self.master_url,
+                private=private,
+            )
+            worker = self.procs[-1]
+            registered = poll_until(
+                lambda: self._alive_workers() == 1 or worker.poll() is not None,  # noqa: B023
+                timeout_s,
+            )
+            if registered and worker.poll() is None:
+                return
+            self.procs.remove(worker)
+            if worker.poll() is None:
+                os.killpg(worker.pid, signal.SIGKILL)
+                worker.wait(timeout=30)
+            if attempt == 2:
+                tail = self.log_tail()
+                self.down()
+                raise AssertionError(
+                    f"the Spark worker did not register with the master in {timeout_s:.0f} s "
+                    f"(exit code {worker.returncode}), twice:\n{tail}"
+                )
+            self.worker_ui_port = free_port()
 
     def log_tail(self, lines: int = 40) -> str:
         out = []
