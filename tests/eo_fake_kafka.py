@@ -472,7 +472,7 @@ class FakeClients:
         return out
 
     def list_offsets(
-        self, config: Mapping[str, Any], partitions: Any, *, spec: str
+        self, config: Mapping[str, Any], partitions: Any, *, spec: str, timeout_s: float = 60.0
     ) -> dict[tuple[str, int], int]:
         self.broker.calls.append(("", f"list_offsets:{spec}"))
         return {tp: self.broker.logs[tp][0 if spec == "earliest" else 1] for tp in partitions}

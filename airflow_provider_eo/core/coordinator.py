@@ -130,9 +130,12 @@ class MetricsListener:
     seconds; committed records, dead letters, commit seconds and the lag left after each
     commit (one bounded Kafka call)."""
 
-    def __init__(self, sink: MetricsSink | None, pipeline: Pipeline) -> None:
+    def __init__(
+        self, sink: MetricsSink | None, pipeline: Pipeline, clients: KafkaClients = REAL_KAFKA
+    ) -> None:
         self.report = PipelineMetrics(sink, pipeline.name)
         self.kafka: Mapping[str, Any] = pipeline.kafka
+        self.clients = clients
 
     def planned(self, cp: CheckpointRecord) -> None:
         """Nothing is measured at plan time."""
@@ -145,7 +148,7 @@ class MetricsListener:
     def committed(self, cp: CheckpointRecord, seconds: float | None) -> None:
         """Records, dead letters, commit seconds, then the lag."""
         self.report.committed(cp, seconds)
-        self.report.lag_after(self.kafka, cp)
+        self.report.lag_after(self.kafka, cp, self.clients)
 
     def failed(self, step: str, checkpoint_id: int | None, error: BaseException) -> None:
         """A failure is the caller's to report (an abort has its own counter)."""
@@ -185,7 +188,7 @@ class Coordinator:
         self.fallback = fallback
         self.clients = clients
         self.listeners: list[CheckpointListener] = [
-            *([MetricsListener(metrics, pipeline)] if metrics is not None else []),
+            *([MetricsListener(metrics, pipeline, clients)] if metrics is not None else []),
             *listeners,
         ]
 

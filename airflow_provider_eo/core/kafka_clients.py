@@ -21,9 +21,10 @@ class KafkaClients(Protocol):
         """Partition ids per topic; a missing topic is an error naming it."""
 
     def list_offsets(
-        self, config: Mapping[str, Any], partitions: Iterable[TP], *, spec: str
+        self, config: Mapping[str, Any], partitions: Iterable[TP], *, spec: str, timeout_s: float = 60.0
     ) -> dict[TP, int]:
-        """``earliest`` (the log start) or ``latest`` (the last stable offset) per partition."""
+        """``earliest`` (the log start) or ``latest`` (the last stable offset) per partition,
+        within ``timeout_s``."""
 
     def offsets_for_timestamp(
         self, config: Mapping[str, Any], partitions: Iterable[TP], timestamp_ms: int
@@ -93,12 +94,12 @@ class RealKafka:
         return admin.partitions_of(config, topics)
 
     def list_offsets(
-        self, config: Mapping[str, Any], partitions: Iterable[TP], *, spec: str
+        self, config: Mapping[str, Any], partitions: Iterable[TP], *, spec: str, timeout_s: float = 60.0
     ) -> dict[TP, int]:
         """:func:`kafka.admin.list_offsets`."""
         from airflow_provider_eo.kafka import admin
 
-        return admin.list_offsets(config, partitions, spec=spec)
+        return admin.list_offsets(config, partitions, spec=spec, timeout_s=timeout_s)
 
     def offsets_for_timestamp(
         self, config: Mapping[str, Any], partitions: Iterable[TP], timestamp_ms: int

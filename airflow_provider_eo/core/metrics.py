@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from airflow_provider_eo.ledger import CheckpointRecord
+
+if TYPE_CHECKING:
+    from airflow_provider_eo.core.kafka_clients import KafkaClients
 
 log = logging.getLogger(__name__)
 
@@ -98,13 +101,17 @@ class PipelineMetrics:
         """Source records not committed yet, as last measured."""
         self._send("gauge", LAG_RECORDS, records)
 
-    def lag_after(self, kafka: Mapping[str, Any], cp: CheckpointRecord) -> None:
+    def lag_after(
+        self, kafka: Mapping[str, Any], cp: CheckpointRecord, clients: KafkaClients | None = None
+    ) -> None:
         """Measure and send the lag left after committing ``cp`` (:func:`source_lag` over the
-        partitions it read); nothing is measured without a sink, a failure is logged."""
+        partitions it read, through ``clients``); nothing is measured without a sink, a
+        failure is logged."""
         if self.sink is None:
             return
         try:
-            records = source_lag(kafka, {(r.topic, r.partition): r.end for r in cp.ranges})
+            ends = {(r.topic, r.partition): r.end for r in cp.ranges}
+            records = source_lag(kafka, ends, clients=clients)
         except Exception as exc:
             log.warning("pipeline %s: lag not measured: %s: %s", self.pipeline, type(exc).__name__, exc)
             return
@@ -112,15 +119,23 @@ class PipelineMetrics:
 
 
 def source_lag(
-    kafka: Mapping[str, Any], ends: Mapping[tuple[str, int], int], *, timeout_s: float = 5.0
+    kafka: Mapping[str, Any],
+    ends: Mapping[tuple[str, int], int],
+    *,
+    timeout_s: float = 5.0,
+    clients: KafkaClients | None = None,
 ) -> int:
     """Source records beyond ``ends`` (``{(topic, partition): committed end}``): the log end
     (last stable offset) minus the committed end, summed over those partitions. One bounded
-    Kafka call; raises when Kafka does not answer."""
-    from airflow_provider_eo.kafka import admin
+    Kafka call through ``clients`` (default: the real cluster); raises when Kafka does not
+    answer."""
+    # Imported here: this module is imported when DAG files are parsed (kept light).
+    from airflow_provider_eo.core.kafka_clients import REAL_KAFKA
     from airflow_provider_eo.kafka.client_config import librdkafka_config
 
-    log_ends = admin.list_offsets(librdkafka_config(kafka), list(ends), spec="latest", timeout_s=timeout_s)
+    log_ends = (clients or REAL_KAFKA).list_offsets(
+        librdkafka_config(kafka), list(ends), spec="latest", timeout_s=timeout_s
+    )
     return sum(max(0, log_ends[tp] - end) for tp, end in ends.items() if tp in log_ends)
 
 

@@ -432,3 +432,17 @@ def test_planned_of_a_source(pipeline: Pipeline, ledger: Ledger) -> None:
             return Planned.of(None, "nothing waiting")
 
     assert Coordinator(pipeline, ledger).plan(Fixed()) == Planned(None, "nothing", "nothing waiting")
+
+
+def test_the_lag_after_a_commit_is_read_through_the_coordinators_clients(
+    pipeline: Pipeline, ledger: Ledger, fake_steps: list[str]
+) -> None:
+    """The metrics listener asks the coordinator's Kafka side for the log ends (the fake
+    cluster's ``in[0]`` ends at 40; the patched admin call would answer 15)."""
+    broker = FakeBroker(partitions={OUT: SINK_PARTITIONS}, logs={("in", 0): (0, 40)})
+    sink = RecordingSink()
+    coord = Coordinator(pipeline, ledger, clients=FakeClients(broker), metrics=sink)
+    coord.finish(coord.plan(), lambda cid: coord.prepare(cid, stager=None))  # type: ignore[arg-type]
+    lag = [value for kind, name, value, _p in sink.sent if name == LAG_RECORDS]
+    assert lag == [30]  # 40 - the checkpoint's end (10)
+    assert ("", "list_offsets:latest") in broker.calls
