@@ -20,8 +20,7 @@ A notifier that raises is logged; the task's outcome is what it would have been 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from typing import Any
 
 from airflow_provider_eo.errors import (
@@ -94,23 +93,13 @@ def notify(
     return sent
 
 
-@contextmanager
-def notify_refusals(
-    pipeline: Pipeline, context: Mapping[str, Any], *, checkpoint_id: int | None = None
-) -> Iterator[None]:
-    """Inside: a :data:`DATA_LOSS_REFUSALS` error notifies ``data_loss`` (reason: the
-    error's message, ``error``: its class), then propagates unchanged."""
-    try:
-        yield
-    except DATA_LOSS_REFUSALS as exc:
-        notify_refusal(pipeline, context, exc, checkpoint_id=checkpoint_id)
-        raise
-
-
 def notify_refusal(
-    pipeline: Pipeline, context: Mapping[str, Any], exc: Exception, *, checkpoint_id: int | None = None
-) -> None:
-    """``data_loss`` for the refusal ``exc`` (reason: its message, ``error``: its class)."""
+    pipeline: Pipeline, context: Mapping[str, Any], exc: BaseException, *, checkpoint_id: int | None = None
+) -> bool:
+    """``data_loss`` when ``exc`` is one of the :data:`DATA_LOSS_REFUSALS` (reason: its
+    message, ``error``: its class); whether it was one (any other error notifies nothing)."""
+    if not isinstance(exc, DATA_LOSS_REFUSALS):
+        return False
     notify(
         pipeline,
         "data_loss",
@@ -119,6 +108,7 @@ def notify_refusal(
         reason=str(exc),
         error=type(exc).__name__,
     )
+    return True
 
 
 def notify_committed(pipeline: Pipeline, context: Mapping[str, Any], cp: CheckpointRecord) -> None:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_provider_eo.errors import StagingError
 from airflow_provider_eo.ledger import CheckpointRecord, CheckpointState, Ledger
 from airflow_provider_eo.metrics import AirflowStatsSink, pipeline_metrics
-from airflow_provider_eo.notify import DATA_LOSS_REFUSALS, notify, notify_committed, notify_refusal
+from airflow_provider_eo.notify import notify, notify_committed, notify_refusal
 from airflow_provider_eo.operators.base import actor_for, open_ledger
 from airflow_provider_eo.pipeline import Pipeline
 from airflow_provider_eo.version_compat import Context
@@ -47,9 +47,9 @@ class AirflowListener:
 
     def failed(self, step: str, checkpoint_id: int | None, error: BaseException) -> None:
         """``data_loss`` for a refusal; the abort a staging mismatch made, if it made one."""
-        if isinstance(error, DATA_LOSS_REFUSALS):
-            notify_refusal(self.pipeline, self.context, error, checkpoint_id=checkpoint_id)
-        elif isinstance(error, StagingError) and checkpoint_id is not None:
+        if notify_refusal(self.pipeline, self.context, error, checkpoint_id=checkpoint_id):
+            return
+        if isinstance(error, StagingError) and checkpoint_id is not None:
             with open_ledger(self.pipeline) as ledger:
                 cp = ledger.get(self.pipeline.name, checkpoint_id)
             if cp.state is CheckpointState.ABORTED:

@@ -12,7 +12,7 @@ import pytest
 
 from airflow_provider_eo.errors import DataLossError, StagingNotVisible
 from airflow_provider_eo.ledger import CheckpointRecord, CheckpointState, RangeSpec
-from airflow_provider_eo.notify import notify, notify_committed, notify_refusals
+from airflow_provider_eo.notify import notify, notify_committed, notify_refusal
 from airflow_provider_eo.pipeline import Pipeline, PipelineConfigError
 from airflow_provider_eo.version_compat import AirflowException
 
@@ -105,10 +105,9 @@ def test_dead_letters_notify_only_above_the_threshold(context: dict[str, Any]) -
 
 
 @pytest.mark.parametrize("error", [DataLossError("retention took [0, 5)"), StagingNotVisible("no manifest")])
-def test_a_data_loss_refusal_notifies_and_propagates(context: dict[str, Any], error: Exception) -> None:
+def test_a_data_loss_refusal_notifies(context: dict[str, Any], error: Exception) -> None:
     rec = Recorder()
-    with pytest.raises(type(error)), notify_refusals(_pipeline(data_loss=[rec]), context, checkpoint_id=9):
-        raise error
+    assert notify_refusal(_pipeline(data_loss=[rec]), context, error, checkpoint_id=9)
     (got,) = rec.calls
     assert got["eo"]["error"] == type(error).__name__
     assert got["eo"]["reason"] == str(error) and got["eo"]["checkpoint_id"] == 9
@@ -116,8 +115,7 @@ def test_a_data_loss_refusal_notifies_and_propagates(context: dict[str, Any], er
 
 def test_other_errors_do_not_notify(context: dict[str, Any]) -> None:
     rec = Recorder()
-    with pytest.raises(RuntimeError), notify_refusals(_pipeline(data_loss=[rec]), context):
-        raise RuntimeError("not a refusal")
+    assert not notify_refusal(_pipeline(data_loss=[rec]), context, RuntimeError("not a refusal"))
     assert rec.calls == []
 
 
