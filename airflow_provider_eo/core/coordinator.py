@@ -27,7 +27,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 from airflow_provider_eo.core.commit import CommitResult, commit_checkpoint
 from airflow_provider_eo.core.metrics import MetricsSink, PipelineMetrics
@@ -38,6 +38,8 @@ from airflow_provider_eo.ledger import Actor, CheckpointRecord, CheckpointState,
 from airflow_provider_eo.pipeline import Pipeline
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: What a planned checkpoint needs next: nothing to plan, stage it then commit it, commit its
 #: staged output, or nothing (published already).
@@ -275,23 +277,23 @@ class Coordinator:
             self._tell("committed", result.checkpoint, result.seconds)
         return result
 
-    def commit_with(self, checkpoint_id: int, commit: Callable[[int], object]) -> CheckpointRecord:
+    def commit_with(self, checkpoint_id: int, commit: Callable[[int], T]) -> tuple[CheckpointRecord, T]:
         """Commit a checkpoint by ``commit(checkpoint_id)`` (a spark-submit of the commit
         application, or any commit that runs elsewhere) and return it as the ledger now has
-        it. Listeners are told it is COMMITTED, with the call's time, when the ledger shows it
-        moved to COMMITTED during the call; the caller decides what a call that left it
-        uncommitted means (it is not a failure here)."""
+        it, with what ``commit`` returned. Listeners are told it is COMMITTED, with the
+        call's time, when the ledger shows it moved to COMMITTED during the call; the caller
+        decides what a call that left it uncommitted means (it is not a failure here)."""
         started = time.monotonic()
         try:
             before = self.ledger.get(self.pipeline.name, checkpoint_id).state
-            commit(checkpoint_id)
+            returned = commit(checkpoint_id)
             cp = self.ledger.get(self.pipeline.name, checkpoint_id)
         except BaseException as exc:
             self._tell("failed", "commit", checkpoint_id, exc)
             raise
         if before is not CheckpointState.COMMITTED and cp.state is CheckpointState.COMMITTED:
             self._tell("committed", cp, time.monotonic() - started)
-        return cp
+        return cp, returned
 
     def finish(self, planned: Planned, prepare: Callable[[int], object] | None = None) -> CommitResult | None:
         """Carry ``planned`` to COMMITTED: prepare it by ``prepare`` when its step is

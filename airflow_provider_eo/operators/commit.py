@@ -305,11 +305,9 @@ class EoCommitOperator(OpenLineageMixin, PipelineTaskMixin, SparkSubmitOperator)
         _master, deploy_mode = spark_target(self)
         summary_dir = tempfile.mkdtemp(prefix="eo-commit-") if deploy_mode != "cluster" else None
         summary_file = os.path.join(summary_dir, "summary.json") if summary_dir else None
-        # What the submission left: spark-submit's failure (the ledger decides) and the summary.
-        failures: list[Exception] = []
-        summaries: list[dict[str, Any] | None] = []
 
-        def submit(checkpoint_id: int) -> None:
+        def submit(checkpoint_id: int) -> tuple[Exception | None, dict[str, Any] | None]:
+            """spark-submit's failure (the ledger decides) and the application's summary."""
             try:
                 args = CommitAppArgs(self.pipeline, checkpoint_id, summary_file=summary_file).to_argv()
                 if configure_submit(
@@ -337,13 +335,14 @@ class EoCommitOperator(OpenLineageMixin, PipelineTaskMixin, SparkSubmitOperator)
                     what=f"pipeline {pipeline.name!r}: the commit of checkpoint {checkpoint_id}",
                 )
                 self._submitted = True
+                failure: Exception | None = None
                 try:
                     SparkSubmitOperator.execute(self, context)
                 except (AirflowException, RuntimeError) as exc:
                     # spark-submit's failure, or a tracked cluster driver's final state (the
                     # Spark provider raises RuntimeError for those): the ledger decides below.
-                    failures.append(exc)
-                summaries.append(_read_summary(summary_file))
+                    failure = exc
+                return failure, _read_summary(summary_file)
             finally:
                 end_submit(self)  # the connection hand-off, if the driver never read it
                 if summary_dir:
@@ -352,9 +351,7 @@ class EoCommitOperator(OpenLineageMixin, PipelineTaskMixin, SparkSubmitOperator)
                             leftover.unlink()
                         os.rmdir(summary_dir)
 
-        done = coordinator.commit_with(checkpoint_id, submit)
-        failure = failures[-1] if failures else None
-        summary = summaries[-1] if summaries else None
+        done, (failure, summary) = coordinator.commit_with(checkpoint_id, submit)
         if done.state is not CheckpointState.COMMITTED:
             raise CommitNotRecorded(
                 f"pipeline {pipeline.name!r}: the commit job finished but checkpoint {checkpoint_id} "

@@ -260,7 +260,7 @@ def test_a_commit_made_elsewhere_is_reported_once_and_only_when_it_moved_the_led
     cid = planned.checkpoint.checkpoint_id
     heard.events.clear()
 
-    left = coord.commit_with(cid, lambda c: None)  # a job that ended without committing
+    left, _ = coord.commit_with(cid, lambda c: None)  # a job that ended without committing
     assert left.state is CheckpointState.PREPARED and heard.events == []
 
     def boom(c: int) -> None:
@@ -270,7 +270,8 @@ def test_a_commit_made_elsewhere_is_reported_once_and_only_when_it_moved_the_led
         coord.commit_with(cid, boom)
     assert heard.events == [("failed commit", cid)]
 
-    done = coord.commit_with(cid, lambda c: coordinator.commit_checkpoint(pipeline, ledger, c))
+    done, result = coord.commit_with(cid, lambda c: coordinator.commit_checkpoint(pipeline, ledger, c))
+    assert result.checkpoint.state is CheckpointState.COMMITTED  # what the call returned
     assert done.state is CheckpointState.COMMITTED
     assert heard.events == [("failed commit", cid), ("committed", cid)]
     coord.commit_with(cid, lambda c: None)  # COMMITTED before the call: not reported again
