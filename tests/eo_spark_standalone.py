@@ -15,13 +15,14 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 from eo_harness import poll_until, wait_for
 
-from airflow_provider_eo.stack.kafka import free_port, pid_alive
+from airflow_provider_eo.stack.kafka import free_port, free_ports, pid_alive
 
 
 def spark_home() -> Path:
@@ -38,9 +39,9 @@ class StandaloneCluster:
         self.home = home
         self.cores = cores
         self.memory = memory
-        self.port = free_port()
-        self.ui_port = free_port()
-        self.worker_ui_port = free_port()
+        self.port = self.ui_port = self.worker_ui_port = 0
+        self.extra_ports: list[int] = []
+        self._pick_ports()
         self.procs: list[subprocess.Popen[bytes]] = []
 
     @property
@@ -91,12 +92,24 @@ class StandaloneCluster:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json/", timeout=5) as resp:
             return json.loads(resp.read())  # type: ignore[no-any-return]
 
-    def _master_answers(self) -> bool:
-        """This cluster's master (not another process on its UI port) serves its status."""
+    def _master_status(self) -> str | None:
+        """This cluster's master's status (``ALIVE``, ``STANDBY``...), or None while nothing
+        answers on its UI port as this master (another process may hold the port)."""
         try:
-            return self.state().get("url") == self.master_url
+            state = self.state()
         except (OSError, ValueError):
-            return False
+            return None
+        return str(state.get("status")) if state.get("url") == self.master_url else None
+
+    #: How many more ports a subclass needs (``extra_ports``), picked with the others.
+    EXTRA_PORTS = 0
+
+    def _pick_ports(self) -> None:
+        """New, distinct ports for the master, its UI, the worker's UI and the extras (one
+        free port after another may be the same port twice)."""
+        ports = free_ports(3 + self.EXTRA_PORTS)
+        self.port, self.ui_port, self.worker_ui_port = ports[:3]
+        self.extra_ports = ports[3:]
 
     def _alive_workers(self) -> int:
         try:
@@ -110,30 +123,52 @@ class StandaloneCluster:
         (self.home / "logs").mkdir(parents=True, exist_ok=True)
         (self.home / "work").mkdir(parents=True, exist_ok=True)
         for attempt in range(3):
-            self._start(
-                "master",
-                "org.apache.spark.deploy.master.Master",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--webui-port",
-                str(self.ui_port),
-            )
-            master = self.procs[-1]
-            wait_for(
-                lambda: self._master_answers() or master.poll() is not None,  # noqa: B023
-                "the master to answer",
-                timeout=timeout_s,
-            )
-            if master.poll() is None:
+            if self._start_master(timeout_s):
                 break
-            # A port was taken between picking and binding: new ports, and again.
-            self.procs.remove(master)
             if attempt == 2:
-                raise AssertionError(f"the Spark master did not start:\n{self.log_tail()}")
-            self.port, self.ui_port = free_port(), free_port()
+                tail = self.log_tail()
+                self.down()
+                raise AssertionError(f"the Spark master did not start, three times:\n{tail}")
+            self._pick_ports()
         self._start_worker(timeout_s, private)
+
+    def _start_master(self, timeout_s: float) -> bool:
+        """Start the master and wait until it is ALIVE (True). A master that exits, or
+        answers but stays in STANDBY (a port it binds after its web UI, such as the REST
+        server's, was taken since it was picked: Spark logs the bind error and the master
+        never takes the lead, so no worker can register), is stopped (False)."""
+        self._start(
+            "master",
+            "org.apache.spark.deploy.master.Master",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--webui-port",
+            str(self.ui_port),
+        )
+        master = self.procs[-1]
+        standby_since: list[float] = []
+
+        def settled() -> bool:
+            if master.poll() is not None:
+                return True
+            status = self._master_status()
+            if status == "ALIVE":
+                return True
+            if status is not None:
+                standby_since.append(time.monotonic())
+                return time.monotonic() - standby_since[0] > 15.0
+            return False
+
+        wait_for(settled, "the master to answer", timeout=timeout_s)
+        if master.poll() is None and self._master_status() == "ALIVE":
+            return True
+        self.procs.remove(master)
+        if master.poll() is None:
+            os.killpg(master.pid, signal.SIGKILL)
+            master.wait(timeout=30)
+        return False
 
     def share_again(self, folder: Path) -> None:
         """Remove the worker's private mount over ``folder``: from now on it (and every

@@ -56,7 +56,6 @@ from airflow_provider_eo.demo.sample import produce_sample
 from airflow_provider_eo.kafka import admin
 from airflow_provider_eo.kafka.audit import settled_ends
 from airflow_provider_eo.ledger import CheckpointState, Ledger, RangeSpec
-from airflow_provider_eo.stack.kafka import free_port
 
 from .conftest import DRIVER, RESULT_PREFIX, VENV_BIN, AirflowEnv, _kill_group
 
@@ -147,9 +146,15 @@ class RestCluster(StandaloneCluster):
     """The standalone master with its REST server on (the Spark provider reads driver
     states from it) on a free port."""
 
+    EXTRA_PORTS = 1
+
     def __init__(self, home: Path) -> None:
         super().__init__(home, cores=2, memory="1g")
-        self.rest_port = free_port()
+
+    @property
+    def rest_port(self) -> int:
+        """The master's REST submission server's port."""
+        return self.extra_ports[0]
 
     def _env(self) -> dict[str, str]:
         env = super()._env()
