@@ -39,6 +39,13 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 # mapped from a class-data-sharing archive when `tests/eo_jvm_archive.py` made one (the full
 # run makes it first). Set SPARK_SUBMIT_OPTS to override.
 os.environ.setdefault("SPARK_SUBMIT_OPTS", spark_submit_opts())
+# Every cluster executor they start: the same JIT, from the tests' spark-defaults.conf.
+os.environ.setdefault("SPARK_CONF_DIR", str(TESTS / "spark-conf"))
+# Every broker a test starts lives minutes, not months: the client JIT and the serial
+# collector start it in two thirds of the CPU (Kafka's own variable; see stack/kafka.py).
+os.environ.setdefault(
+    "KAFKA_JVM_PERFORMANCE_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Djava.awt.headless=true"
+)
 
 
 #: The longest files first (run with ``--no-loadscope-reorder``, pytest-xdist hands out files

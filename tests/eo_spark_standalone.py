@@ -61,8 +61,15 @@ class StandaloneCluster:
             PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
             # A port taken since it was picked (another test session on the machine) fails
             # the daemon instead of moving it to the next port, where it would not be found.
+            # The client JIT and the serial collector: two daemons that live a few minutes.
             SPARK_DAEMON_JAVA_OPTS=" ".join(
-                filter(None, [env.get("SPARK_DAEMON_JAVA_OPTS"), "-Dspark.port.maxRetries=0"])
+                filter(
+                    None,
+                    [
+                        env.get("SPARK_DAEMON_JAVA_OPTS"),
+                        "-Dspark.port.maxRetries=0 -XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+                    ],
+                )
             ),
         )
         return env

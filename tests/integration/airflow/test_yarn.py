@@ -111,6 +111,9 @@ def yarn_conf(node: Path) -> dict[str, str]:
         "spark.executor.memory": "512m",
         "spark.driver.memory": "512m",
         "spark.yarn.am.memory": "512m",
+        # Short-lived containers on a small shared machine: the client JIT, the serial
+        # collector (the executors get the same from the tests' spark-defaults.conf).
+        "spark.yarn.am.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
         # A dead driver fails its task at once; Airflow's retry submits anew.
         "spark.yarn.maxAppAttempts": "1",
         f"{env}SPARK_LOCAL_IP": "127.0.0.1",
@@ -172,7 +175,7 @@ def test_pipeline_dag_on_yarn_cluster_and_client_mode_stages_on_hdfs_exactly_onc
         # Cluster mode: the Spark provider's durable submit tracks the driver through the
         # ResourceManager's REST API (its only way on YARN), and a retry may re-attach to it.
         submit = json.dumps(
-            {"yarn_track_via_rm_api": True, "status_poll_interval": 10} if mode == "cluster" else {}
+            {"yarn_track_via_rm_api": True, "status_poll_interval": 2} if mode == "cluster" else {}
         )
         (airflow_env.dags / f"eo_yarn_{mode}.py").write_text(
             DAG_MODULE.format(mode=mode, conf=conf, submit=submit)

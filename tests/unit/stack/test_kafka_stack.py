@@ -9,7 +9,14 @@ import pytest
 
 from airflow_provider_eo.stack import maven
 from airflow_provider_eo.stack.errors import StackError
-from airflow_provider_eo.stack.kafka import BrokerInfo, LocalKafka, free_port, new_cluster_id, port_in_use
+from airflow_provider_eo.stack.kafka import (
+    BrokerInfo,
+    LocalKafka,
+    broker_jvm_opts,
+    free_port,
+    new_cluster_id,
+    port_in_use,
+)
 
 
 def test_port_collision_is_a_clear_error(tmp_path: Path) -> None:
@@ -20,6 +27,21 @@ def test_port_collision_is_a_clear_error(tmp_path: Path) -> None:
         assert port_in_use(busy)
         with pytest.raises(StackError, match=rf"port {busy} .* already in use.*--port"):
             LocalKafka(home=tmp_path, port=busy)._ports()
+
+
+def test_broker_jvm_options_follow_kafkas_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KAFKA_HEAP_OPTS", raising=False)
+    monkeypatch.delenv("KAFKA_JVM_PERFORMANCE_OPTS", raising=False)
+    assert broker_jvm_opts() == [
+        "-Xms256m",
+        "-Xmx1g",
+        "-XX:+UseG1GC",
+        "-XX:MaxGCPauseMillis=20",
+        "-Djava.awt.headless=true",
+    ]
+    monkeypatch.setenv("KAFKA_HEAP_OPTS", "-Xmx512m")
+    monkeypatch.setenv("KAFKA_JVM_PERFORMANCE_OPTS", "-XX:TieredStopAtLevel=1  -XX:+UseSerialGC")
+    assert broker_jvm_opts() == ["-Xmx512m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
 
 
 def test_free_port_is_free() -> None:
