@@ -15,6 +15,13 @@ same machine, same SparkSession, one run.
    newest source timestamp of its key in the batch, and a ``read_committed`` consumer of the
    sink notes when the row arrives. Latency = arrival - that timestamp; p50 over the rows.
 
+``--phases`` also prints where a throughput batch's time goes, medians over the measured
+rounds' batches: for each side Spark's own progress figures (``addBatch``: the batch's work,
+the sink's part of it; ``triggerExecution``: the whole trigger), and for eo the parts of its
+``addBatch`` timed in this process (reading the query's offset log, building the batch's
+runtime, the plan, the Spark job that computes and collects the batch, writing the staged
+file, the rest of the prepare, the commit). One ``ss_sink_phases:`` line per side.
+
 Progress goes to stderr; the last line on stdout is
 ``ss_sink: batches= records= eo_rps= spark_rps= eo_p50_s= spark_p50_s=``.
 """
@@ -77,6 +84,92 @@ def produce_at_rate(bootstrap: str, topic: str, rate: float, seconds: float, par
         p.poll(0)
         time.sleep(0.005)
     p.flush(60)
+
+
+class Phases:
+    """Seconds spent per micro-batch in named parts of the eo sink's ``foreach_batch``, timed
+    by wrapping the functions it calls (this process is the query's driver)."""
+
+    #: (module, attribute, phase): the functions timed, outermost first.
+    TIMED = (
+        ("airflow_provider_eo.streaming.sink", "KafkaExactlyOnceSink._batch", "batch"),
+        ("airflow_provider_eo.spark.offset_log", "query_id", "offset_log"),
+        ("airflow_provider_eo.spark.offset_log", "batch_offsets", "offset_log"),
+        ("airflow_provider_eo.streaming.sink", "build_runtime", "runtime"),
+        ("airflow_provider_eo.core.coordinator", "Coordinator.plan", "plan"),
+        ("airflow_provider_eo.core.coordinator", "Coordinator.prepare", "prepare"),
+        ("airflow_provider_eo.spark.driver_stage", "collect_staged", "prepare_job"),
+        ("airflow_provider_eo.spark.driver_stage", "write_staged", "prepare_write"),
+        ("airflow_provider_eo.spark.write", "write_staged", "prepare_job"),
+        ("airflow_provider_eo.core.coordinator", "Coordinator.commit", "commit"),
+    )
+
+    def __init__(self) -> None:
+        self.batches: list[dict[str, float]] = []
+        self._current: dict[str, float] | None = None
+        self._undo: list[tuple[Any, str, Any]] = []
+
+    def install(self) -> None:
+        import functools
+        import importlib
+
+        for module_name, attr, phase in self.TIMED:
+            owner: Any = importlib.import_module(module_name)
+            *path, name = attr.split(".")
+            for part in path:
+                owner = getattr(owner, part)
+            original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+
+            def timed(*a: Any, _f: Any = original, _phase: str = phase, **kw: Any) -> Any:
+                started = time.perf_counter()
+                if _phase == "batch":
+                    self._current = {}
+                try:
+                    return _f(*a, **kw)
+                finally:
+                    spent = time.perf_counter() - started
+                    if self._current is not None:
+                        self._current[_phase] = self._current.get(_phase, 0.0) + spent
+                    if _phase == "batch" and self._current is not None:
+                        self.batches.append(self._current)
+                        self._current = None
+
+            setattr(owner, name, functools.wraps(original)(timed))
+            self._undo.append((owner, name, original))
+
+    def uninstall(self) -> None:
+        for owner, name, original in reversed(self._undo):
+            setattr(owner, name, original)
+        self._undo.clear()
+
+    def summary(self) -> dict[str, float]:
+        """Median seconds per batch of each phase, and what the timed parts leave."""
+        out: dict[str, float] = {}
+        for _module, _attr, phase in self.TIMED:
+            values = [b.get(phase, 0.0) for b in self.batches]
+            if values:
+                out[phase] = statistics.median(values)
+        rest = [
+            b.get("prepare", 0.0) - b.get("prepare_job", 0.0) - b.get("prepare_write", 0.0)
+            for b in self.batches
+        ]
+        untimed = [
+            b["batch"] - sum(b.get(k, 0.0) for k in ("offset_log", "runtime", "plan", "prepare", "commit"))
+            for b in self.batches
+        ]
+        if self.batches:
+            out["prepare_rest"] = statistics.median(rest)
+            out["batch_rest"] = statistics.median(untimed)
+        return out
+
+
+def spark_progress(q: Any) -> list[dict[str, float]]:
+    """Each batch's ``durationMs`` figures (seconds) from the query's progress reports."""
+    out = []
+    for progress in q.recentProgress:
+        durations = progress.durationMs if hasattr(progress, "durationMs") else progress["durationMs"]
+        out.append({k: v / 1000 for k, v in dict(durations).items()})
+    return out
 
 
 class Arrivals(threading.Thread):
@@ -179,9 +272,16 @@ def start(
 
 
 def throughput(
-    spark: Any, bootstrap: str, work: Path, side: str, args: argparse.Namespace, tag: str
+    spark: Any,
+    bootstrap: str,
+    work: Path,
+    side: str,
+    args: argparse.Namespace,
+    tag: str,
+    progress: list[dict[str, float]] | None = None,
 ) -> tuple[float, int]:
-    """records/s of one side carrying a fresh backlog, and its batches."""
+    """records/s of one side carrying a fresh backlog, and its batches (each batch's
+    progress figures appended to ``progress``)."""
     from airflow_provider_eo.kafka.admin import ensure_topic
 
     cfg = {"bootstrap.servers": bootstrap}
@@ -203,6 +303,8 @@ def throughput(
     q.awaitTermination()
     seconds = time.monotonic() - started
     batches = len(q.recentProgress)
+    if progress is not None:
+        progress.extend(spark_progress(q))
     return args.backlog / seconds, batches
 
 
@@ -247,6 +349,8 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=1000.0)
     ap.add_argument("--seconds", type=float, default=40.0)
     ap.add_argument("--partitions", type=int, default=4)
+    ap.add_argument("--phases", action="store_true", help="print where a throughput batch's time goes")
+    ap.add_argument("--no-latency", action="store_true", help="skip the latency phase")
     args = ap.parse_args()
 
     from airflow_provider_eo.spark.session import get_spark
@@ -264,14 +368,39 @@ def main() -> int:
         for side in ("spark", "eo"):
             throughput(spark, bootstrap, work, side, args, f"warm-{side}")
         rps: dict[str, list[float]] = {"eo": [], "spark": []}
+        progress: dict[str, list[dict[str, float]]] = {"eo": [], "spark": []}
+        phases = Phases()
+        if args.phases:
+            phases.install()
         batches = 0
         for r in range(args.rounds):
             for side in ("eo", "spark") if r % 2 == 0 else ("spark", "eo"):
-                value, batches = throughput(spark, bootstrap, work, side, args, f"{r}-{side}")
+                value, batches = throughput(spark, bootstrap, work, side, args, f"{r}-{side}", progress[side])
                 rps[side].append(value)
                 log(f"round {r + 1}: {side} {value:,.0f} records/s ({batches} batches)")
-        p50 = {}
-        for side in ("spark", "eo"):
+        phases.uninstall()
+        if args.phases:
+            for side in ("spark", "eo"):
+                figures = {
+                    k: statistics.median(b.get(k, 0.0) for b in progress[side])
+                    for k in (
+                        "triggerExecution",
+                        "addBatch",
+                        "latestOffset",
+                        "queryPlanning",
+                        "walCommit",
+                        "commitOffsets",
+                    )
+                }
+                if side == "eo":
+                    figures.update(phases.summary())
+                print(
+                    f"ss_sink_phases: side={side} batches={len(progress[side])} "
+                    + " ".join(f"{k}_s={v:.3f}" for k, v in figures.items()),
+                    flush=True,
+                )
+        p50 = {"eo": float("nan"), "spark": float("nan")}
+        for side in () if args.no_latency else ("spark", "eo"):
             p50[side] = latency(spark, bootstrap, work, side, args)
             log(f"latency {side}: p50 {p50[side]:.2f}s at a {args.interval:g}s interval")
         eo_rps, spark_rps = statistics.median(rps["eo"]), statistics.median(rps["spark"])

@@ -57,6 +57,11 @@ class StandaloneCluster:
             SPARK_LOCAL_IP="127.0.0.1",
             SPARK_LOG_DIR=str(self.home / "logs"),
             SPARK_WORKER_DIR=str(self.home / "work"),
+            # The master's REST submission server is on by default, on one fixed port (6066):
+            # a second cluster on the machine (another test process) failed to bind it, and a
+            # master whose REST server fails to start never leaves STANDBY. Off here; a
+            # cluster that needs it sets it on, on a port of its own.
+            SPARK_MASTER_OPTS="-Dspark.master.rest.enabled=false",
             PYSPARK_PYTHON=sys.executable,
             PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
             # A port taken since it was picked (another test session on the machine) fails
