@@ -35,12 +35,11 @@ os.environ.setdefault("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE", "True")
 # Every Spark driver a test starts (a cluster master too) binds and advertises loopback only.
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 # Every Spark driver JVM a test starts (this session's, spark-submit's, an `eo` child's) runs
-# a few short jobs on a small, shared machine: the client JIT only, and pyspark's classes
+# a few short jobs on a small, shared machine: the client JIT only (their cluster executors
+# too), and pyspark's classes
 # mapped from a class-data-sharing archive when `tests/eo_jvm_archive.py` made one (the full
 # run makes it first). Set SPARK_SUBMIT_OPTS to override.
 os.environ.setdefault("SPARK_SUBMIT_OPTS", spark_submit_opts())
-# Every cluster executor they start: the same JIT, from the tests' spark-defaults.conf.
-os.environ.setdefault("SPARK_CONF_DIR", str(TESTS / "spark-conf"))
 # Every broker a test starts lives minutes, not months: the client JIT and the serial
 # collector start it in two thirds of the CPU (Kafka's own variable; see stack/kafka.py).
 os.environ.setdefault(

@@ -27,6 +27,12 @@ ARCHIVE_DIR = ROOT / ".eo" / "jvm"
 #: The JVM options the tests' Spark drivers run with: the client JIT only (no C2 compiler
 #: threads taking the cores of a small shared machine; a cold local job is a third faster).
 BASE_OPTS = "-XX:TieredStopAtLevel=1"
+#: Every executor those drivers start on a test cluster (standalone, YARN) runs a few short
+#: tasks too: the same JIT and the serial collector. A Spark property the driver reads from
+#: its JVM's system properties (quoted: the launcher keeps it one argument). Not through a
+#: conf folder: Spark puts that first on the class path, and a class path with a non-empty
+#: folder in it can neither make nor map an archive.
+EXECUTOR_OPTS = '"-Dspark.executor.defaultJavaOptions=-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"'
 #: Silence the JVM's notes about the archive (a mismatch or a skipped class) on stdout.
 QUIET = "-Xlog:cds*=off"
 
@@ -64,6 +70,13 @@ def _java() -> str:
     return os.path.realpath(java) if java else ""
 
 
+def spark_home_bin() -> Path:
+    """pyspark's ``bin`` folder (spark-submit, spark-class)."""
+    import pyspark
+
+    return Path(pyspark.__file__).resolve().parent / "bin"
+
+
 def archive_path() -> Path | None:
     """Where this runtime's and this pyspark's archive lives (None without Java or pyspark)."""
     try:
@@ -83,8 +96,8 @@ def spark_submit_opts() -> str:
     """``SPARK_SUBMIT_OPTS`` for the tests' Spark drivers: with the archive when it is made."""
     archive = archive_path()
     if archive is None or not archive.is_file():
-        return BASE_OPTS
-    return f"{BASE_OPTS} -XX:SharedArchiveFile={archive} {QUIET}"
+        return f"{BASE_OPTS} {EXECUTOR_OPTS}"
+    return f"{BASE_OPTS} {EXECUTOR_OPTS} -XX:SharedArchiveFile={archive} {QUIET}"
 
 
 def make_archive(timeout_s: float = 600) -> Path | None:

@@ -152,6 +152,9 @@ class KafkaExactlyOnceSink:
         self._run: _QueryRun | None = None
         # Held while a batch is in foreachBatch: a stop request waits for the batch to end.
         self._in_batch = threading.Lock()
+        # Held while the run is ended (by the query's listener or by close()): close() waits
+        # for an end the listener began, so the process does not exit before it is written.
+        self._ending = threading.Lock()
         self._resolved: Pipeline | None = None
         self._settings: ConnectionSettings | None = None
         self._ledger: Ledger | None = None
@@ -269,10 +272,8 @@ class KafkaExactlyOnceSink:
                 pass
 
             def onQueryTerminated(self, event: Any) -> None:
-                run = sink._run
-                if sink.query is not None and str(event.id) == str(sink.query.id) and run is not None:
-                    sink._run = None
-                    run.end(event.exception)
+                if sink.query is not None and str(event.id) == str(sink.query.id):
+                    sink._end_run(event.exception)
 
         spark.streams.addListener(_Ended())
 
@@ -285,13 +286,20 @@ class KafkaExactlyOnceSink:
             self._ledger.close()
 
     def _end_run_if_terminated(self) -> None:
-        """End the run of the sink's query in the ledger when that query has terminated."""
-        run, query = self._run, self.query
-        if run is None or query is None or query.isActive:
+        """End the run of the sink's query in the ledger when that query has terminated
+        (returns once it is ended, by this call or by the listener)."""
+        query = self.query
+        if query is None or query.isActive:
             return
-        self._run = None
-        error = query.exception()
-        run.end(str(error) if error is not None else None)
+        error = query.exception() if self._run is not None else None
+        self._end_run(str(error) if error is not None else None)
+
+    def _end_run(self, error: str | None) -> None:
+        """End the query's run once, whoever comes first; the other waits until it is written."""
+        with self._ending:
+            run, self._run = self._run, None
+            if run is not None:
+                run.end(error)
 
     # -- one micro-batch -----------------------------------------------------------------------
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -67,3 +68,42 @@ def test_a_second_query_is_refused_while_the_first_runs(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="query q-1 still writes through this sink; stop it"):
         sink.start(None, str(tmp_path / "other-location"))  # type: ignore[arg-type]
     assert sink.checkpoint_location is None  # nothing of the refused start was kept
+
+
+def test_close_waits_for_the_run_end_the_listener_began() -> None:
+    """The query's listener ends the run on its own thread when the query terminates; close()
+    right after ``awaitTermination()`` returns only once that end is written (the process
+    exits next, and a half-written end would leave the run RUNNING in the ledger)."""
+    import threading
+    import time
+
+    sink = KafkaExactlyOnceSink("agg", {"bootstrap.servers": "b:9092"}, sink_topic="out")
+    ended: list[str | None] = []
+    entered = threading.Event()
+
+    class SlowRun:
+        def end(self, error: str | None) -> None:
+            entered.set()
+            time.sleep(0.5)  # the ledger write, slow
+            ended.append(error)
+
+    class Terminated:
+        id = "q-1"
+        isActive = False
+
+        def exception(self) -> None:
+            return None
+
+    listeners: list[Any] = []
+    spark = types.SimpleNamespace(streams=types.SimpleNamespace(addListener=listeners.append))
+    sink._listen(spark)
+    sink._run = SlowRun()  # type: ignore[assignment]
+    sink.query = Terminated()  # type: ignore[assignment]
+    event = types.SimpleNamespace(id="q-1", exception=None)
+    listener = threading.Thread(target=listeners[0].onQueryTerminated, args=(event,))
+    listener.start()
+    assert entered.wait(5)
+    sink.close()
+    assert ended == [None]  # written before close() returned, and once
+    listener.join(5)
+    assert ended == [None]
