@@ -28,7 +28,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
     p for p in (str(TESTS), str(ROOT), os.environ.get("PYTHONPATH", "")) if p
 )
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-from eo_jvm_archive import spark_submit_opts  # noqa: E402  (found through the path above)
+from eo_jvm_archive import SHORT_LIVED_JVM, spark_submit_opts  # noqa: E402  (found through the path above)
 
 # Sensors wait in the triggerer unless a test says otherwise (Airflow's default is to poke).
 os.environ.setdefault("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE", "True")
@@ -42,9 +42,7 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("SPARK_SUBMIT_OPTS", spark_submit_opts())
 # Every broker a test starts lives minutes, not months: the client JIT and the serial
 # collector start it in two thirds of the CPU (Kafka's own variable; see stack/kafka.py).
-os.environ.setdefault(
-    "KAFKA_JVM_PERFORMANCE_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Djava.awt.headless=true"
-)
+os.environ.setdefault("KAFKA_JVM_PERFORMANCE_OPTS", f"{SHORT_LIVED_JVM} -Djava.awt.headless=true")
 
 
 #: The longest files first (run with ``--no-loadscope-reorder``, pytest-xdist hands out files

@@ -27,12 +27,15 @@ ARCHIVE_DIR = ROOT / ".eo" / "jvm"
 #: The JVM options the tests' Spark drivers run with: the client JIT only (no C2 compiler
 #: threads taking the cores of a small shared machine; a cold local job is a third faster).
 BASE_OPTS = "-XX:TieredStopAtLevel=1"
+#: Any JVM the tests start that lives minutes (brokers, cluster daemons, executors, YARN's
+#: application master): the client JIT only and the serial collector start it fastest.
+SHORT_LIVED_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 #: Every executor those drivers start on a test cluster (standalone, YARN) runs a few short
 #: tasks too: the same JIT and the serial collector. A Spark property the driver reads from
 #: its JVM's system properties (quoted: the launcher keeps it one argument). Not through a
 #: conf folder: Spark puts that first on the class path, and a class path with a non-empty
 #: folder in it can neither make nor map an archive.
-EXECUTOR_OPTS = '"-Dspark.executor.defaultJavaOptions=-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"'
+EXECUTOR_OPTS = f'"-Dspark.executor.defaultJavaOptions={SHORT_LIVED_JVM}"'
 #: Silence the JVM's notes about the archive (a mismatch or a skipped class) on stdout.
 QUIET = "-Xlog:cds*=off"
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from eo_harness import poll_until, wait_for
+from eo_jvm_archive import SHORT_LIVED_JVM
 
 from airflow_provider_eo.stack.kafka import free_port, free_ports, pid_alive
 
@@ -72,7 +73,7 @@ class StandaloneCluster:
                     None,
                     [
                         env.get("SPARK_DAEMON_JAVA_OPTS"),
-                        "-Dspark.port.maxRetries=0 -XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+                        f"-Dspark.port.maxRetries=0 {SHORT_LIVED_JVM}",
                     ],
                 )
             ),
@@ -160,18 +161,18 @@ class StandaloneCluster:
             str(self.ui_port),
         )
         master = self.procs[-1]
-        standby_since: list[float] = []
+        standby_since: float | None = None
 
         def settled() -> bool:
+            nonlocal standby_since
             if master.poll() is not None:
                 return True
             status = self._master_status()
             if status == "ALIVE":
                 return True
-            if status is not None:
-                standby_since.append(time.monotonic())
-                return time.monotonic() - standby_since[0] > 15.0
-            return False
+            if status is not None and standby_since is None:
+                standby_since = time.monotonic()
+            return standby_since is not None and time.monotonic() - standby_since > 15.0
 
         wait_for(settled, "the master to answer", timeout=timeout_s)
         if master.poll() is None and self._master_status() == "ALIVE":

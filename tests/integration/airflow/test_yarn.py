@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from eo_jvm_archive import SHORT_LIVED_JVM
 from eo_source_sink import assert_sink_is_source_exactly_once
 
 from airflow_provider_eo.core.audit import audit_pipeline
@@ -113,7 +114,7 @@ def yarn_conf(node: Path) -> dict[str, str]:
         "spark.yarn.am.memory": "512m",
         # Short-lived containers on a small shared machine: the client JIT, the serial
         # collector (the executors get the same from the tests' spark-defaults.conf).
-        "spark.yarn.am.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+        "spark.yarn.am.extraJavaOptions": SHORT_LIVED_JVM,
         # A dead driver fails its task at once; Airflow's retry submits anew.
         "spark.yarn.maxAppAttempts": "1",
         f"{env}SPARK_LOCAL_IP": "127.0.0.1",

@@ -9,16 +9,18 @@ import os
 import subprocess
 
 import pytest
-from eo_jvm_archive import archive_path, spark_home_bin
+from eo_jvm_archive import make_archive, spark_home_bin
 
 pytestmark = [pytest.mark.spark]
 
 
 def test_a_driver_jvm_with_the_tests_settings_maps_the_archive() -> None:
-    archive = archive_path()
-    if archive is None or not archive.is_file():
-        pytest.skip("no class archive made (scripts/test.sh makes it before the full run)")
-    opts = os.environ["SPARK_SUBMIT_OPTS"]
+    # scripts/test.sh makes it before the run (then this returns at once); made here otherwise.
+    archive = make_archive()
+    assert archive is not None and archive.is_file(), "the class archive could not be made"
+    from eo_jvm_archive import spark_submit_opts
+
+    opts = spark_submit_opts()
     assert str(archive) in opts, opts
     # -Xshare:on: a JVM that cannot map the archive exits with an error instead of going on.
     done = subprocess.run(

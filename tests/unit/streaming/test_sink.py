@@ -75,17 +75,16 @@ def test_close_waits_for_the_run_end_the_listener_began() -> None:
     right after ``awaitTermination()`` returns only once that end is written (the process
     exits next, and a half-written end would leave the run RUNNING in the ledger)."""
     import threading
-    import time
 
     sink = KafkaExactlyOnceSink("agg", {"bootstrap.servers": "b:9092"}, sink_topic="out")
-    ended: list[str | None] = []
-    entered = threading.Event()
+    events: list[str] = []
+    entered, release = threading.Event(), threading.Event()
 
     class SlowRun:
         def end(self, error: str | None) -> None:
             entered.set()
-            time.sleep(0.5)  # the ledger write, slow
-            ended.append(error)
+            assert release.wait(10)  # the ledger write, held until the test lets it go
+            events.append(f"ended {error}")
 
     class Terminated:
         id = "q-1"
@@ -103,7 +102,10 @@ def test_close_waits_for_the_run_end_the_listener_began() -> None:
     listener = threading.Thread(target=listeners[0].onQueryTerminated, args=(event,))
     listener.start()
     assert entered.wait(5)
-    sink.close()
-    assert ended == [None]  # written before close() returned, and once
+    closer = threading.Thread(target=lambda: (sink.close(), events.append("closed")))
+    closer.start()
+    closer.join(timeout=1.0)  # close() must still be waiting for the listener's end
+    release.set()
+    closer.join(5)
     listener.join(5)
-    assert ended == [None]
+    assert events == ["ended None", "closed"]  # written before close() returned, and once
