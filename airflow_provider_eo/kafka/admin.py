@@ -225,6 +225,33 @@ def list_offsets(
     cluster is re-electing) is asked again, each request bounded, until ``timeout_s``.
     """
     offset_spec = OffsetSpec.earliest() if spec == "earliest" else OffsetSpec.latest()
+    return _offsets(
+        config, partitions, offset_spec, IsolationLevel.READ_COMMITTED, f"{spec} offsets", timeout_s
+    )
+
+
+#: What librdkafka's ListOffsets reports, with no error, for a partition whose request to its
+#: leader failed (the leader it has cached is gone: its result keeps the initial value).
+_NO_ANSWER = -1001
+
+
+def _offsets(
+    config: Mapping[str, Any],
+    partitions: Iterable[tuple[str, int]],
+    offset_spec: OffsetSpec,
+    isolation: IsolationLevel,
+    what: str,
+    timeout_s: float,
+) -> dict[tuple[str, int], int]:
+    """ListOffsets of ``partitions``, retried until ``timeout_s`` while a leader moves.
+
+    librdkafka sends the request to the leader in its metadata cache and reports a partition
+    whose request failed as offset -1001 with no error. A shared admin client subscribes to
+    no topic, so nothing refreshes that cache when the leader dies (a cluster elects another
+    at once): every later request would go to the dead broker for minutes (until
+    ``topic.metadata.refresh.interval.ms``). Such a partition is asked again after a metadata
+    request for its topic, which updates the cache.
+    """
     pending = {TopicPartition(t, p) for t, p in partitions}
     admin = admin_client(config)
     out: dict[tuple[str, int], int] = {}
@@ -232,21 +259,19 @@ def list_offsets(
     while pending:
         request_s = max(1.0, min(10.0, deadline - time.monotonic()))
         futures = admin.list_offsets(
-            {tp: offset_spec for tp in pending},
-            isolation_level=IsolationLevel.READ_COMMITTED,
-            request_timeout=request_s,
+            {tp: offset_spec for tp in pending}, isolation_level=isolation, request_timeout=request_s
         )
         retry: set[TopicPartition] = set()
         for tp, fut in futures.items():
             try:
-                out[(tp.topic, tp.partition)] = int(fut.result(timeout=request_s + 5).offset)
+                offset = int(fut.result(timeout=request_s + 5).offset)
             except (KafkaException, FutureTimeout) as exc:
                 # A fresh topic or a leader move answers NOT_LEADER / LEADER_NOT_AVAILABLE
                 # for a moment, or (a dead leader) not at all: retriable until the deadline.
                 transient = isinstance(exc, FutureTimeout) or _transient(exc.args[0])
                 if isinstance(exc, KafkaException) and is_authorization_error(exc.args[0]):
                     raise access_denied(
-                        f"listing {spec} offsets of {tp.topic}[{tp.partition}]",
+                        f"listing {what} of {tp.topic}[{tp.partition}]",
                         "DESCRIBE",
                         "topic",
                         tp.topic,
@@ -258,12 +283,27 @@ def list_offsets(
                     continue
                 reason = str(exc) if isinstance(exc, KafkaException) else f"no answer in {timeout_s:.0f} s"
                 raise KafkaAdminError(
-                    f"listing {spec} offsets of {tp.topic}[{tp.partition}] failed: {reason}; "
+                    f"listing {what} of {tp.topic}[{tp.partition}] failed: {reason}; "
                     "check that the partition has a live leader (kafka-topics --describe) and retry"
                 ) from exc
+            if offset != _NO_ANSWER:
+                out[(tp.topic, tp.partition)] = offset
+            elif time.monotonic() < deadline:
+                retry.add(tp)
+            else:
+                raise KafkaAdminError(
+                    f"listing {what} of {tp.topic}[{tp.partition}] failed: its leader did not "
+                    f"answer in {timeout_s:.0f} s; check that the partition has a live leader "
+                    "(kafka-topics --describe) and retry"
+                )
         pending = retry
         if pending:
             time.sleep(0.2)
+            for topic in sorted({tp.topic for tp in pending}):
+                try:  # the current leaders into the client's cache
+                    admin.list_topics(topic=topic, timeout=max(1.0, min(10.0, deadline - time.monotonic())))
+                except KafkaException:
+                    pass  # no broker answered: the next round's request fails the same way
     return out
 
 
@@ -277,13 +317,14 @@ def offsets_for_timestamp(
     wanted = list(partitions)
     if not wanted:
         return {}
-    admin = admin_client(config)
-    futures = admin.list_offsets(
-        {TopicPartition(t, p): OffsetSpec.for_timestamp(timestamp_ms) for t, p in wanted},
-        isolation_level=IsolationLevel.READ_COMMITTED,
-        request_timeout=timeout_s,
+    found = _offsets(
+        config,
+        wanted,
+        OffsetSpec.for_timestamp(timestamp_ms),
+        IsolationLevel.READ_COMMITTED,
+        f"offsets at {timestamp_ms} ms",
+        timeout_s,
     )
-    found = {(tp.topic, tp.partition): int(f.result(timeout=timeout_s).offset) for tp, f in futures.items()}
     missing = [tp for tp, off in found.items() if off < 0]  # no record that late: the end
     if missing:
         found.update(list_offsets(config, missing, spec="latest", timeout_s=timeout_s))
@@ -484,15 +525,17 @@ def sink_offsets(
 ) -> tuple[dict[int, int], dict[int, int]]:
     """(last stable offset, high watermark) per partition of ``topic``: a partition whose
     stable offset is below its high watermark has an open transaction."""
-    client = admin_client(config)
-    found: list[dict[int, int]] = []
-    for level in (IsolationLevel.READ_COMMITTED, IsolationLevel.READ_UNCOMMITTED):
-        futures = client.list_offsets(
-            {TopicPartition(topic, p): OffsetSpec.latest() for p in range(partitions)},
-            isolation_level=level,
-            request_timeout=15,
+    tps = [(topic, p) for p in range(partitions)]
+    found = [
+        {
+            p: offset
+            for (_t, p), offset in _offsets(config, tps, OffsetSpec.latest(), level, what, 15.0).items()
+        }
+        for level, what in (
+            (IsolationLevel.READ_COMMITTED, "last stable offsets"),
+            (IsolationLevel.READ_UNCOMMITTED, "high watermarks"),
         )
-        found.append({tp.partition: int(f.result(timeout=15).offset) for tp, f in futures.items()})
+    ]
     return found[0], found[1]
 
 

@@ -7,7 +7,8 @@ coordinates its transactional id is SIGKILLed together with the committer (a cra
 task: its retry finishes the checkpoint), and for the next checkpoint the leader of a sink
 partition is SIGKILLed while the committer goes on. Exactly once both times. Each killed
 broker is restarted and, once every replica is back in sync, still nothing is lost or
-duplicated.
+duplicated. Before that, the offset look-ups of a process's shared admin client follow a
+partition's leadership when its leader dies.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import Producer
 from eo_faultlib import finish, kill_child, sigcont
 from eo_harness import Harness, wait_for
 from eo_kafka_cluster import LocalCluster, txn_state_partition
@@ -51,6 +53,34 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         admin.close_shared_clients()  # while the brokers still answer (see the function)
         close_producers()  # the transactional producers local commits kept, likewise
         c.down()
+
+
+def test_offset_lookups_follow_a_dead_leaders_successor(cluster: LocalCluster) -> None:
+    # librdkafka sends ListOffsets to the leader in its client's metadata cache, and a
+    # shared admin client (which subscribes to nothing) does not refresh it when that leader
+    # dies: each request failed and the partition came back as offset -1001 with no error,
+    # for minutes (a commit's read-back found "no offsets" until it gave up).
+    config = {"bootstrap.servers": cluster.bootstrap}
+    topic = f"lookup-{uuid.uuid4().hex[:6]}"
+    admin.ensure_topic(config, topic, partitions=PARTITIONS, replication_factor=3)
+    producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all"})
+    for i in range(7):
+        producer.produce(topic, value=str(i).encode(), partition=0)
+    assert producer.flush(30) == 0
+    tp = (topic, 0)
+    assert admin.list_offsets(config, [tp], spec="latest") == {tp: 7}  # the leader now cached
+    victim = cluster.leader_of(topic, 0)
+    cluster.kill(victim)
+    try:
+        wait_for(lambda: cluster.leader_of(topic, 0) != victim, "a new leader", timeout=60)
+        assert admin.list_offsets(config, [tp], spec="latest", timeout_s=60) == {tp: 7}
+        assert admin.list_offsets(config, [tp], spec="earliest", timeout_s=60) == {tp: 0}
+        assert admin.sink_offsets(config, topic, PARTITIONS) == ({0: 7, 1: 0, 2: 0}, {0: 7, 1: 0, 2: 0})
+    finally:
+        cluster.restart(victim)
+        wait_for(
+            lambda: cluster.isr_complete({topic: PARTITIONS}), f"node {victim} back in sync", timeout=120
+        )
 
 
 def _kill_during_commit(
