@@ -56,6 +56,9 @@ echo "== pytest" >&2
 # Files are handed out in collection order, which tests/conftest.py sets longest first
 # (pytest-xdist's own order, most tests first, left the one-test YARN file for last).
 # Every test's time is kept in .eo/test-report.xml (JUnit XML; per file:
-# scripts/test_times.py).
+# scripts/test_times.py), and when it ran with the machine's CPU meanwhile in
+# .eo/test-timeline.jsonl (scripts/test_times.py --timeline).
+rm -f .eo/test-timeline.jsonl
+export EO_TEST_TIMELINE="$PWD/.eo/test-timeline.jsonl"
 .venv/bin/pytest -q --timeout=600 --timeout-method=thread --session-timeout=4800 --durations=50 \
   --junitxml=.eo/test-report.xml -n "${EO_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -59,6 +61,44 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return next((i for i, name in enumerate(_HEAVY_FIRST) if name in names), len(_HEAVY_FIRST))
 
     items.sort(key=weight)
+
+
+def _machine_cpu() -> tuple[float, float]:
+    """(busy, idle) core-seconds of the whole machine since boot (``/proc/stat``)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    hz = os.sysconf("SC_CLK_TCK")
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields[:8]) - idle) / hz, idle / hz
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """With ``EO_TEST_TIMELINE`` set (``make test`` sets it), append each test's timeline to
+    that file: when it ran, in which worker, the CPU its process and reaped children used, and
+    how busy the whole machine was meanwhile (``scripts/test_times.py --timeline`` sums them
+    per file: a file that leaves the cores idle waits on something)."""
+    path = os.environ.get("EO_TEST_TIMELINE")
+    if not path:
+        yield
+        return
+    start, (busy0, idle0), own0 = time.time(), _machine_cpu(), os.times()
+    yield
+    end, (busy1, idle1), own1 = time.time(), _machine_cpu(), os.times()
+    own = (own1.user + own1.system + own1.children_user + own1.children_system) - (
+        own0.user + own0.system + own0.children_user + own0.children_system
+    )
+    line = {
+        "test": item.nodeid,
+        "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+        "start": round(start, 3),
+        "end": round(end, 3),
+        "own_cpu": round(own, 2),
+        "machine_busy": round(busy1 - busy0, 2),
+        "machine_idle": round(idle1 - idle0, 2),
+    }
+    with contextlib.suppress(OSError), open(path, "a") as f:
+        f.write(json.dumps(line) + "\n")
 
 
 @pytest.hookimpl(optionalhook=True)
