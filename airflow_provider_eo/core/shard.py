@@ -80,6 +80,9 @@ from airflow_provider_eo.kafka.publisher import (
 
 #: Rounds of abort-and-redo / re-init before a shard gives up (retry the commit later).
 MAX_SHARD_ROUNDS = 5
+#: Seconds an abort waits for the producer's in-flight records before it gives up (see
+#: :meth:`ShardTransaction.abort`).
+ABORT_WAIT_S = 10.0
 
 
 class Outcome(enum.Enum):
@@ -346,9 +349,17 @@ class ShardTransaction:
 
     def abort(self) -> None:
         """Abort the open transaction (best effort: the next ``init_transactions`` aborts
-        it anyway), then serve the delivery reports still queued (the cause, if any)."""
+        it anyway), then serve the delivery reports still queued (the cause, if any).
+
+        Waits at most :data:`ABORT_WAIT_S`: librdkafka's abort first waits for every record
+        in flight, and after the broker refused a record (MSG_SIZE_TOO_LARGE) the records
+        queued behind it on that partition stay in flight until ``message.timeout.ms``
+        (~55 s here) although the transaction is lost anyway. The producer is not used
+        again after an abort: the next round's producer, or the task's retry, re-inits the
+        transactional id, which aborts the transaction and fences this producer's late
+        requests (or the broker aborts it at ``transaction.timeout.ms``)."""
         try:
-            self.producer.abort_transaction(self.committable.timeout_s)
+            self.producer.abort_transaction(min(self.committable.timeout_s, ABORT_WAIT_S))
         except Exception:
             pass
         try:

@@ -57,7 +57,9 @@ def test_record_refused_by_the_broker_aborts_the_shard_and_names_the_record(
     started = time.monotonic()
     with pytest.raises(CommitError) as failed:
         h.commit(cp.checkpoint_id)
-    assert time.monotonic() - started < 120, "the commit must give up, not loop"
+    # Promptly: not looping, and not waiting out the records librdkafka keeps in flight
+    # behind the refused one until message.timeout.ms (~55 s) before it aborts.
+    assert time.monotonic() - started < 40, "the commit must give up at once, not loop or wait"
     message = str(failed.value)
     assert f"checkpoint {cp.checkpoint_id}" in message, message
     assert f"partition {big_partition}" in message, message
