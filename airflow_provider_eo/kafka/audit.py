@@ -19,7 +19,7 @@ from airflow_provider_eo import names
 from airflow_provider_eo.errors import CommitError, ReadBackBlocked
 from airflow_provider_eo.kafka import admin
 from airflow_provider_eo.kafka.acls import is_authorization_error, reader_denied
-from airflow_provider_eo.kafka.client_config import librdkafka_config
+from airflow_provider_eo.kafka.client_config import CONSUME_WAIT_S, librdkafka_config
 
 
 def high_watermarks(config: dict[str, Any], partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
@@ -62,10 +62,14 @@ def settled_ends(
         time.sleep(0.1)
 
 
-def read_sink(config: dict[str, Any], topic: str, timeout_s: float = 120.0) -> list[Any]:
-    """Every record a read_committed consumer sees in ``topic`` up to its last stable offset."""
+def read_sink(
+    config: dict[str, Any], topic: str, timeout_s: float = 120.0, *, settle_s: float = 15.0
+) -> list[Any]:
+    """Every record a read_committed consumer sees in ``topic`` up to its last stable offset,
+    after waiting up to ``settle_s`` for open transactions to end (:func:`settled_ends`; 0:
+    what such a consumer sees now)."""
     parts = admin.partitions_of(config, [topic])[topic]
-    ends = settled_ends(config, [(topic, p) for p in parts])
+    ends = settled_ends(config, [(topic, p) for p in parts], settle_s)
     return read_topic(config, topic, ends, isolation="read_committed", timeout_s=timeout_s)
 
 
@@ -109,7 +113,7 @@ def iter_topic(
     try:
         consumer.assign([TopicPartition(topic, p, starts[(topic, p)]) for p in todo])
         while todo and time.monotonic() < deadline:
-            for msg in consumer.consume(10_000, 0.5):
+            for msg in consumer.consume(10_000, CONSUME_WAIT_S):
                 err = msg.error()
                 partition = int(msg.partition() or 0)
                 if err is not None:
@@ -166,7 +170,7 @@ def _last_of_ours(
     try:
         consumer.assign([TopicPartition(topic, partition, start)])
         while time.monotonic() < deadline:
-            for msg in consumer.consume(1000, 0.5):
+            for msg in consumer.consume(1000, CONSUME_WAIT_S):
                 err = msg.error()
                 if err is not None:
                     eof = err.code() == KafkaError._PARTITION_EOF
@@ -320,7 +324,7 @@ def last_published_checkpoint(
             while not done:
                 if time.monotonic() >= deadline:
                     raise unreadable(f"[{start}, {end})")
-                for msg in consumer.consume(1000, 0.5):
+                for msg in consumer.consume(1000, CONSUME_WAIT_S):
                     err = msg.error()
                     if err is not None:
                         if is_authorization_error(err):

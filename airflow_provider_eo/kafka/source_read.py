@@ -14,7 +14,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from airflow_provider_eo.kafka import admin
 from airflow_provider_eo.kafka.acls import is_authorization_error, reader_denied
-from airflow_provider_eo.kafka.client_config import librdkafka_config
+from airflow_provider_eo.kafka.client_config import CONSUME_WAIT_S, librdkafka_config
 
 __all__ = ["SourceRecords", "read_source_ranges"]
 
@@ -71,7 +71,7 @@ def read_source_ranges(
                 raise TimeoutError(
                     f"audit: could not read source partitions {sorted(todo)} to the planned ends"
                 )
-            for msg in consumer.consume(10_000, 0.5):
+            for msg in consumer.consume(10_000, CONSUME_WAIT_S):
                 tp = (str(msg.topic()), int(msg.partition() or 0))
                 if tp not in todo:
                     continue

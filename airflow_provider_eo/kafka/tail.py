@@ -10,7 +10,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from airflow_provider_eo.kafka import admin
-from airflow_provider_eo.kafka.client_config import librdkafka_config
+from airflow_provider_eo.kafka.client_config import CONSUME_WAIT_S, librdkafka_config
 
 __all__ = ["tail_records"]
 
@@ -51,7 +51,7 @@ def tail_records(
         while todo:
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"could not read the newest records of {topic} partitions {sorted(todo)}")
-            for msg in consumer.consume(1000, 0.5):
+            for msg in consumer.consume(1000, CONSUME_WAIT_S):
                 partition = int(msg.partition() or 0)
                 err = msg.error()
                 if err is not None:
