@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from eo_faultlib import QUICK_RESTART_CONFIG
 from eo_harness import Harness, wait_for
 
 from airflow_provider_eo.kafka.admin import ensure_topic
@@ -23,7 +24,7 @@ pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
 @pytest.fixture()
 def own_broker(tmp_path: Path) -> Iterator[LocalKafka]:
-    kafka = LocalKafka(home=tmp_path / "kafka")
+    kafka = LocalKafka(home=tmp_path / "kafka", extra_config=QUICK_RESTART_CONFIG)
     kafka.up(timeout_s=120)
     try:
         yield kafka
@@ -89,7 +90,8 @@ def test_a_kept_producer_after_a_broker_kill_and_restart_does_not_hold_the_next_
         "the killed broker's process and port to be gone",
         timeout=60,
     )
-    assert LocalKafka(home=own_broker.home, port=info.port).up(timeout_s=120).port == info.port
+    again = LocalKafka(home=own_broker.home, port=info.port, extra_config=QUICK_RESTART_CONFIG)
+    assert again.up(timeout_s=120).port == info.port
     h.produce(100, start=100)
     started = time.monotonic()
     result = h.run_once()
