@@ -406,6 +406,8 @@ class FakeClients:
         self.broker = broker
         # open transactions of producers that are not ours: topic -> partition -> (stable, high)
         self.open: dict[str, dict[int, tuple[int, int]]] = {}
+        # topics the broker says this principal may not WRITE (KIP-430 authorized operations)
+        self.write_denied: set[str] = set()
 
     def producer(
         self,
@@ -497,6 +499,10 @@ class FakeClients:
 
     def topic_max_message_bytes(self, config: Mapping[str, Any], topic: str, default: int) -> int:
         return self.broker.max_message_bytes.get(topic, default)
+
+    def write_denied_topic(self, config: Mapping[str, Any], topics: Any) -> str | None:
+        self.broker.calls.append(("admin", "describe_topics"))
+        return next((t for t in topics if t in self.write_denied), None)
 
     def open_transactions(self, config: Mapping[str, Any], topic: str) -> dict[int, tuple[int, int]]:
         """Partitions holding records of a still-open transaction: (committed, + open)."""

@@ -83,6 +83,10 @@ class KafkaClients(Protocol):
         """Partitions of ``topic`` whose last stable offset is below the high watermark:
         partition -> (stable, high)."""
 
+    def write_denied_topic(self, config: Mapping[str, Any], topics: Sequence[str]) -> str | None:
+        """The first of ``topics`` the broker says this principal may not WRITE (None: it
+        may write them all, or the broker will not say)."""
+
 
 class RealKafka:
     """:class:`KafkaClients` on the real cluster (stateless, so picklable)."""
@@ -184,6 +188,12 @@ class RealKafka:
 
         stable, high = admin.sink_offsets(config, topic, admin.partition_count(config, topic))
         return {p: (stable[p], high[p]) for p in sorted(high) if stable.get(p, high[p]) < high[p]}
+
+    def write_denied_topic(self, config: Mapping[str, Any], topics: Sequence[str]) -> str | None:
+        """:func:`kafka.admin.write_denied_topic`."""
+        from airflow_provider_eo.kafka import admin
+
+        return admin.write_denied_topic(config, topics)
 
 
 REAL_KAFKA = RealKafka()

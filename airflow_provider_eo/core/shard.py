@@ -51,7 +51,7 @@ from airflow_provider_eo.core.committable import (
 from airflow_provider_eo.core.fault_seam import fault_point, fault_triggered
 from airflow_provider_eo.core.kafka_clients import REAL_KAFKA, KafkaClients, RealKafka
 from airflow_provider_eo.core.markers import NO_MARKER, decide_marker
-from airflow_provider_eo.core.shard_errors import refused_record_error, timed_out_error
+from airflow_provider_eo.core.shard_errors import refused_record_error, timed_out_error, write_denied_error
 from airflow_provider_eo.errors import (
     CommitAccessDenied,
     CommitError,
@@ -367,6 +367,12 @@ class ShardTransaction:
         except (CommitError, Abortable):
             pass  # a fenced producer: its reports add nothing to the failure being handled
 
+    def write_denied_topic(self) -> str | None:
+        """The topic of this shard's output the broker says its principal may not WRITE."""
+        c = self.committable
+        produced = [c.sink_topic, *([c.dead_letter_topic] if c.dead_letters and c.dead_letter_topic else [])]
+        return self.clients.write_denied_topic(c.config, produced)
+
     def refused_record_error(self, exc: BaseException) -> CommitError:
         """The error for a record the broker refuses every time
         (:func:`~airflow_provider_eo.core.shard_errors.refused_record_error`)."""
@@ -452,6 +458,13 @@ def commit_shard(
                 last_failure = txn.failures.describe() if txn.failures else str(exc)
                 if txn.failures.permanent:
                     raise txn.refused_record_error(exc) from exc
+                if not txn.failures:
+                    # No record was refused: the transaction failed as a whole. An ACL that
+                    # refuses WRITE on a topic it adds makes it abortable before any record
+                    # is sent (librdkafka purges them): every redo would fail the same way.
+                    denied = txn.write_denied_topic()
+                    if denied is not None:
+                        raise write_denied_error(c, denied, exc) from exc
             # AMBIGUOUS (retries ran out, or the producer was lost): the next round's fresh
             # producer re-inits and the marker decides.
         finally:

@@ -79,3 +79,18 @@ def refused_record_error(c: ShardCommittable, failures: DeliveryFailures) -> Com
         "size and retry the commit. An authorization refusal needs WRITE on the "
         "sink topic."
     )
+
+
+def write_denied_error(c: ShardCommittable, topic: str, exc: BaseException) -> CommitError:
+    """The error for a transaction that became abortable with no delivery report saying why,
+    when the broker says this principal may not WRITE ``topic`` (librdkafka's
+    AddPartitionsToTxn refused: the records were purged, never refused one by one)."""
+    return access_denied(
+        f"{c.where}publishing",
+        "WRITE",
+        "topic",
+        topic,
+        config=c.config,
+        cause=f"{kafka_words(exc)}; the shard's transaction was aborted, nothing of it is visible",
+        error=CommitAccessDenied,
+    )

@@ -28,6 +28,9 @@ _TRANSIENT_CODES = {
     KafkaError.LEADER_NOT_AVAILABLE,
     KafkaError.NOT_LEADER_FOR_PARTITION,
     KafkaError.UNKNOWN_TOPIC_OR_PART,
+    # A new leader whose high watermark has not caught up with its epoch's start answers
+    # ListOffsets so until its followers fetch (seen right after a leader was killed).
+    KafkaError.OFFSET_NOT_AVAILABLE,
 }
 
 
@@ -537,6 +540,25 @@ def sink_offsets(
         )
     ]
     return found[0], found[1]
+
+
+def write_denied_topic(config: Mapping[str, Any], topics: Sequence[str]) -> str | None:
+    """The first of ``topics`` the broker says this principal may not WRITE (its authorized
+    operations, KIP-430), or None when it may write every one or the broker will not say."""
+    from confluent_kafka import TopicCollection
+    from confluent_kafka.admin import AclOperation
+
+    try:
+        futures = admin_client(config).describe_topics(
+            TopicCollection(list(topics)), include_authorized_operations=True, request_timeout=10
+        )
+        for topic, fut in futures.items():
+            ops = fut.result(timeout=15).authorized_operations
+            if ops is not None and AclOperation.WRITE not in ops and AclOperation.ALL not in ops:
+                return str(topic)
+    except Exception:  # no answer: nothing known
+        return None
+    return None
 
 
 def unwritable_topic(config: Mapping[str, Any], topics: Sequence[str]) -> str:

@@ -386,6 +386,27 @@ def test_rounds_of_abortable_errors_run_out_naming_the_last(tmp_path: Path, brok
     assert broker.count("abort_transaction") == MAX_SHARD_ROUNDS and values(broker) == []
 
 
+def test_a_transaction_refused_write_on_its_topic_fails_at_once_naming_it(
+    tmp_path: Path, broker: FakeBroker
+) -> None:
+    """An ACL refusing WRITE on the sink can fail the transaction as a whole
+    (AddPartitionsToTxn) before any record is refused: no delivery report says why, the
+    broker's authorized operations do. One round, not five of the same failure."""
+    broker.fail("commit_transaction", *[kafka_error(KafkaError._STATE, abortable=True)] * MAX_SHARD_ROUNDS)
+    clients = FakeClients(broker)
+    clients.write_denied = {SINK}
+    with pytest.raises(CommitAccessDenied, match=rf"WRITE.*{SINK}"):
+        commit_shard(committable(tmp_path), Hooks(), clients)
+    assert broker.count("abort_transaction") == 1 and values(broker) == []
+
+
+def test_an_abortable_round_with_write_allowed_is_redone(tmp_path: Path, broker: FakeBroker) -> None:
+    broker.fail("commit_transaction", kafka_error(KafkaError._STATE, abortable=True))
+    result = commit_shard(committable(tmp_path), Hooks(), FakeClients(broker))
+    assert result.rounds == 2 and broker.count("describe_topics") == 1
+    assert values(broker) == [f"v{i}".encode() for i in range(5)]
+
+
 def test_missing_marker_and_nothing_staged_needs_no_proof(tmp_path: Path, broker: FakeBroker) -> None:
     """A shard row exists but the checkpoint has no record for the shard: nothing is read
     back; the redo publishes zero records and the same marker."""
