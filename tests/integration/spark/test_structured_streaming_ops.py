@@ -316,7 +316,13 @@ def test_a_copy_taken_while_the_query_runs_restores_it_without_publishing_twice(
     ops.produce(range(100))
     live = start_query({**ops.spec, "trigger_s": 1}, ops.env, tmp_path / "live.log")
     try:
-        wait_for(lambda: len(ops.committed()) >= 1, "the query's first batch", timeout=180)
+        # Committed in the ledger, then in Spark's commit log (written after the sink's
+        # batch returns): a copy needs both.
+        wait_for(
+            lambda: bool(ops.committed()) and read_location(str(ops.checkpoint)).latest_commit is not None,
+            "the query's first batch in the ledger and in its commit log",
+            timeout=180,
+        )
         with Ledger(ops.ledger_url) as ledger:
             taken = take_query_savepoint(
                 load_pipeline(ops.ref),
