@@ -302,7 +302,7 @@ class ShardTransaction:
     def _denied(self, what: str, group: str | None, topics: list[str]) -> Callable[[Any], Exception]:
         """The ACL refusal of one of this shard's transactional calls (never aborted and redone)."""
         c = self.committable
-        produced = [c.sink_topic, *([c.dead_letter_topic] if c.dead_letters and c.dead_letter_topic else [])]
+        produced = self.produced_topics()
         return lambda err: commit_denied(
             err,
             f"{c.where}{what}",
@@ -367,11 +367,14 @@ class ShardTransaction:
         except (CommitError, Abortable):
             pass  # a fenced producer: its reports add nothing to the failure being handled
 
+    def produced_topics(self) -> list[str]:
+        """The topics this shard's transaction writes: the sink, and its dead-letter topic."""
+        c = self.committable
+        return [c.sink_topic, *([c.dead_letter_topic] if c.dead_letters and c.dead_letter_topic else [])]
+
     def write_denied_topic(self) -> str | None:
         """The topic of this shard's output the broker says its principal may not WRITE."""
-        c = self.committable
-        produced = [c.sink_topic, *([c.dead_letter_topic] if c.dead_letters and c.dead_letter_topic else [])]
-        return self.clients.write_denied_topic(c.config, produced)
+        return self.clients.write_denied_topic(self.committable.config, self.produced_topics())
 
     def refused_record_error(self, exc: BaseException) -> CommitError:
         """The error for a record the broker refuses every time

@@ -562,19 +562,6 @@ def write_denied_topic(config: Mapping[str, Any], topics: Sequence[str]) -> str 
 
 
 def unwritable_topic(config: Mapping[str, Any], topics: Sequence[str]) -> str:
-    """The first of ``topics`` the broker says this principal may not WRITE (its authorized
-    operations, KIP-430); all of them, comma-separated, when it will not say."""
-    from confluent_kafka import TopicCollection
-    from confluent_kafka.admin import AclOperation
-
-    try:
-        futures = admin_client(config).describe_topics(
-            TopicCollection(list(topics)), include_authorized_operations=True, request_timeout=10
-        )
-        for topic, fut in futures.items():
-            ops = fut.result(timeout=15).authorized_operations or []
-            if AclOperation.WRITE not in ops and AclOperation.ALL not in ops:
-                return str(topic)
-    except Exception:  # not even DESCRIBE on a topic: that one cannot be written either
-        pass
-    return ", ".join(topics)
+    """The first of ``topics`` the broker says this principal may not WRITE
+    (:func:`write_denied_topic`); all of them, comma-separated, when it will not say."""
+    return write_denied_topic(config, topics) or ", ".join(topics)
