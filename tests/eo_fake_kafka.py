@@ -413,17 +413,17 @@ class FakeClients:
 
     def producer(
         self,
-        config: Mapping[str, Any],
         transactional_id: str,
         timeout_ms: int,
         on_failure: Any,
         topic_max: Any,
+        config: Mapping[str, Any] | None = None,
     ) -> FakeProducer:
         self.broker.calls.append((transactional_id, "new_producer"))
         return FakeProducer(self.broker, transactional_id, on_failure, topic_max, timeout_ms)
 
     def committed_marks(
-        self, config: Mapping[str, Any], group: str, partitions: list[tuple[str, int]], *, stable: bool = True
+        self, group: str, partitions: list[tuple[str, int]], *, stable: bool = True
     ) -> dict[tuple[str, int], tuple[int, str]]:
         """Committed offsets; ``stable`` (a ``read_committed`` reader) waits out pending
         transactional offset commits of these partitions (:meth:`FakeBroker.stable_read`)."""
@@ -436,19 +436,15 @@ class FakeClients:
             if (group, t, p) in self.broker.marks
         }
 
-    def marks_elsewhere(
-        self, config: Mapping[str, Any], group: str, sink_topic: str
-    ) -> dict[tuple[str, int], tuple[int, str]]:
+    def marks_elsewhere(self, group: str, sink_topic: str) -> dict[tuple[str, int], tuple[int, str]]:
         return {
             (t, p): mark for (g, t, p), mark in self.broker.marks.items() if g == group and t != sink_topic
         }
 
-    def group_metadata(self, config: Mapping[str, Any], group: str) -> str:
+    def group_metadata(self, group: str) -> str:
         return group
 
-    def last_published_checkpoint(
-        self, config: Mapping[str, Any], topic: str, partition: int, pipeline_name: str, identity: str
-    ) -> int:
+    def last_published_checkpoint(self, topic: str, partition: int, pipeline_name: str, identity: str) -> int:
         self.broker.calls.append(("", "read_back"))
         best = -1
         for rec in self.broker.committed:
@@ -457,10 +453,10 @@ class FakeClients:
                 best = max(best, found[0])
         return best
 
-    def partition_count(self, config: Mapping[str, Any], topic: str) -> int:
+    def partition_count(self, topic: str) -> int:
         return self.broker.partitions[topic]
 
-    def partitions_of(self, config: Mapping[str, Any], topics: Any) -> dict[str, list[int]]:
+    def partitions_of(self, topics: Any) -> dict[str, list[int]]:
         """A source topic's partitions from :attr:`FakeBroker.logs`, else a sink topic's; a
         missing topic is the real call's error."""
         from airflow_provider_eo.errors import KafkaAdminError
@@ -476,21 +472,19 @@ class FakeClients:
         return out
 
     def list_offsets(
-        self, config: Mapping[str, Any], partitions: Any, *, spec: str, timeout_s: float = 60.0
+        self, partitions: Any, *, spec: str, timeout_s: float = 60.0
     ) -> dict[tuple[str, int], int]:
         self.broker.calls.append(("", f"list_offsets:{spec}"))
         return {tp: self.broker.logs[tp][0 if spec == "earliest" else 1] for tp in partitions}
 
-    def offsets_for_timestamp(self, config: Mapping[str, Any], partitions: Any, timestamp_ms: int) -> Any:
+    def offsets_for_timestamp(self, partitions: Any, timestamp_ms: int) -> Any:
         raise AssertionError("the fake broker keeps no record timestamps")
 
-    def committed_offsets(
-        self, config: Mapping[str, Any], group: str, partitions: Any
-    ) -> dict[tuple[str, int], int]:
+    def committed_offsets(self, group: str, partitions: Any) -> dict[tuple[str, int], int]:
         held = self.broker.groups.get(group, {})
         return {tp: held[tp] for tp in partitions if tp in held}
 
-    def tail_records(self, config: Mapping[str, Any], topic: str, *, per_partition: int) -> list[Any]:
+    def tail_records(self, topic: str, *, per_partition: int) -> list[Any]:
         """The newest ``per_partition`` committed records of each partition of ``topic``."""
         self.broker.calls.append(("", "tail_records"))
         out: list[Any] = []
@@ -499,14 +493,14 @@ class FakeClients:
             out.extend(_TailMsg(r) for r in records[-per_partition:])
         return out
 
-    def topic_max_message_bytes(self, config: Mapping[str, Any], topic: str, default: int) -> int:
+    def topic_max_message_bytes(self, topic: str, default: int) -> int:
         return self.broker.max_message_bytes.get(topic, default)
 
-    def write_denied_topic(self, config: Mapping[str, Any], topics: Any) -> str | None:
+    def write_denied_topic(self, topics: Any) -> str | None:
         self.write_checks += 1
         return next((t for t in topics if t in self.write_denied), None)
 
-    def open_transactions(self, config: Mapping[str, Any], topic: str) -> dict[int, tuple[int, int]]:
+    def open_transactions(self, topic: str) -> dict[int, tuple[int, int]]:
         """Partitions holding records of a still-open transaction: (committed, + open)."""
         out = dict(self.open.get(topic, {}))
         for producer in self.broker.producers:

@@ -43,10 +43,10 @@ from __future__ import annotations
 from airflow_provider_eo import names
 from airflow_provider_eo.core.abort_marks import mark_aborted
 from airflow_provider_eo.core.fencing import FENCE_LEASE_S, FenceLease, fence, fence_owner
+from airflow_provider_eo.core.kafka_clients import kafka_clients
 from airflow_provider_eo.core.markers import NO_MARKER, decide_marker
-from airflow_provider_eo.core.shard import REAL_KAFKA, KafkaClients
+from airflow_provider_eo.core.shard import KafkaClients
 from airflow_provider_eo.errors import AbortRefused, CommitError
-from airflow_provider_eo.kafka.client_config import librdkafka_config
 from airflow_provider_eo.ledger import (
     Actor,
     CheckpointRecord,
@@ -64,13 +64,14 @@ def _plan_of(pipeline: Pipeline, cp: CheckpointRecord, clients: KafkaClients) ->
     plan today's settings make."""
     if cp.commit_plan is not None:
         return cp.commit_plan
-    sink_partitions = clients.partition_count(librdkafka_config(pipeline.kafka), pipeline.sink_topic)
+    sink_partitions = clients.partition_count(pipeline.sink_topic)
     return names.commit_plan(pipeline, sink_partitions)
 
 
-def shard_ids(pipeline: Pipeline, cp: CheckpointRecord, clients: KafkaClients = REAL_KAFKA) -> list[str]:
+def shard_ids(pipeline: Pipeline, cp: CheckpointRecord, clients: KafkaClients | None = None) -> list[str]:
     """The transactional id of every commit shard of ``cp``: from its frozen commit plan, or
     (a checkpoint planned before plans were recorded) the plan today's settings make."""
+    clients = kafka_clients(pipeline.kafka, clients)
     plan = _plan_of(pipeline, cp, clients)
     return [names.plan_transactional_id(plan, pipeline.name, shard) for shard in range(plan.shards)]
 
@@ -134,7 +135,7 @@ def abort_checkpoint(
     reason: str,
     actor: Actor | None = None,
     force_live: bool = False,
-    clients: KafkaClients = REAL_KAFKA,
+    clients: KafkaClients | None = None,
     lease_ttl_s: float = FENCE_LEASE_S,
 ) -> CheckpointRecord:
     """Abort an unfinished checkpoint so its range is replanned, never while it can still
@@ -152,6 +153,7 @@ def abort_checkpoint(
     :param lease_ttl_s: how long each renewal of the abort's lease lasts (the heartbeat renews
         it every third of that).
     """
+    clients = kafka_clients(pipeline.kafka, clients)
     where = f"pipeline {pipeline.name!r}, checkpoint {checkpoint_id}: "
     cp = ledger.get(pipeline.name, checkpoint_id)
     if cp.state is CheckpointState.ABORTED:
@@ -212,11 +214,10 @@ def _refuse_if_published(
     (never read as ours). Called after every shard id was fenced: what it finds is final."""
     identity = ledger.get_pipeline(pipeline.name).identity
     plan = _plan_of(pipeline, cp, clients)
-    config = librdkafka_config(pipeline.kafka)
     rows = {s.shard: s.state for s in ledger.get(pipeline.name, cp.checkpoint_id).shards}
     evidence: dict[int, str] = {}
     for shard in range(shards):
-        found = clients.committed_marks(config, plan.marker_group, [(plan.sink_topic, shard)])
+        found = clients.committed_marks(plan.marker_group, [(plan.sink_topic, shard)])
         mark = decide_marker(
             pipeline.name,
             plan.marker_group,
@@ -253,13 +254,10 @@ def _read_back(
     """The highest checkpoint of this pipeline in the committed output of ``shard``'s sink
     partitions (a shard's transaction is atomic over them); a read that fails refuses the
     abort, since nothing then shows the shard unpublished."""
-    config = librdkafka_config(pipeline.kafka)
     last = NO_MARKER
     for partition in plan.partitions_of(shard):
         try:
-            found = clients.last_published_checkpoint(
-                config, plan.sink_topic, partition, pipeline.name, identity
-            )
+            found = clients.last_published_checkpoint(plan.sink_topic, partition, pipeline.name, identity)
         except CommitError as exc:
             raise AbortRefused(
                 f"pipeline {pipeline.name!r}, checkpoint {cp.checkpoint_id}: {reason}, but shard "

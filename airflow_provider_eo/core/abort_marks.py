@@ -35,14 +35,14 @@ refuses an ABORTED checkpoint.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from airflow_provider_eo import names
+from airflow_provider_eo.core.kafka_clients import kafka_clients
 from airflow_provider_eo.core.markers import decide_marker
-from airflow_provider_eo.core.shard import REAL_KAFKA, KafkaClients, ShardCommittable
+from airflow_provider_eo.core.shard import KafkaClients, ShardCommittable
 from airflow_provider_eo.errors import AbortRefused, CheckpointAborted, CommitFenced
-from airflow_provider_eo.kafka.client_config import librdkafka_config
 from airflow_provider_eo.kafka.publisher import Abortable, ProducerLost, connect, kafka_call, offsets
 
 if TYPE_CHECKING:
@@ -92,7 +92,6 @@ def _bounded(ids: set[int]) -> str:
 
 def aborted_checkpoints(
     clients: KafkaClients,
-    config: Mapping[str, Any],
     *,
     pipeline: str,
     identity: str,
@@ -101,7 +100,7 @@ def aborted_checkpoints(
 ) -> set[int]:
     """The checkpoint ids the shard's abort mark lists (a stable read); a mark of another
     ledger's identity lists none for this one."""
-    found = clients.committed_marks(config, names.aborted_group(pipeline), [(sink_topic, shard)])
+    found = clients.committed_marks(names.aborted_group(pipeline), [(sink_topic, shard)])
     mark = found.get((sink_topic, shard))
     parsed = names.parse_abort_mark(mark[1] if mark is not None else None)
     if parsed is None or parsed[0] != identity:
@@ -109,11 +108,11 @@ def aborted_checkpoints(
     return parse_ids(parsed[1])
 
 
-def refuse_if_aborted(c: ShardCommittable, clients: KafkaClients = REAL_KAFKA) -> None:
+def refuse_if_aborted(c: ShardCommittable, clients: KafkaClients) -> None:
     """Raise :class:`CheckpointAborted` when the shard's abort mark lists ``c``'s checkpoint.
     Call after the shard's ``init_transactions`` and before ``begin_transaction``."""
     aborted = aborted_checkpoints(
-        clients, c.config, pipeline=c.pipeline, identity=c.identity, sink_topic=c.sink_topic, shard=c.shard
+        clients, pipeline=c.pipeline, identity=c.identity, sink_topic=c.sink_topic, shard=c.shard
     )
     if c.checkpoint_id in aborted:
         raise CheckpointAborted(
@@ -137,7 +136,7 @@ def mark_aborted(
     *,
     renew: Callable[[], object],
     where: str,
-    clients: KafkaClients = REAL_KAFKA,
+    clients: KafkaClients | None = None,
 ) -> None:
     """Step 1 of the module docstring for every shard of ``cp`` (``transactional_ids[s]`` is
     shard ``s``'s), renewing the abort's lease (``renew``) before each.
@@ -148,6 +147,7 @@ def mark_aborted(
     when a shard could not be marked (nothing was aborted; retry). Idempotent: marking a
     marked shard again changes nothing.
     """
+    clients = kafka_clients(pipeline.kafka, clients)
     marked: list[int] = []
     for shard, txn_id in enumerate(transactional_ids):
         try:
@@ -181,17 +181,16 @@ def _write_mark(
     plan = cp.commit_plan
     group = plan.marker_group if plan is not None else names.marker_group(pipeline)
     sink = plan.sink_topic if plan is not None else pipeline.sink_topic
-    config = librdkafka_config(pipeline.kafka)
     timeout_s = pipeline.transaction_timeout_ms / 1000
     last: BaseException | None = None
     for _round in range(MAX_MARK_ROUNDS):
         renew()
-        producer = clients.producer(config, txn_id, pipeline.transaction_timeout_ms, None, None)
+        producer = clients.producer(txn_id, pipeline.transaction_timeout_ms, None, None)
         try:
             kafka_call("metadata", connect, producer, sink, timeout_s, where=where)
             kafka_call("init_transactions", producer.init_transactions, timeout_s, where=where)
             # No earlier producer of the id can commit now: the marker is final.
-            found = clients.committed_marks(config, group, [(sink, shard)])
+            found = clients.committed_marks(group, [(sink, shard)])
             done = decide_marker(
                 pipeline.name, group, sink, shard, found.get((sink, shard)), identity=identity
             )
@@ -203,7 +202,7 @@ def _write_mark(
                     "finish the other shards (their markers prevent duplicates)."
                 )
             ids = aborted_checkpoints(
-                clients, config, pipeline=pipeline.name, identity=identity, sink_topic=sink, shard=shard
+                clients, pipeline=pipeline.name, identity=identity, sink_topic=sink, shard=shard
             )
             ids = {i for i in (ids | {cp.checkpoint_id} if add else ids - {cp.checkpoint_id}) if i > done}
             kafka_call("begin_transaction", producer.begin_transaction, where=where)
@@ -213,7 +212,7 @@ def _write_mark(
                 offsets(
                     {(sink, shard): max(ids, default=0)}, names.abort_mark_metadata(identity, _bounded(ids))
                 ),
-                clients.group_metadata(config, names.aborted_group(pipeline.name)),
+                clients.group_metadata(names.aborted_group(pipeline.name)),
                 timeout_s,
                 where=where,
             )

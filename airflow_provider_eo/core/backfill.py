@@ -23,11 +23,12 @@ from typing import Any
 
 from airflow_provider_eo.core.commit_plan import record_planned, sink_partitions
 from airflow_provider_eo.core.coordinator import Coordinator, Planned
+from airflow_provider_eo.core.kafka_clients import kafka_clients
 from airflow_provider_eo.core.markers import check_marker_identity
 from airflow_provider_eo.core.metrics import MetricsSink
 from airflow_provider_eo.core.plan import lost_ranges, resume_unfinished
 from airflow_provider_eo.core.prepare import Stager, prepare_checkpoint
-from airflow_provider_eo.core.shard import REAL_KAFKA, KafkaClients, ShardRunner
+from airflow_provider_eo.core.shard import KafkaClients, ShardRunner
 from airflow_provider_eo.errors import BackfillRefused, DataLossError, KafkaAdminError
 from airflow_provider_eo.ledger import (
     Actor,
@@ -151,7 +152,7 @@ def plan_backfill(
     transform: str | None = None,
     allow_live_sink: bool = False,
     actor: Actor | None = None,
-    clients: KafkaClients = REAL_KAFKA,
+    clients: KafkaClients | None = None,
 ) -> CheckpointRecord | None:
     """The backfill pipeline's unfinished checkpoint, else the next checkpoint of
     ``[start_ms, end_ms)``, else None (the interval is done).
@@ -160,6 +161,7 @@ def plan_backfill(
     happens before the ledger is written, so a refused request changes nothing. Idempotent
     per call: an unfinished checkpoint is returned again until it finishes.
     """
+    clients = kafka_clients(live.kafka, clients)
     derived = backfill_pipeline(live, sink_topic, transform=transform, allow_live_sink=allow_live_sink)
     _check_request(live, ledger, start_ms, end_ms)
     try:
@@ -253,9 +255,10 @@ class BackfillRequest:
         )
 
     def plan(
-        self, pipeline: Pipeline, ledger: Ledger, actor: Actor, clients: KafkaClients = REAL_KAFKA
+        self, pipeline: Pipeline, ledger: Ledger, actor: Actor, clients: KafkaClients | None = None
     ) -> Planned:
         """:func:`plan_backfill`: the unfinished checkpoint, else the next one, else nothing."""
+        clients = kafka_clients(pipeline.kafka, clients)
         return Planned.of(
             plan_backfill(
                 self.live,
@@ -334,7 +337,7 @@ def run_backfill(
     progress: ProgressFn | None = None,
     runner: ShardRunner | None = None,
     say: Callable[[str], None] | None = None,
-    clients: KafkaClients = REAL_KAFKA,
+    clients: KafkaClients | None = None,
     metrics: MetricsSink | None = None,
 ) -> BackfillResult:
     """Carry out ``request`` to the end of its interval: resume the backfill pipeline's

@@ -33,7 +33,7 @@ from typing import Literal
 
 from airflow_provider_eo.core.commit_plan import pinned_prefix, record_planned, sink_partitions
 from airflow_provider_eo.core.coordinator import Planned, Step
-from airflow_provider_eo.core.kafka_clients import REAL_KAFKA, KafkaClients
+from airflow_provider_eo.core.kafka_clients import KafkaClients, kafka_clients
 from airflow_provider_eo.core.plan import check_may_plan
 from airflow_provider_eo.errors import BatchOutOfStep as BatchOutOfStep
 from airflow_provider_eo.errors import BatchRangesDiffer as BatchRangesDiffer
@@ -250,13 +250,14 @@ def begin_batch(
     allow_new_query: bool = False,
     actor: Actor | None = None,
     commit_previous: Callable[[int], object] | None = None,
-    clients: KafkaClients = REAL_KAFKA,
+    clients: KafkaClients | None = None,
 ) -> BatchStep:
     """Decide batch ``pos`` against the ledger and record it PLANNED when it is new.
 
     ``commit_previous(checkpoint_id)``: called to publish an earlier PREPARED batch before
     this one is planned (see :func:`decide`); without it that case is an error.
     """
+    clients = kafka_clients(pipeline.kafka, clients)
     prefix = pinned_prefix(pipeline, ledger, where="the Structured Streaming sink")
     for _ in range(2):
         live = live_checkpoints(ledger, pipeline.name)
@@ -313,9 +314,10 @@ class OffsetLog:
     commit_previous: Callable[[int], object] | None = None
 
     def plan(
-        self, pipeline: Pipeline, ledger: Ledger, actor: Actor, clients: KafkaClients = REAL_KAFKA
+        self, pipeline: Pipeline, ledger: Ledger, actor: Actor, clients: KafkaClients | None = None
     ) -> Planned:
         """:func:`begin_batch`'s step as the coordinator's (``stage`` is ``prepare``)."""
+        clients = kafka_clients(pipeline.kafka, clients)
         step = begin_batch(
             pipeline,
             ledger,

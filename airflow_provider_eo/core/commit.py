@@ -68,7 +68,8 @@ from airflow_provider_eo.core.commit_on_spark import publish_on_spark
 from airflow_provider_eo.core.commit_shards import LedgerShardHooks, shard_committable
 from airflow_provider_eo.core.commit_staging import abort_if_unpublished, cleanup_staging, verified_manifest
 from airflow_provider_eo.core.fault_seam import fault_point
-from airflow_provider_eo.core.shard import REAL_KAFKA, KafkaClients, Publisher, ShardRunner, commit_shard
+from airflow_provider_eo.core.kafka_clients import kafka_clients
+from airflow_provider_eo.core.shard import KafkaClients, Publisher, ShardRunner, commit_shard
 from airflow_provider_eo.errors import (
     ConfigError,
     LedgerBehindSink,
@@ -77,7 +78,6 @@ from airflow_provider_eo.errors import (
     StagingNotVisible,
 )
 from airflow_provider_eo.kafka.admin import KAFKA_MAX_MESSAGE_BYTES
-from airflow_provider_eo.kafka.client_config import librdkafka_config
 from airflow_provider_eo.kafka.publisher import PRODUCERS
 from airflow_provider_eo.ledger import (
     Actor,
@@ -177,7 +177,7 @@ def commit_checkpoint(
     *,
     actor: Actor | None = None,
     owner: str | None = None,
-    clients: KafkaClients = REAL_KAFKA,
+    clients: KafkaClients | None = None,
     commit_mode: str | None = None,
     runner: ShardRunner | None = None,
     fallback: Callable[[str], None] | None = None,
@@ -206,6 +206,7 @@ def commit_checkpoint(
         run (``runner.unavailable()``), telling this callable why in one line (recovery and
         backfill: the checkpoint must be finished whatever the mode).
     """
+    clients = kafka_clients(pipeline.kafka, clients)
     started = time.monotonic()
     owner = owner or names.lease_owner(actor)
     try:
@@ -267,8 +268,7 @@ def _commit_prepared(
     shards = plan.shards
     owner = owner or names.lease_owner(actor)
     identity = registered.identity
-    config = librdkafka_config(pipeline.kafka)
-    markers = check_markers_before_publish(pipeline, registered, cp, plan, config, clients)
+    markers = check_markers_before_publish(pipeline, registered, cp, plan, clients)
     try:
         manifest = verified_manifest(pipeline, cp, plan)
     # StagingUnreadable (an I/O error) is not caught: the storage did not answer, the staged
@@ -286,15 +286,11 @@ def _commit_prepared(
             pipeline, ledger, cp, f"staged output failed verification ({exc})", actor, clients
         )
         raise  # unreachable: the helper always raises
-    check_other_deployments_at_commit(pipeline, plan, registered.identity, config, clients)
-    topic_max = clients.topic_max_message_bytes(
-        librdkafka_config(pipeline.kafka), pipeline.sink_topic, pipeline.sink_max_message_bytes
-    )
+    check_other_deployments_at_commit(pipeline, plan, registered.identity, clients)
+    topic_max = clients.topic_max_message_bytes(pipeline.sink_topic, pipeline.sink_max_message_bytes)
     dead_letter_max = None
     if manifest.dead_letters and manifest.dead_letter_topic:
-        dead_letter_max = clients.topic_max_message_bytes(
-            librdkafka_config(pipeline.kafka), manifest.dead_letter_topic, KAFKA_MAX_MESSAGE_BYTES
-        )
+        dead_letter_max = clients.topic_max_message_bytes(manifest.dead_letter_topic, KAFKA_MAX_MESSAGE_BYTES)
     committables = [
         shard_committable(
             pipeline,

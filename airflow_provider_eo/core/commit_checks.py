@@ -3,8 +3,6 @@ shards' commit markers, other deployments of the pipeline's name."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from confluent_kafka import KafkaException
 
 from airflow_provider_eo import staging_fs
@@ -61,7 +59,6 @@ def check_markers_before_publish(
     registered: PipelineRecord,
     cp: CheckpointRecord,
     plan: CommitPlan,
-    config: dict[str, Any],
     clients: KafkaClients,
 ) -> dict[int, int]:
     """The commit markers of ``cp``'s shards as committed now (shard -> the checkpoint each
@@ -81,7 +78,7 @@ def check_markers_before_publish(
     # stable, after the shard's fence has decided it.
     readable = [(plan.sink_topic, s) for s in range(shards)]
     try:
-        found = clients.committed_marks(config, plan.marker_group, readable, stable=False)
+        found = clients.committed_marks(plan.marker_group, readable, stable=False)
     except (EoError, KafkaException, TimeoutError):
         # Best effort (a broker down, a leader being elected): each shard checks its own
         # marker after its fence anyway.
@@ -102,17 +99,17 @@ def check_markers_before_publish(
 
 
 def check_other_deployments_at_commit(
-    pipeline: Pipeline, plan: CommitPlan, identity: str, config: dict[str, Any], clients: KafkaClients
+    pipeline: Pipeline, plan: CommitPlan, identity: str, clients: KafkaClients
 ) -> None:
     """Refuse (:class:`~airflow_provider_eo.errors.PipelineNameInUse`) when another
     deployment of this pipeline name publishes to another sink."""
     # Another deployment of this pipeline name (another ledger) that published to another
     # sink since this checkpoint was planned: refused before its committers and ours fence
     # each other (they share transactional ids). Best effort, as above: every plan checks it.
-    bootstrap = str(config.get("bootstrap.servers"))
+    bootstrap = str(pipeline.kafka.get("bootstrap.servers"))
     if not recently_clear("commit", bootstrap, plan.marker_group, identity):
         try:
-            elsewhere = clients.marks_elsewhere(config, plan.marker_group, plan.sink_topic)
+            elsewhere = clients.marks_elsewhere(plan.marker_group, plan.sink_topic)
         except (EoError, KafkaException, TimeoutError):
             elsewhere = None
         others = other_deployments(elsewhere or {}, sink_topic=plan.sink_topic, identity=identity)

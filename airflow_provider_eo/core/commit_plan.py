@@ -15,9 +15,8 @@ from collections.abc import Sequence
 
 from airflow_provider_eo import names
 from airflow_provider_eo.connections import require_applied
-from airflow_provider_eo.core.kafka_clients import REAL_KAFKA, KafkaClients
+from airflow_provider_eo.core.kafka_clients import KafkaClients, kafka_clients
 from airflow_provider_eo.errors import ConfigError
-from airflow_provider_eo.kafka.client_config import librdkafka_config
 from airflow_provider_eo.ledger import Actor, CheckpointRecord, CommitPlan, Ledger, RangeSpec
 from airflow_provider_eo.pipeline import Pipeline
 
@@ -35,11 +34,12 @@ def pinned_prefix(pipeline: Pipeline, ledger: Ledger, *, where: str) -> str:
 
 
 def sink_partitions(
-    pipeline: Pipeline, topic: str | None = None, *, clients: KafkaClients = REAL_KAFKA
+    pipeline: Pipeline, topic: str | None = None, *, clients: KafkaClients | None = None
 ) -> int:
     """The partition count of ``topic`` (default: the pipeline's sink topic); a missing
     topic fails here, before anything is planned."""
-    return clients.partition_count(librdkafka_config(pipeline.kafka), topic or pipeline.sink_topic)
+    clients = kafka_clients(pipeline.kafka, clients)
+    return clients.partition_count(topic or pipeline.sink_topic)
 
 
 def record_planned(
@@ -85,7 +85,7 @@ def record_planned(
 
 
 def check_commit_plan(
-    pipeline: Pipeline, cp: CheckpointRecord, plan: CommitPlan, *, clients: KafkaClients = REAL_KAFKA
+    pipeline: Pipeline, cp: CheckpointRecord, plan: CommitPlan, *, clients: KafkaClients | None = None
 ) -> None:
     """Refuse a frozen commit plan the cluster can no longer carry out; say when the
     settings moved on (they apply from the next checkpoint).
@@ -97,8 +97,8 @@ def check_commit_plan(
     3. ``sink_topic`` renamed since the plan: the checkpoint still goes to its frozen sink
        (logged); the new topic is used from the next checkpoint.
     """
-    config = librdkafka_config(pipeline.kafka)
-    live = clients.partition_count(config, plan.sink_topic)
+    clients = kafka_clients(pipeline.kafka, clients)
+    live = clients.partition_count(plan.sink_topic)
     if live < plan.sink_partitions:
         raise ConfigError(
             f"pipeline {pipeline.name!r}, checkpoint {cp.checkpoint_id}: sink_topic "
@@ -128,7 +128,7 @@ def frozen_commit_plan(
     *,
     staged_partitions: int | None = None,
     actor: Actor | None = None,
-    clients: KafkaClients = REAL_KAFKA,
+    clients: KafkaClients | None = None,
 ) -> CommitPlan:
     """The commit plan checkpoint ``cp`` is published with, checked (:func:`check_commit_plan`).
 
@@ -138,12 +138,13 @@ def frozen_commit_plan(
     first caller's wins); ``staged_partitions``, when the output is already staged, is the
     partition count it was staged for.
     """
+    clients = kafka_clients(pipeline.kafka, clients)
     prefix = ledger.pin_transactional_id_prefix(pipeline.name, pipeline.transactional_id_prefix)
     plan = cp.commit_plan
     if plan is None:
         count = staged_partitions
         if count is None:
-            count = clients.partition_count(librdkafka_config(pipeline.kafka), pipeline.sink_topic)
+            count = clients.partition_count(pipeline.sink_topic)
         frozen = ledger.freeze_commit_plan(
             pipeline.name, cp.checkpoint_id, names.commit_plan(pipeline, count, prefix), actor=actor
         )

@@ -7,7 +7,8 @@ import dataclasses
 
 from airflow_provider_eo import names, staging, staging_fs
 from airflow_provider_eo.core.abort import abort_checkpoint
-from airflow_provider_eo.core.shard import REAL_KAFKA, KafkaClients
+from airflow_provider_eo.core.kafka_clients import kafka_clients
+from airflow_provider_eo.core.shard import KafkaClients
 from airflow_provider_eo.errors import StagingError, StagingUnreadable
 from airflow_provider_eo.ledger import Actor, CheckpointRecord, CommitPlan, Ledger, PipelineRecord
 from airflow_provider_eo.ledger.errors import CheckpointNotFound
@@ -20,13 +21,14 @@ def abort_if_unpublished(
     cp: CheckpointRecord,
     reason: str,
     actor: Actor | None,
-    clients: KafkaClients = REAL_KAFKA,
+    clients: KafkaClients | None = None,
 ) -> None:
     """Abort ``cp`` after a verified staging mismatch, safely (core/abort.py: refused while a
     live committer holds the lease, every shard id fenced before the markers are read), and
     raise :class:`StagingError` saying so. Refused (:class:`AbortRefused`, the checkpoint stays
     PREPARED) once a shard published it: recorded COMMITTED in the ledger, shown by its
     marker, or, its marker gone, by the sink's committed output."""
+    clients = kafka_clients(pipeline.kafka, clients)
     abort_checkpoint(pipeline, ledger, cp.checkpoint_id, reason=reason, actor=actor, clients=clients)
     raise StagingError(
         f"pipeline {pipeline.name!r}, checkpoint {cp.checkpoint_id}: {reason}. Nothing was "

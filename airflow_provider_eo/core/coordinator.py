@@ -30,10 +30,11 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeVar
 
 from airflow_provider_eo.core.commit import CommitResult, commit_checkpoint
+from airflow_provider_eo.core.kafka_clients import kafka_clients
 from airflow_provider_eo.core.metrics import MetricsSink, PipelineMetrics
 from airflow_provider_eo.core.plan import plan_checkpoint
 from airflow_provider_eo.core.prepare import PrepareResult, Stager, prepare_checkpoint
-from airflow_provider_eo.core.shard import REAL_KAFKA, KafkaClients, ShardRunner
+from airflow_provider_eo.core.shard import KafkaClients, ShardRunner
 from airflow_provider_eo.ledger import Actor, CheckpointRecord, CheckpointState, Ledger
 from airflow_provider_eo.pipeline import Pipeline
 
@@ -95,9 +96,10 @@ class LiveOffsets:
     next_only: bool = False
 
     def plan(
-        self, pipeline: Pipeline, ledger: Ledger, actor: Actor, clients: KafkaClients = REAL_KAFKA
+        self, pipeline: Pipeline, ledger: Ledger, actor: Actor, clients: KafkaClients | None = None
     ) -> Planned:
         """:func:`~airflow_provider_eo.core.plan.plan_checkpoint`."""
+        clients = kafka_clients(pipeline.kafka, clients)
         return Planned.of(
             plan_checkpoint(pipeline, ledger, actor=actor, next_only=self.next_only, clients=clients)
         )
@@ -133,8 +135,9 @@ class MetricsListener:
     commit (one bounded Kafka call)."""
 
     def __init__(
-        self, sink: MetricsSink | None, pipeline: Pipeline, clients: KafkaClients = REAL_KAFKA
+        self, sink: MetricsSink | None, pipeline: Pipeline, clients: KafkaClients | None = None
     ) -> None:
+        clients = kafka_clients(pipeline.kafka, clients)
         self.report = PipelineMetrics(sink, pipeline.name)
         self.kafka: Mapping[str, Any] = pipeline.kafka
         self.clients = clients
@@ -179,10 +182,11 @@ class Coordinator:
         *,
         runner: ShardRunner | None = None,
         fallback: Callable[[str], None] | None = None,
-        clients: KafkaClients = REAL_KAFKA,
+        clients: KafkaClients | None = None,
         metrics: MetricsSink | None = None,
         listeners: Iterable[CheckpointListener] = (),
     ) -> None:
+        clients = kafka_clients(pipeline.kafka, clients)
         self.pipeline = pipeline
         self.ledger = ledger
         self.actor = actor or Actor.here()

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
 
-from airflow_provider_eo.core.kafka_clients import REAL_KAFKA, KafkaClients
+from airflow_provider_eo.core.kafka_clients import KafkaClients, kafka_clients
 from airflow_provider_eo.errors import AbortRefused, EoError
 from airflow_provider_eo.kafka.acls import commit_denied
 from airflow_provider_eo.kafka.client_config import librdkafka_config
@@ -127,7 +127,7 @@ def fence(
     where: str,
     refused: type[EoError] = AbortRefused,
     then: str = "Retry the abort once the broker answers.",
-    clients: KafkaClients = REAL_KAFKA,
+    clients: KafkaClients | None = None,
 ) -> None:
     """``init_transactions`` with a fresh producer per id, each right after renewing
     ``lease``: bumps each id's epoch, so the broker aborts any open transaction of an earlier
@@ -135,6 +135,7 @@ def fence(
 
     :param refused: the error raised when an id cannot be fenced (``then`` ends its message).
     """
+    clients = kafka_clients(pipeline.kafka, clients)
     config = librdkafka_config(pipeline.kafka)
     for txn_id in transactional_ids:
         lease.renew()
@@ -164,15 +165,15 @@ def fence_id(
     sink_topic: str,
     transaction_timeout_ms: int,
     where: str,
-    clients: KafkaClients = REAL_KAFKA,
+    clients: KafkaClients,
 ) -> None:
     """``init_transactions`` with a fresh producer on ``transactional_id``: bumps its epoch,
     so the broker aborts any open transaction of an earlier producer and fences it. Raises
     :class:`ProducerLost` when the broker did not answer (the caller says what to do)."""
     timeout_s = transaction_timeout_ms / 1000
     # An idle producer this process kept for the id is fenced by this: close it now.
-    PRODUCERS.discard(lambda key: isinstance(key, tuple) and key[0] is clients and key[2] == transactional_id)
-    producer = clients.producer(config, transactional_id, transaction_timeout_ms, None, None)
+    PRODUCERS.discard(lambda key: isinstance(key, tuple) and key[0] == clients and key[2] == transactional_id)
+    producer = clients.producer(transactional_id, transaction_timeout_ms, None, None)
     try:
         kafka_call("metadata", connect, producer, sink_topic, timeout_s, where=where)
         kafka_call(

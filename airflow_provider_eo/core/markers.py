@@ -15,9 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from airflow_provider_eo import names
-from airflow_provider_eo.core.kafka_clients import REAL_KAFKA, KafkaClients
+from airflow_provider_eo.core.kafka_clients import KafkaClients, kafka_clients
 from airflow_provider_eo.errors import PipelineIdentityMismatch
-from airflow_provider_eo.kafka.client_config import librdkafka_config
 from airflow_provider_eo.ledger import CommitPlan
 from airflow_provider_eo.pipeline import Pipeline
 
@@ -66,17 +65,17 @@ def read_markers(
     *,
     identity: str | None,
     plan: CommitPlan | None = None,
-    clients: KafkaClients = REAL_KAFKA,
+    clients: KafkaClients | None = None,
 ) -> dict[int, int]:
     """The last checkpoint id each shard's commit marker shows (-1: no marker), in one read
     of stable (committed) transactional offsets; with ``plan``, in the plan's marker group
     and sink topic (else the pipeline's current ones). Foreign markers are refused
     (:func:`decide_marker`)."""
-    config = librdkafka_config(pipeline.kafka)
+    clients = kafka_clients(pipeline.kafka, clients)
     group = plan.marker_group if plan is not None else names.marker_group(pipeline)
     sink = plan.sink_topic if plan is not None else pipeline.sink_topic
     wanted = sorted(set(shards))
-    found = clients.committed_marks(config, group, [(sink, s) for s in wanted])
+    found = clients.committed_marks(group, [(sink, s) for s in wanted])
     return {
         shard: decide_marker(pipeline.name, group, sink, shard, found.get((sink, shard)), identity=identity)
         for shard in wanted
@@ -92,18 +91,18 @@ def marker_position(
     return read_markers(pipeline, [shard], identity=identity, plan=plan)[shard]
 
 
-def check_marker_identity(pipeline: Pipeline, identity: str, *, clients: KafkaClients = REAL_KAFKA) -> None:
+def check_marker_identity(pipeline: Pipeline, identity: str, *, clients: KafkaClients | None = None) -> None:
     """Raise :class:`PipelineIdentityMismatch` when any commit marker of the pipeline was
     written by another ledger. One read (the markers of every sink partition: shard ``s``'s
     marker lives on partition ``s``); used at plan time so nothing is planned against
     foreign markers."""
-    config = librdkafka_config(pipeline.kafka)
+    clients = kafka_clients(pipeline.kafka, clients)
     group, sink = names.marker_group(pipeline), pipeline.sink_topic
-    shards = range(clients.partition_count(config, sink))
+    shards = range(clients.partition_count(sink))
     # Committed markers only, not waiting for open transactions: a killed committer's
     # pending marker would stall this read until the broker aborts its transaction; a
     # pending marker is checked by the commit's own (stable) read once it is decided.
-    found = clients.committed_marks(config, group, [(sink, s) for s in shards], stable=False)
+    found = clients.committed_marks(group, [(sink, s) for s in shards], stable=False)
     for shard in shards:
         decide_marker(pipeline.name, group, sink, shard, found.get((sink, shard)), identity=identity)
 

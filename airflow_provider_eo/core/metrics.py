@@ -130,12 +130,9 @@ def source_lag(
     Kafka call through ``clients`` (default: the real cluster); raises when Kafka does not
     answer."""
     # Imported here: this module is imported when DAG files are parsed (kept light).
-    from airflow_provider_eo.core.kafka_clients import REAL_KAFKA
-    from airflow_provider_eo.kafka.client_config import librdkafka_config
+    from airflow_provider_eo.core.kafka_clients import kafka_clients
 
-    log_ends = (clients or REAL_KAFKA).list_offsets(
-        librdkafka_config(kafka), list(ends), spec="latest", timeout_s=timeout_s
-    )
+    log_ends = kafka_clients(kafka, clients).list_offsets(list(ends), spec="latest", timeout_s=timeout_s)
     return sum(max(0, log_ends[tp] - end) for tp, end in ends.items() if tp in log_ends)
 
 

@@ -15,10 +15,9 @@ from airflow_provider_eo.core.commit_plan import (
     record_planned,
     sink_partitions,
 )
-from airflow_provider_eo.core.kafka_clients import REAL_KAFKA, KafkaClients
+from airflow_provider_eo.core.kafka_clients import KafkaClients, kafka_clients
 from airflow_provider_eo.core.sink_guard import check_sink
 from airflow_provider_eo.errors import DataLossError, PipelineStopped, SourceError
-from airflow_provider_eo.kafka.client_config import librdkafka_config
 from airflow_provider_eo.ledger import (
     Actor,
     CheckpointRecord,
@@ -34,20 +33,20 @@ log = logging.getLogger(__name__)
 
 
 def startup_offsets(
-    pipeline: Pipeline, partitions: list[TP], *, clients: KafkaClients = REAL_KAFKA
+    pipeline: Pipeline, partitions: list[TP], *, clients: KafkaClients | None = None
 ) -> dict[TP, int]:
     """Where partitions the ledger has never seen start, by the pipeline's startup policy."""
+    clients = kafka_clients(pipeline.kafka, clients)
     if not partitions:
         return {}
-    config = librdkafka_config(pipeline.kafka)
     mode = pipeline.startup.mode
     if mode == "earliest":
-        return clients.list_offsets(config, partitions, spec="earliest")
+        return clients.list_offsets(partitions, spec="earliest")
     if mode == "latest":
-        return clients.list_offsets(config, partitions, spec="latest")
+        return clients.list_offsets(partitions, spec="latest")
     if mode == "timestamp":
         assert pipeline.startup.timestamp_ms is not None
-        return clients.offsets_for_timestamp(config, partitions, pipeline.startup.timestamp_ms)
+        return clients.offsets_for_timestamp(partitions, pipeline.startup.timestamp_ms)
     if mode == "offsets":
         given = pipeline.startup.offsets or {}
         out: dict[TP, int] = {}
@@ -58,13 +57,13 @@ def startup_offsets(
             else:
                 rest.append((topic, partition))
         if rest:  # partitions not named start by the fallback
-            out.update(clients.list_offsets(config, rest, spec=pipeline.startup.fallback))
+            out.update(clients.list_offsets(rest, spec=pipeline.startup.fallback))
         return out
     # group: the consumer group's committed offsets, else the fallback
-    committed = clients.committed_offsets(config, pipeline.group_id, partitions)
+    committed = clients.committed_offsets(pipeline.group_id, partitions)
     missing = [tp for tp in partitions if tp not in committed]
     if missing:
-        committed.update(clients.list_offsets(config, missing, spec=pipeline.startup.fallback))
+        committed.update(clients.list_offsets(missing, spec=pipeline.startup.fallback))
     return committed
 
 
@@ -203,7 +202,7 @@ def sized_to_transaction_timeout(ledger: Ledger, cp: CheckpointRecord) -> bool:
 
 
 def lost_ranges(
-    pipeline: Pipeline, ranges: list[RangeSpec], *, clients: KafkaClients = REAL_KAFKA
+    pipeline: Pipeline, ranges: list[RangeSpec], *, clients: KafkaClients | None = None
 ) -> list[str]:
     """The parts of planned ranges Kafka can no longer serve, as ``topic[p]: [a, b) ...``.
 
@@ -211,14 +210,14 @@ def lost_ranges(
     them), and offsets above its log end or a partition that no longer exists (the topic was
     deleted and re-created smaller). Empty ranges lose nothing.
     """
-    config = librdkafka_config(pipeline.kafka)
+    clients = kafka_clients(pipeline.kafka, clients)
     wanted = [r for r in ranges if r.end > r.start]
     if not wanted:
         return []
-    existing = clients.partitions_of(config, sorted({r.topic for r in wanted}))  # a deleted topic: its error
+    existing = clients.partitions_of(sorted({r.topic for r in wanted}))  # a deleted topic: its error
     present = [r.key for r in wanted if r.partition in existing.get(r.topic, [])]
-    log_start = clients.list_offsets(config, present, spec="earliest") if present else {}
-    log_end = clients.list_offsets(config, present, spec="latest") if present else {}
+    log_start = clients.list_offsets(present, spec="earliest") if present else {}
+    log_end = clients.list_offsets(present, spec="latest") if present else {}
     lost: list[str] = []
     for r in wanted:
         name = f"{r.topic}[{r.partition}]"
@@ -258,7 +257,7 @@ def resume_unfinished(
     actor: Actor | None = None,
     may_skip: bool = True,
     lost_error: Callable[[Pipeline, CheckpointRecord, list[str]], Exception] = data_loss_error,
-    clients: KafkaClients = REAL_KAFKA,
+    clients: KafkaClients | None = None,
 ) -> CheckpointRecord | None:
     """The one check before anything continues the unfinished checkpoint ``cp`` (a DAG
     retry, a stream restart, a backfill's next call): ``cp`` when it can still be finished;
@@ -269,6 +268,7 @@ def resume_unfinished(
     is already staged. A frozen commit plan the cluster can no longer carry out is refused
     now, not at commit time (a checkpoint from before ledger revision 0002 is frozen at
     prepare or commit instead, where the staged partition count is known)."""
+    clients = kafka_clients(pipeline.kafka, clients)
     if cp.state is CheckpointState.PLANNED:
         lost = lost_ranges(pipeline, list(cp.ranges), clients=clients)
         if lost:
@@ -287,7 +287,7 @@ def resume_unfinished(
     return cp
 
 
-def check_may_plan(pipeline: Pipeline, ledger: Ledger, *, clients: KafkaClients = REAL_KAFKA) -> None:
+def check_may_plan(pipeline: Pipeline, ledger: Ledger, *, clients: KafkaClients | None = None) -> None:
     """Refuse a new checkpoint of a stopped pipeline, and one the sink shows to be unsafe.
 
     A stopped pipeline finishes what it started but starts nothing new (the ledger's plan
@@ -296,6 +296,7 @@ def check_may_plan(pipeline: Pipeline, ledger: Ledger, *, clients: KafkaClients 
     anything is planned against them, and so is a ledger older than the sink (restored from
     a backup): markers, or the newest output when none is left.
     """
+    clients = kafka_clients(pipeline.kafka, clients)
     current = ledger.get_pipeline(pipeline.name)
     if current.stopped:
         raise PipelineStopped.of(
@@ -313,7 +314,7 @@ def plan_checkpoint(
     *,
     actor: Actor | None = None,
     next_only: bool = False,
-    clients: KafkaClients = REAL_KAFKA,
+    clients: KafkaClients | None = None,
 ) -> CheckpointRecord | None:
     """Return the pipeline's unfinished checkpoint, else plan the next one.
 
@@ -329,6 +330,7 @@ def plan_checkpoint(
     :class:`PipelineStopped` even while earlier checkpoints are unfinished: they finish,
     nothing new starts.
     """
+    clients = kafka_clients(pipeline.kafka, clients)
     prefix = pinned_prefix(pipeline, ledger, where="the plan")
     unfinished = None if next_only else ledger.unfinished(pipeline.name)
     if unfinished is not None:
@@ -338,14 +340,13 @@ def plan_checkpoint(
         if unfinished is not None:
             return unfinished
     check_may_plan(pipeline, ledger, clients=clients)
-    config = librdkafka_config(pipeline.kafka)
-    topics = clients.partitions_of(config, pipeline.source_topics)
+    topics = clients.partitions_of(pipeline.source_topics)
     partition_count = sink_partitions(pipeline, clients=clients)  # a missing sink fails here
     partitions = [(t, p) for t, ps in sorted(topics.items()) for p in ps]
     known = ledger.next_starts(pipeline.name)
     new = [tp for tp in partitions if tp not in known]
     starts: dict[TP, int] = {tp: known[tp] for tp in partitions if tp in known}
-    log_start = clients.list_offsets(config, partitions, spec="earliest")
+    log_start = clients.list_offsets(partitions, spec="earliest")
     discovered: dict[str, dict[str, int | str]] = {}
     if not known:  # the pipeline's first checkpoint (of its lineage): the startup policy
         starts.update(startup_offsets(pipeline, new, clients=clients))
@@ -361,7 +362,7 @@ def plan_checkpoint(
             }
     # The end is the last stable offset (open transactions of a transactional input
     # are excluded), so the range never reaches into undecided records.
-    ends = clients.list_offsets(config, partitions, spec="latest")
+    ends = clients.list_offsets(partitions, spec="latest")
     skipped: dict[TP, int] = {}
     for tp in partitions:
         topic, partition = tp

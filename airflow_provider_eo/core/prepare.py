@@ -22,11 +22,10 @@ from airflow_provider_eo import names, staging, staging_fs
 from airflow_provider_eo.connections import require_applied
 from airflow_provider_eo.core.commit_plan import frozen_commit_plan
 from airflow_provider_eo.core.fault_seam import fault_point
-from airflow_provider_eo.core.kafka_clients import REAL_KAFKA, KafkaClients
+from airflow_provider_eo.core.kafka_clients import KafkaClients, kafka_clients
 from airflow_provider_eo.core.plan import data_loss_error, lost_ranges
 from airflow_provider_eo.errors import DeadLetterTooLarge, PrepareError, StagingError
 from airflow_provider_eo.kafka.admin import KAFKA_MAX_MESSAGE_BYTES
-from airflow_provider_eo.kafka.client_config import librdkafka_config
 from airflow_provider_eo.kafka.publisher import dead_letter_headers, record_batch_size
 from airflow_provider_eo.ledger import (
     Actor,
@@ -293,7 +292,7 @@ def prepare_checkpoint(
     stager: Stager,
     attempt: str | None = None,
     actor: Actor | None = None,
-    clients: KafkaClients = REAL_KAFKA,
+    clients: KafkaClients | None = None,
 ) -> PrepareResult:
     """Stage the output of one PLANNED checkpoint with ``stager`` and move it to PREPARED
     (the brokers asked through ``clients``).
@@ -303,6 +302,7 @@ def prepare_checkpoint(
     its own folder. Each step is safe to repeat after a crash: a new attempt writes a new
     folder, and a folder without a manifest is never published.
     """
+    clients = kafka_clients(pipeline.kafka, clients)
     require_applied(pipeline, where="the prepare")
     stager.start(pipeline)
     started = time.monotonic()
@@ -316,7 +316,6 @@ def prepare_checkpoint(
             f"pipeline {pipeline.name!r}: checkpoint {checkpoint_id} is {cp.state.value}; only "
             "PLANNED checkpoints can be prepared (an aborted range is replanned by the next plan)"
         )
-    config = librdkafka_config(pipeline.kafka)
     # The output is partitioned for the checkpoint's frozen commit plan, never the sink's
     # live partition count (a checkpoint from before ledger revision 0002 freezes it now).
     commit_plan = frozen_commit_plan(pipeline, ledger, cp, actor=actor, clients=clients)
@@ -328,14 +327,14 @@ def prepare_checkpoint(
     if pipeline.dead_letter_topic is not None and pipeline.dead_letters_enabled:
         topics.append(pipeline.dead_letter_topic)
     if topics:
-        clients.partitions_of(config, topics)
+        clients.partitions_of(topics)
     # Offsets retention (or a topic re-creation) took away fail every retry the same way:
     # name the lost ranges and what to do instead of the engine's offset-out-of-range error.
     lost = lost_ranges(pipeline, list(cp.ranges), clients=clients)
     if lost:
         raise data_loss_error(pipeline, cp, lost)
     # The broker's limit, or the pipeline's setting when describing the topic is refused.
-    max_bytes = clients.topic_max_message_bytes(config, pipeline.sink_topic, pipeline.sink_max_message_bytes)
+    max_bytes = clients.topic_max_message_bytes(pipeline.sink_topic, pipeline.sink_max_message_bytes)
     attempt = attempt or new_attempt()
     # The staging location is resolved once and pinned in the ledger: a relative staging_dir
     # in a process started elsewhere stages (and the commit reads) where the first one did.
@@ -365,9 +364,7 @@ def prepare_checkpoint(
         if staged.dead_letters and pipeline.dead_letter_topic is not None:
             # The dead-letter topic's own limit (the sink's says nothing about it); the
             # broker's default when describing the topic is refused.
-            limit = clients.topic_max_message_bytes(
-                config, pipeline.dead_letter_topic, KAFKA_MAX_MESSAGE_BYTES
-            )
+            limit = clients.topic_max_message_bytes(pipeline.dead_letter_topic, KAFKA_MAX_MESSAGE_BYTES)
             check_dead_letters_fit(request, staged, identity=identity, limit=limit)
     except (StagingError, DeadLetterTooLarge):
         staging.remove(path, store)

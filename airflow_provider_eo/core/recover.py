@@ -43,9 +43,9 @@ from airflow_provider_eo import names
 from airflow_provider_eo.core.commit import commit_checkpoint
 from airflow_provider_eo.core.fencing import FENCE_LEASE_S, FenceLease, fence, fence_owner
 from airflow_provider_eo.core.hanging import HangingResult
-from airflow_provider_eo.core.shard import REAL_KAFKA, KafkaClients, ShardRunner
+from airflow_provider_eo.core.kafka_clients import kafka_clients
+from airflow_provider_eo.core.shard import KafkaClients, ShardRunner
 from airflow_provider_eo.errors import RecoverError
-from airflow_provider_eo.kafka.client_config import librdkafka_config
 from airflow_provider_eo.kafka.transactions import JavaAdmin
 from airflow_provider_eo.ledger import Actor, CheckpointState, Ledger
 from airflow_provider_eo.ledger.leases import FORCE_LIVE_HINT, CommitInProgress
@@ -92,7 +92,7 @@ def recover_pipeline(
     actor: Actor | None = None,
     wait_s: float = 15.0,
     progress: Callable[[str], None] | None = None,
-    clients: KafkaClients = REAL_KAFKA,
+    clients: KafkaClients | None = None,
     force_live: bool = False,
     lease_ttl_s: float = FENCE_LEASE_S,
     abort_hanging: bool = False,
@@ -118,12 +118,12 @@ def recover_pipeline(
         committed in this process and ``progress`` gets a line saying so (both modes keep the
         same markers and ledger rows).
     """
+    clients = kafka_clients(pipeline.kafka, clients)
     say = progress or (lambda _line: None)
     where = f"pipeline {pipeline.name!r}: "
-    config = librdkafka_config(pipeline.kafka)
     unfinished = ledger.unfinished(pipeline.name)
     sink = unfinished.commit_plan.sink_topic if unfinished and unfinished.commit_plan else pipeline.sink_topic
-    result = RecoverResult(pipeline.name, sink, clients.open_transactions(config, sink))
+    result = RecoverResult(pipeline.name, sink, clients.open_transactions(sink))
     for p, (stable, high) in result.open_before.items():
         say(f"open transaction on {sink}[{p}]: last stable offset {stable} < high watermark {high}")
 
@@ -159,7 +159,7 @@ def recover_pipeline(
                 )
 
             # 2. Every other id of ours: a zombie's open transaction is aborted.
-            today = names.commit_plan(pipeline, clients.partition_count(config, pipeline.sink_topic))
+            today = names.commit_plan(pipeline, clients.partition_count(pipeline.sink_topic))
             ids = set(ledger.transactional_ids(pipeline.name)) | {
                 names.plan_transactional_id(today, pipeline.name, s) for s in range(today.shards)
             }
@@ -189,7 +189,7 @@ def recover_pipeline(
     # 3. What is still open is not ours.
     deadline = time.monotonic() + wait_s
     while True:
-        result.open_after = clients.open_transactions(config, sink)
+        result.open_after = clients.open_transactions(sink)
         if not result.open_after or time.monotonic() >= deadline:
             break
         time.sleep(0.5)
@@ -203,7 +203,7 @@ def end_hanging_transactions(
     lease: FenceLease,
     where: str,
     say: Callable[[str], None],
-    clients: KafkaClients = REAL_KAFKA,
+    clients: KafkaClients | None = None,
     admin: JavaAdmin | None = None,
 ) -> HangingResult:
     """``--abort-hanging``: list the open transactions on the pipeline's partitions and end
@@ -212,6 +212,7 @@ def end_hanging_transactions(
     :raises RecoverError: the Java admin client cannot run here (nothing ended), or a hanging
         transaction is of a shard the ledger records COMMITTED (not aborted).
     """
+    clients = kafka_clients(pipeline.kafka, clients)
     from airflow_provider_eo.core.hanging import default_admin, end_hanging, read_pipeline_transactions
     from airflow_provider_eo.errors import TransactionAdminUnavailable
 

@@ -22,9 +22,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_provider_eo.core.kafka_clients import KafkaClients, kafka_clients
 from airflow_provider_eo.errors import ConfigError, RestoreRefused
-from airflow_provider_eo.kafka import admin
-from airflow_provider_eo.kafka.client_config import librdkafka_config
 from airflow_provider_eo.ledger import Actor, InvariantViolation, Ledger, SavepointRecord
 from airflow_provider_eo.ledger.lineage import RestoreOutcome
 from airflow_provider_eo.pipeline import Pipeline
@@ -232,8 +231,8 @@ def _repeated(pipeline: str, outcome: RestoreOutcome) -> RestoreResult:
     )
 
 
-def _current_partitions(pipeline: Pipeline) -> list[TP]:
-    topics = admin.partitions_of(librdkafka_config(pipeline.kafka), pipeline.source_topics)
+def _current_partitions(pipeline: Pipeline, clients: KafkaClients) -> list[TP]:
+    topics = clients.partitions_of(pipeline.source_topics)
     return [(t, p) for t, ps in sorted(topics.items()) for p in ps]
 
 
@@ -279,10 +278,13 @@ def restore_from_savepoint(
     allow_non_restored: bool = False,
     actor: Actor | None = None,
     request_key: str | None = None,
+    clients: KafkaClients | None = None,
 ) -> RestoreResult:
     """Start a new lineage of ``pipeline`` at the savepoint's offsets (see the module
     docstring for what is refused). Idempotent per ``request_key``: a second call with the
-    same key changes nothing and returns the first result with ``repeated=True``."""
+    same key changes nothing and returns the first result with ``repeated=True``.
+    ``clients``: the source's Kafka side (default: the real cluster; tests pass a fake)."""
+    clients = kafka_clients(pipeline.kafka, clients)
     name = savepoint if isinstance(savepoint, str) else savepoint.name
     current = ledger.get_pipeline(pipeline.name)  # an unknown pipeline is refused here
     if request_key:  # a retry of a done request: no-op, before any other check
@@ -293,7 +295,7 @@ def restore_from_savepoint(
     _refuse_query_batches(pipeline, ledger, f"restore from savepoint {name!r}")
     _refuse_unfinished(pipeline, ledger, f"restore from savepoint {name!r}")
     saved = {(t, p): o for t, parts in sp.offsets.items() for p, o in parts.items()}
-    now_parts = _current_partitions(pipeline)
+    now_parts = _current_partitions(pipeline, clients)
     vanished, lacking = partition_diff(saved, now_parts)
     if (vanished or lacking) and not allow_non_restored:
         lines = [f"{_label(tp)} is in the savepoint but no longer in the source topics" for tp in vanished]
@@ -304,9 +306,8 @@ def restore_from_savepoint(
             "(allow_non_restored=True) to drop the vanished partitions and start the new ones "
             "from their earliest offset."
         )
-    config = librdkafka_config(pipeline.kafka)
-    log_start = admin.list_offsets(config, now_parts, spec="earliest")
-    log_end = admin.list_offsets(config, now_parts, spec="latest")
+    log_start = clients.list_offsets(now_parts, spec="earliest")
+    log_end = clients.list_offsets(now_parts, spec="latest")
     offsets = {tp: o for tp, o in saved.items() if tp not in vanished}
     problems = out_of_range(offsets, log_start, log_end)
     if problems:
@@ -349,13 +350,16 @@ def reset_pipeline(
     *,
     actor: Actor | None = None,
     request_key: str | None = None,
+    clients: KafkaClients | None = None,
 ) -> RestoreResult:
     """Start a new lineage of ``pipeline`` at ``to``: ``earliest``, ``latest``,
     ``timestamp=<ISO-8601>`` (each partition's first offset at or after it, else its end)
     or ``offsets=<JSON>`` (``{"topic": {"partition": offset}}``; a partition not named keeps
     where its next checkpoint would start, else its earliest offset). Refused while a
     checkpoint is unfinished, for an offset outside the log, or a partition the source
-    topics do not have. Idempotent per ``request_key``."""
+    topics do not have. Idempotent per ``request_key``. ``clients``: as for
+    :func:`restore_from_savepoint`."""
+    clients = kafka_clients(pipeline.kafka, clients)
     try:  # a bad target is refused before anything is read or written
         target = parse_reset_target(to)
     except ConfigError as exc:
@@ -367,17 +371,16 @@ def reset_pipeline(
             return _repeated(pipeline.name, earlier)
     _refuse_query_batches(pipeline, ledger, f"reset to {target.describe()}")
     _refuse_unfinished(pipeline, ledger, f"reset to {target.describe()}")
-    config = librdkafka_config(pipeline.kafka)
-    parts = _current_partitions(pipeline)
-    log_start = admin.list_offsets(config, parts, spec="earliest")
-    log_end = admin.list_offsets(config, parts, spec="latest")
+    parts = _current_partitions(pipeline, clients)
+    log_start = clients.list_offsets(parts, spec="earliest")
+    log_end = clients.list_offsets(parts, spec="latest")
     if target.kind == "earliest":
         offsets = dict(log_start)
     elif target.kind == "latest":
         offsets = dict(log_end)
     elif target.kind == "timestamp":
         assert target.timestamp_ms is not None
-        offsets = admin.offsets_for_timestamp(config, parts, target.timestamp_ms)
+        offsets = clients.offsets_for_timestamp(parts, target.timestamp_ms)
     else:
         named = {(t, p): o for t, ps in target.offsets.items() for p, o in ps.items()}
         unknown = sorted(set(named) - set(parts))

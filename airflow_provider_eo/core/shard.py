@@ -49,7 +49,7 @@ from airflow_provider_eo.core.committable import (
     ShardTask,
 )
 from airflow_provider_eo.core.fault_seam import fault_point, fault_triggered
-from airflow_provider_eo.core.kafka_clients import REAL_KAFKA, KafkaClients, RealKafka
+from airflow_provider_eo.core.kafka_clients import KafkaClients, RealKafka
 from airflow_provider_eo.core.markers import NO_MARKER, decide_marker
 from airflow_provider_eo.core.shard_errors import refused_record_error, timed_out_error, write_denied_error
 from airflow_provider_eo.errors import (
@@ -122,11 +122,11 @@ class ShardTransaction:
     def __init__(
         self,
         committable: ShardCommittable,
-        clients: KafkaClients = REAL_KAFKA,
+        clients: KafkaClients | None = None,
         pool: ProducerPool | None = None,
     ) -> None:
         self.committable = committable
-        self.clients = clients
+        self.clients = clients if clients is not None else RealKafka(committable.config)
         self.pool = pool
         self.failures = DeliveryFailures()
         self.producer: Any = None
@@ -147,7 +147,7 @@ class ShardTransaction:
                 self.producer, self.failures, self.reused = kept.producer, kept.failures, True
                 return
         self.producer = self.clients.producer(
-            c.config, c.transactional_id, c.transaction_timeout_ms, self.failures, c.topic_max_bytes
+            c.transactional_id, c.transaction_timeout_ms, self.failures, c.topic_max_bytes, config=c.config
         )
         kafka_call("metadata", connect, self.producer, c.sink_topic, c.timeout_s, where=c.where)
         kafka_call(
@@ -182,7 +182,7 @@ class ShardTransaction:
         # Only this shard's marker: another shard's may sit in a transaction a killed
         # committer left open (not fenced yet), and a stable read of it would wait for that
         # transaction's timeout.
-        found = self.clients.committed_marks(c.config, c.marker_group, [(c.sink_topic, c.shard)])
+        found = self.clients.committed_marks(c.marker_group, [(c.sink_topic, c.shard)])
         return decide_marker(
             c.pipeline,
             c.marker_group,
@@ -214,9 +214,7 @@ class ShardTransaction:
             # Nothing in the sink can prove it. A shard holding only dead letters is redone
             # (they may appear twice on the dead-letter topic, the sink never).
             return NO_MARKER
-        return self.clients.last_published_checkpoint(
-            c.config, c.sink_topic, staged[0], c.pipeline, c.identity
-        )
+        return self.clients.last_published_checkpoint(c.sink_topic, staged[0], c.pipeline, c.identity)
 
     def publish(self, batches: Iterable[tuple[int, Iterable[pa.RecordBatch]]]) -> int:
         """Begin the transaction and produce the staged records, each with the provenance
@@ -281,7 +279,7 @@ class ShardTransaction:
             "send_offsets_to_transaction(marker)",
             self.producer.send_offsets_to_transaction,
             offsets({(c.sink_topic, c.shard): c.checkpoint_id}, names.marker_metadata(c.identity)),
-            self.clients.group_metadata(c.config, c.marker_group),
+            self.clients.group_metadata(c.marker_group),
             c.timeout_s,
             where=c.where,
             denied=self._denied("the commit marker", c.marker_group, [c.sink_topic]),
@@ -291,7 +289,7 @@ class ShardTransaction:
                 "send_offsets_to_transaction(group)",
                 self.producer.send_offsets_to_transaction,
                 offsets({(t, p): end for t, p, end in c.group_offsets}),
-                self.clients.group_metadata(c.config, c.group_id),
+                self.clients.group_metadata(c.group_id),
                 c.timeout_s,
                 where=c.where,
                 denied=self._denied(
@@ -374,7 +372,7 @@ class ShardTransaction:
 
     def write_denied_topic(self) -> str | None:
         """The topic of this shard's output the broker says its principal may not WRITE."""
-        return self.clients.write_denied_topic(self.committable.config, self.produced_topics())
+        return self.clients.write_denied_topic(self.produced_topics())
 
     def refused_record_error(self, exc: BaseException) -> CommitError:
         """The error for a record the broker refuses every time
@@ -385,7 +383,7 @@ class ShardTransaction:
 def commit_shard(
     committable: ShardCommittable,
     hooks: ShardHooks,
-    clients: KafkaClients = REAL_KAFKA,
+    clients: KafkaClients | None = None,
     *,
     pool: ProducerPool | None = None,
 ) -> ShardResult:
@@ -403,6 +401,7 @@ def commit_shard(
         and the hooks recorded it.
     """
     c = committable
+    clients = clients if clients is not None else RealKafka(c.config)
     last_failure = ""
     for round_ in range(1, MAX_SHARD_ROUNDS + 1):
         txn = ShardTransaction(c, clients, pool)
@@ -482,7 +481,6 @@ def commit_shard(
 
 __all__ = [
     "MAX_SHARD_ROUNDS",
-    "REAL_KAFKA",
     "KafkaClients",
     "Outcome",
     "Publisher",

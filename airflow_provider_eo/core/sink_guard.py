@@ -31,10 +31,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from airflow_provider_eo import names
-from airflow_provider_eo.core.kafka_clients import REAL_KAFKA, KafkaClients
+from airflow_provider_eo.core.kafka_clients import KafkaClients, kafka_clients
 from airflow_provider_eo.core.markers import NO_MARKER, read_markers
 from airflow_provider_eo.errors import ForeignOutputInSink, LedgerBehindSink, PipelineNameInUse
-from airflow_provider_eo.kafka.client_config import librdkafka_config
 from airflow_provider_eo.ledger import PipelineRecord
 from airflow_provider_eo.pipeline import Pipeline
 
@@ -90,13 +89,13 @@ class SinkOutput:
 
 
 def scan_sink(
-    pipeline: Pipeline, per_partition: int = SINK_SCAN_RECORDS, *, clients: KafkaClients = REAL_KAFKA
+    pipeline: Pipeline, per_partition: int = SINK_SCAN_RECORDS, *, clients: KafkaClients | None = None
 ) -> dict[str | None, SinkOutput]:
     """This pipeline name's output among the newest ``per_partition`` records of every sink
     partition, per ledger identity (read_committed)."""
-    config = librdkafka_config(pipeline.kafka)
+    clients = kafka_clients(pipeline.kafka, clients)
     found: dict[str | None, SinkOutput] = {}
-    for msg in clients.tail_records(config, pipeline.sink_topic, per_partition=per_partition):
+    for msg in clients.tail_records(pipeline.sink_topic, per_partition=per_partition):
         prov = dict(msg.headers() or []).get(names.HEADER_PROVENANCE)
         fields = names.parse_provenance(prov) if isinstance(prov, bytes) else None
         parsed = names.parse_checkpoint_field(fields[0], pipeline.name) if fields else None
@@ -205,7 +204,7 @@ def mark_clear(step: str, bootstrap: str, group: str, identity: str | None) -> N
 
 
 def check_other_deployments(
-    pipeline: Pipeline, identity: str | None, *, clients: KafkaClients = REAL_KAFKA
+    pipeline: Pipeline, identity: str | None, *, clients: KafkaClients | None = None
 ) -> None:
     """Refuse when another deployment of this pipeline name (another ledger identity) has
     committed markers on a topic other than this pipeline's sink (:func:`other_deployments`).
@@ -219,19 +218,19 @@ def check_other_deployments(
 
     :raises PipelineNameInUse: naming the other identities, their topics and the choices.
     """
-    config = librdkafka_config(pipeline.kafka)
+    clients = kafka_clients(pipeline.kafka, clients)
     group = names.marker_group(pipeline)
-    bootstrap = str(config.get("bootstrap.servers"))
+    bootstrap = str(pipeline.kafka.get("bootstrap.servers"))
     if recently_clear("plan", bootstrap, group, identity):
         return
-    marks = clients.marks_elsewhere(config, group, pipeline.sink_topic)
+    marks = clients.marks_elsewhere(group, pipeline.sink_topic)
     others = other_deployments(marks, sink_topic=pipeline.sink_topic, identity=identity)
     if others:
         raise other_deployments_error(pipeline.name, group, pipeline.sink_topic, identity, others)
     mark_clear("plan", bootstrap, group, identity)
 
 
-def check_sink(pipeline: Pipeline, record: PipelineRecord, *, clients: KafkaClients = REAL_KAFKA) -> None:
+def check_sink(pipeline: Pipeline, record: PipelineRecord, *, clients: KafkaClients | None = None) -> None:
     """Refuse to plan when the sink shows that this ledger is older than its output, or (on
     a pipeline's first plan) that another ledger published this pipeline name's output.
 
@@ -243,8 +242,8 @@ def check_sink(pipeline: Pipeline, record: PipelineRecord, *, clients: KafkaClie
     :raises ForeignOutputInSink: the first plan of a new ledger finds this pipeline name's
         output written by another ledger (and no restore/reset chose a start since).
     """
-    config = librdkafka_config(pipeline.kafka)
-    shards = range(clients.partition_count(config, pipeline.sink_topic))
+    clients = kafka_clients(pipeline.kafka, clients)
+    shards = range(clients.partition_count(pipeline.sink_topic))
     markers = read_markers(pipeline, shards, identity=record.identity, clients=clients)
     check_other_deployments(pipeline, record.identity, clients=clients)
     ahead = {s: m for s, m in markers.items() if m > record.last_checkpoint_id}

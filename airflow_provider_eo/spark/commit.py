@@ -32,9 +32,9 @@ from airflow_provider_eo import names
 from airflow_provider_eo.core.abort_marks import refuse_if_aborted
 from airflow_provider_eo.core.fault_seam import fault_point
 from airflow_provider_eo.core.shard import (
-    REAL_KAFKA,
     KafkaClients,
     Publisher,
+    RealKafka,
     ShardCommittable,
     ShardFailure,
     ShardTask,
@@ -121,17 +121,19 @@ def _on_this_host(host: str, driver: str) -> bool:
 
 
 def run_shard_task(
-    tasks: Iterable[ShardTask], clients: KafkaClients = REAL_KAFKA
+    tasks: Iterable[ShardTask], clients: KafkaClients | None = None
 ) -> Iterator[Publisher | ShardFailure]:
-    """The body of one commit task (runs on an executor): commit each shard given."""
+    """The body of one commit task (runs on an executor): commit each shard given, through
+    ``clients`` (default: the real cluster, with the shard's own client config)."""
     executor, attempt = _task_identity()
     host, pid = socket.gethostname(), os.getpid()
     for task in tasks:
         c = task.committable
         fault_point("commit.task_start")
-        hooks = _TaskHooks(c, clients, row_before=task.row_before, retried=attempt > 0)
+        kafka = clients if clients is not None else RealKafka(c.config)
+        hooks = _TaskHooks(c, kafka, row_before=task.row_before, retried=attempt > 0)
         try:
-            result = commit_shard(c, hooks, clients)
+            result = commit_shard(c, hooks, kafka)
         except Exception as exc:
             yield ShardFailure(c.shard, type(exc).__name__, str(exc), host, pid)
             continue

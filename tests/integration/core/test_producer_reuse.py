@@ -32,7 +32,8 @@ pytestmark = [pytest.mark.kafka]
 class Counting(RealKafka):
     """The real clients, counting the producers they create."""
 
-    def __init__(self) -> None:
+    def __init__(self, kafka: dict[str, Any]) -> None:
+        super().__init__(RealKafka.of(kafka).config)
         self.created = 0
 
     def producer(self, *args: Any, **kwargs: Any) -> Any:
@@ -97,7 +98,7 @@ def test_a_kept_producer_is_used_for_the_next_checkpoints(
     setup: tuple[Pipeline, Ledger], kafka_config: dict[str, Any]
 ) -> None:
     pipeline, ledger = setup
-    ours = Counting()
+    ours = Counting(pipeline.kafka)
     for n in (1, 2, 3):
         commit_checkpoint(pipeline, ledger, prepare(ledger, pipeline, n), clients=ours)
     assert ours.created == 1 and len(kept(ours)) == 1
@@ -112,7 +113,7 @@ def test_another_process_fences_the_kept_producer_between_two_commits(
     init_transactions aborts the other's transaction. Each record once, nothing of the
     other's visible, the other one fenced."""
     pipeline, ledger = setup
-    ours = Counting()
+    ours = Counting(pipeline.kafka)
     commit_checkpoint(pipeline, ledger, prepare(ledger, pipeline, 1), clients=ours)
     (first,) = kept(ours)
     other = Producer(
@@ -141,7 +142,7 @@ def test_another_process_that_published_the_checkpoint_meanwhile_is_not_publishe
     """Another committer (its own producer, so it fenced ours) publishes checkpoint 2 and
     dies before its ledger write; our commit of it finds the marker and sends nothing."""
     pipeline, ledger = setup
-    ours = Counting()
+    ours = Counting(pipeline.kafka)
     commit_checkpoint(pipeline, ledger, prepare(ledger, pipeline, 1), clients=ours)
     cid = prepare(ledger, pipeline, 2)
     cp = ledger.get(pipeline.name, cid)
@@ -150,7 +151,7 @@ def test_another_process_that_published_the_checkpoint_meanwhile_is_not_publishe
     identity = ledger.get_pipeline(pipeline.name).identity
     theirs = shard_committable(pipeline, identity, cp, manifest, cp.commit_plan, 0, topic_max_bytes=None)
     assert theirs.transactional_id == names.plan_transactional_id(cp.commit_plan, pipeline.name, 0)
-    assert commit_shard(theirs, NoLedger(), RealKafka()).records == 5
+    assert commit_shard(theirs, NoLedger()).records == 5
     result = commit_checkpoint(pipeline, ledger, cid, clients=ours)
     assert result.checkpoint.state is CheckpointState.COMMITTED
     assert (result.published, result.shards_skipped) == (0, 1)
@@ -168,7 +169,7 @@ def test_a_commit_after_an_abortable_failure_uses_a_new_producer(
     from airflow_provider_eo.core import shard as shard_module
 
     pipeline, ledger = setup
-    ours = Counting()
+    ours = Counting(pipeline.kafka)
     commit_checkpoint(pipeline, ledger, prepare(ledger, pipeline, 1), clients=ours)
     (first,) = kept(ours)
     real_commit = shard_module.ShardTransaction.commit
@@ -191,7 +192,7 @@ def test_a_commit_after_an_abortable_failure_uses_a_new_producer(
 
 def test_close_producers_leaves_no_idle_producer(setup: tuple[Pipeline, Ledger]) -> None:
     pipeline, ledger = setup
-    ours = Counting()
+    ours = Counting(pipeline.kafka)
     commit_checkpoint(pipeline, ledger, prepare(ledger, pipeline, 1), clients=ours)
     assert len(kept(ours)) == 1
     assert PRODUCERS.close() == 1 and kept(ours) == []

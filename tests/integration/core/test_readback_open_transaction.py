@@ -21,7 +21,7 @@ import pytest
 from confluent_kafka import Producer
 from eo_fake_kafka import write_staged
 
-from airflow_provider_eo.core.shard import REAL_KAFKA, ShardCommittable, commit_shard
+from airflow_provider_eo.core.shard import ShardCommittable, commit_shard
 from airflow_provider_eo.errors import ReadBackBlocked
 from airflow_provider_eo.kafka import admin
 from airflow_provider_eo.kafka.audit import read_sink
@@ -112,12 +112,12 @@ def test_records_beyond_a_foreign_open_transaction_are_not_published_again(
     sink = make_topic("sink", partitions=1)
     c = committable(kafka_config, sink, tmp_path / "staged")
     other = foreign(sink)  # opened first: our records land beyond its start
-    assert commit_shard(c, Hooks(row=False), REAL_KAFKA).records == RECORDS
+    assert commit_shard(c, Hooks(row=False)).records == RECORDS
     # The marker is lost (expired), the ledger shows a try: the retry reads the output back.
     lost = replace(c, marker_group=f"{c.marker_group}.expired")
     started = time.monotonic()
     with pytest.raises(ReadBackBlocked) as info:
-        commit_shard(lost, Hooks(row=True), REAL_KAFKA)
+        commit_shard(lost, Hooks(row=True))
     waited = time.monotonic() - started
     text = str(info.value)
     print(f"refused after {waited:.1f} s: {text}")
@@ -127,7 +127,7 @@ def test_records_beyond_a_foreign_open_transaction_are_not_published_again(
     assert "Nothing was published" in text
     # Once the foreign transaction is over, the read-back finds the checkpoint: no republish.
     other.abort_transaction(30)
-    result = commit_shard(lost, Hooks(row=True), REAL_KAFKA)
+    result = commit_shard(lost, Hooks(row=True))
     assert result.skipped and result.records == 0
     assert ours(kafka_config, sink) == sorted(f"v{i}".encode() for i in range(RECORDS))
 
@@ -140,11 +140,11 @@ def test_a_foreign_transaction_opened_after_our_records_does_not_hold_the_read_b
 ) -> None:
     sink = make_topic("sink", partitions=1)
     c = committable(kafka_config, sink, tmp_path / "staged")
-    assert commit_shard(c, Hooks(row=False), REAL_KAFKA).records == RECORDS
+    assert commit_shard(c, Hooks(row=False)).records == RECORDS
     other = foreign(sink)  # opened after: everything of ours lies below its start
     lost = replace(c, marker_group=f"{c.marker_group}.expired")
     started = time.monotonic()
-    result = commit_shard(lost, Hooks(row=True), REAL_KAFKA)
+    result = commit_shard(lost, Hooks(row=True))
     decided = time.monotonic() - started
     assert result.skipped and result.records == 0
     assert decided < 10, decided  # not the 15 s a settle wait for the foreign transaction takes

@@ -21,7 +21,7 @@ from eo_fake_kafka import write_staged
 from eo_harness import Harness, wait_for
 
 from airflow_provider_eo.core.commit import commit_checkpoint
-from airflow_provider_eo.core.shard import REAL_KAFKA, RealKafka, ShardCommittable, commit_shard
+from airflow_provider_eo.core.shard import RealKafka, ShardCommittable, commit_shard
 from airflow_provider_eo.errors import TransactionTimedOut
 from airflow_provider_eo.kafka import admin
 from airflow_provider_eo.kafka.audit import read_sink, read_topic
@@ -78,7 +78,7 @@ class StallingKafka(RealKafka):
     """The real cluster, with producers that stall (:class:`Stalling`)."""
 
     def __init__(self, config: Mapping[str, Any], topic: str) -> None:
-        self.config = config
+        super().__init__(config)
         self.topic = topic
         self.producers: list[Stalling] = []
 
@@ -131,7 +131,7 @@ def test_a_publish_past_the_transaction_timeout_fails_by_name_and_publishes_noth
     assert read_sink(kafka_config, sink) == []
     # What the error says to do works: a longer timeout publishes the shard exactly once.
     longer = committable(kafka_config, sink, Path(c.staging_location), timeout_ms=60_000)
-    result = commit_shard(longer, Hooks(), REAL_KAFKA)
+    result = commit_shard(longer, Hooks())
     assert result.records == RECORDS
     assert sorted(m.value() for m in read_sink(kafka_config, sink)) == sorted(
         f"v{i}".encode() for i in range(RECORDS)
@@ -212,7 +212,7 @@ def test_plan_sizes_checkpoints_so_a_slow_commit_fits_the_transaction_timeout(
             if cp is None:
                 return 0
             h.prepare(cp.checkpoint_id)
-            commit_checkpoint(pipeline, h.ledger, cp.checkpoint_id, clients=SlowLink())
+            commit_checkpoint(pipeline, h.ledger, cp.checkpoint_id, clients=SlowLink.of(pipeline.kafka))
             return sum(r.end - r.start for r in cp.ranges)
 
         h.produce(300)

@@ -61,7 +61,7 @@ def test_a_paused_committers_transaction_is_fenced_and_never_visible(
     cp = prepared_checkpoint(ledger, pipeline, OUTPUT, sink_partitions=2)
     ledger.acquire_commit_lease("orders", cp.checkpoint_id, owner="eo.orders", ttl_s=60)
     clients = FakeClients(broker)
-    paused = clients.producer({}, "eo.orders.1", 10_000, None, None)
+    paused = clients.producer("eo.orders.1", 10_000, None, None)
     paused.init_transactions(10)
     paused.begin_transaction()
     paused.produce(OUT, b"b0", None, 1)

@@ -37,7 +37,7 @@ class Marks:
         self.groups: list[str] = []
 
     def committed_marks(
-        self, config: object, group: str, partitions: list[tuple[str, int]]
+        self, group: str, partitions: list[tuple[str, int]]
     ) -> dict[tuple[str, int], tuple[int, str]]:
         self.groups.append(group)
         return {tp: self.found[tp] for tp in partitions if tp in self.found}
@@ -48,7 +48,6 @@ def test_only_this_identitys_mark_counts() -> None:
     read = {
         shard: abort_marks.aborted_checkpoints(
             clients,  # type: ignore[arg-type]
-            {},
             pipeline="orders",
             identity="mine",
             sink_topic="out",

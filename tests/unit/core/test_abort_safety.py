@@ -17,9 +17,8 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 from eo_fake_kafka import FakeBroker, FakeClients, FakeProducer, prepared_checkpoint, write_staged
@@ -61,9 +60,9 @@ class MarkerHook(FakeClients):
         self.reads = 0
 
     def committed_marks(
-        self, config: Mapping[str, Any], group: str, partitions: list[tuple[str, int]], *, stable: bool = True
+        self, group: str, partitions: list[tuple[str, int]], *, stable: bool = True
     ) -> dict[tuple[str, int], tuple[int, str]]:
-        found = super().committed_marks(config, group, partitions, stable=stable)
+        found = super().committed_marks(group, partitions, stable=stable)
         self.reads += 1
         if self.reads == self.at:
             self.hook()
@@ -120,7 +119,7 @@ def live_committer(
         state="PENDING",
         records=1,
     )
-    producer = clients.producer({}, "eo.orders.0", 10_000, None, None)
+    producer = clients.producer("eo.orders.0", 10_000, None, None)
     producer.init_transactions(10)
     producer.begin_transaction()
     producer.produce(OUT, b"a0", None, 0)

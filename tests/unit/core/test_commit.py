@@ -179,11 +179,11 @@ def test_crash_with_an_open_transaction_is_fenced_by_the_retry(
     crash_at(monkeypatch, "commit.after_begin")
     with pytest.raises(Crash):
         commit_checkpoint(pipeline, ledger, cp.checkpoint_id, clients=FakeClients(broker))
-    assert FakeClients(broker).open_transactions({}, OUT) == {0: (0, 2)}
+    assert FakeClients(broker).open_transactions(OUT) == {0: (0, 2)}
     monkeypatch.setattr(shard_module, "fault_point", lambda step: None)
     commit_checkpoint(pipeline, ledger, cp.checkpoint_id, clients=FakeClients(broker))
     everything_once(broker)
-    assert FakeClients(broker).open_transactions({}, OUT) == {}
+    assert FakeClients(broker).open_transactions(OUT) == {}
 
 
 def test_fault_points_sit_where_the_fault_tests_expect_them(
@@ -386,7 +386,7 @@ def test_a_marker_behind_an_open_transaction_is_read_up_front_without_waiting(
     group = names.marker_group(pipeline)
     broker.marks[(group, OUT, 1)] = (3, names.marker_metadata(identity))
     clients = FakeClients(broker)
-    killed = clients.producer({}, "eo.orders.1", 10_000, None, None)
+    killed = clients.producer("eo.orders.1", 10_000, None, None)
     killed.init_transactions(10)
     killed.begin_transaction()
     killed.produce(OUT, b"zombie", None, 1)
@@ -521,7 +521,7 @@ def test_the_early_marker_check_never_waits_on_a_killed_committers_open_transact
         commit_checkpoint(pipeline, ledger, cp.checkpoint_id, clients=FakeClients(broker))
     group = names.marker_group(pipeline)
     assert broker.open_transactions_with_offsets(group, [(OUT, 0)])  # the marker is pending
-    assert FakeClients(broker).open_transactions({}, OUT) == {2: (0, 2)}  # not on partition 0
+    assert FakeClients(broker).open_transactions(OUT) == {2: (0, 2)}  # not on partition 0
     monkeypatch.setattr(shard_module, "fault_point", lambda step: None)
     done = commit_checkpoint(pipeline, ledger, cp.checkpoint_id, clients=FakeClients(broker))
     assert broker.stable_waits == []  # no read waited on the killed committer's transaction

@@ -471,7 +471,7 @@ def test_a_task_that_inits_while_the_abort_marks_is_fenced_by_the_abort_redo(
     paused: list[Any] = []
 
     def task_inits() -> None:
-        producer = clients.producer({}, c.transactional_id, 10_000, None, None)
+        producer = clients.producer(c.transactional_id, 10_000, None, None)
         producer.init_transactions(10)
         spark_commit.refuse_if_aborted(c, clients)  # no mark yet: the task would go on
         paused.append(producer)

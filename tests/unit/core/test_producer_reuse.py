@@ -175,7 +175,7 @@ def test_a_kept_producer_fenced_by_another_process_redoes_the_round_with_a_new_o
     other's visible."""
     clients = FakeClients(broker)
     commit(pipeline, ledger, clients, 1)
-    other = FakeClients(broker).producer({}, TID, 10_000, None, None)
+    other = FakeClients(broker).producer(TID, 10_000, None, None)
     other.init_transactions(10)
     other.begin_transaction()
     other.produce(OUT, value=b"zombie", partition=0)
@@ -197,7 +197,7 @@ def test_a_fence_of_a_fresh_producer_still_fails_the_commit(
     c = make_committable(tmp_path / "a", [b"x"])
 
     def fence_it(producer: FakeProducer) -> None:
-        FakeClients(broker).producer({}, c.transactional_id, 10_000, None, None).init_transactions(10)
+        FakeClients(broker).producer(c.transactional_id, 10_000, None, None).init_transactions(10)
 
     broker.on_call["flush"] = fence_it
 
@@ -362,14 +362,12 @@ def test_a_failed_marker_read_on_a_kept_producer_is_redone_after_init_transactio
     inits_at_failure: list[int] = []
     reads = {"n": 0}
 
-    def committed_marks(
-        config: Any, group: str, partitions: list[tuple[str, int]], *, stable: bool = True
-    ) -> Any:
+    def committed_marks(group: str, partitions: list[tuple[str, int]], *, stable: bool = True) -> Any:
         reads["n"] += 1
         if reads["n"] == 2:  # the shard's own read (the first: the commit's check of every shard)
             inits_at_failure.append(broker.count("init_transactions", TID))
             raise KafkaAdminError("reading offsets of group 'g' failed: timed out")
-        return real(config, group, partitions, stable=stable)
+        return real(group, partitions, stable=stable)
 
     monkeypatch.setattr(clients, "committed_marks", committed_marks)
     commit(pipeline, ledger, clients, 2)

@@ -39,7 +39,7 @@ class Crash(BaseException):
 
 def zombie(clients: FakeClients, transactional_id: str, partition: int) -> FakeProducer:
     """A producer of ours that began a transaction and never finished it."""
-    producer = clients.producer({}, transactional_id, 10_000, None, None)
+    producer = clients.producer(transactional_id, 10_000, None, None)
     producer.init_transactions(10)
     producer.begin_transaction()
     producer.produce(OUT, b"zombie", None, partition)

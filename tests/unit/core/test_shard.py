@@ -17,8 +17,8 @@ from airflow_provider_eo import names
 from airflow_provider_eo.core import shard as shard_module
 from airflow_provider_eo.core.shard import (
     MAX_SHARD_ROUNDS,
-    REAL_KAFKA,
     Outcome,
+    RealKafka,
     ShardCommittable,
     ShardTransaction,
     commit_shard,
@@ -318,8 +318,13 @@ def test_outcome_ladder() -> None:
     assert outcome_of(CommitError("x")) is Outcome.PERMANENT
 
 
-def test_the_default_clients_are_picklable() -> None:
-    assert isinstance(pickle.loads(pickle.dumps(REAL_KAFKA)), type(REAL_KAFKA))
+def test_the_real_clients_are_picklable_and_equal_by_their_config() -> None:
+    """Spark ships them to executors with a shard; equal ones share idle producers."""
+    clients = RealKafka.of({"bootstrap.servers": "127.0.0.1:9092"})
+    copy = pickle.loads(pickle.dumps(clients))
+    assert copy == clients and hash(copy) == hash(clients)
+    assert copy.config["bootstrap.servers"] == "127.0.0.1:9092"
+    assert clients != RealKafka.of({"bootstrap.servers": "127.0.0.1:9093"})
 
 
 def test_the_steps_one_by_one(tmp_path: Path, broker: FakeBroker) -> None:
