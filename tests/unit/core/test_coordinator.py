@@ -447,3 +447,52 @@ def test_the_lag_after_a_commit_is_read_through_the_coordinators_clients(
     lag = [value for kind, name, value, _p in sink.sent if name == LAG_RECORDS]
     assert lag == [30]  # 40 - the checkpoint's end (10)
     assert ("", "list_offsets:latest") in broker.calls
+
+
+class StagesTheRange:
+    """A stager that stages one output record per source record of every non-empty range,
+    into sink partition 0, as Spark's stager lays it out."""
+
+    def start(self, pipeline: Pipeline) -> None:
+        pass
+
+    def stage(self, request: Any) -> Any:
+        from eo_fake_kafka import write_staged
+
+        from airflow_provider_eo import staging
+        from airflow_provider_eo.core.prepare import RangeRead, StageResult
+
+        live = [r for r in request.ranges if r.end > r.start]
+        values = [f"{r.topic}-{r.partition}-{o}".encode() for r in live for o in range(r.start, r.end)]
+        write_staged(Path(request.path), 0, values, src_topic="in")
+        return StageResult(
+            files=staging.describe_attempt(request.path),
+            reads=tuple(RangeRead(r, r.end - r.start, 1_000, 2_000) for r in live),
+            app_id="app-fake",
+            rows_written={0: len(values)},
+        )
+
+
+def test_one_cycle_reads_kafka_only_through_the_clients_it_was_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Plan, prepare, commit and the lag read of one checkpoint, each step real, against the
+    fake cluster the coordinator was built with: no step builds Kafka clients of its own
+    (the clients are built once per pipeline and handed on)."""
+    from airflow_provider_eo.core import kafka_clients
+
+    def built(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a step built its own Kafka clients")
+
+    monkeypatch.setattr(kafka_clients.RealKafka, "__init__", built)
+    pipeline = fake_pipeline(tmp_path, sink=OUT, shards=SHARDS)
+    broker = FakeBroker(partitions={"in": 1, OUT: SINK_PARTITIONS}, logs={("in", 0): (0, 12)})
+    sink = RecordingSink()
+    with Ledger(f"sqlite:///{tmp_path / 'ledger.db'}") as ledger:
+        coord = Coordinator(pipeline, ledger, clients=FakeClients(broker), metrics=sink)
+        result = coord.finish(coord.plan(), lambda cid: coord.prepare(cid, StagesTheRange()))  # type: ignore[arg-type]
+        assert result is not None and result.checkpoint.state is CheckpointState.COMMITTED
+        assert coord.finish(coord.plan()) is None  # nothing new
+    published = [r.value for r in broker.committed if r.topic == OUT]
+    assert published == [f"in-0-{o}".encode() for o in range(12)]
+    assert [value for _k, name, value, _p in sink.sent if name == LAG_RECORDS] == [0]
