@@ -3,9 +3,15 @@
 # packages, when missing), the virtualenv in .venv/ with the pinned dependencies, and the
 # Kafka / Spark-connector / Hadoop test-cluster jars from Maven Central. Safe to run again: each step is skipped
 # when already done.
+#
+# --python-only: only the virtualenv, the Spark Kafka connector's jars and eo's own Spark jar
+# (what a Spark session needs); scripts/test.sh starts its Spark work after that and runs the
+# rest (the other jars) meanwhile.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 t0=$(date +%s)
+python_only=0
+[ "${1:-}" = --python-only ] && python_only=1
 say() { printf 'bootstrap: %s\n' "$*" >&2; }
 
 missing=()
@@ -65,15 +71,17 @@ if [ "$(cat .venv/.eo-installed 2>/dev/null || true)" != "$stamp" ]; then
 fi
 
 say "fetching jars (cached under .eo/jars after the first run)"
-.venv/bin/python - <<'PY'
+EO_PYTHON_ONLY=$python_only .venv/bin/python - <<'PY'
+import os
 from airflow_provider_eo.stack.kafka import KAFKA_VERSION
 from airflow_provider_eo.stack.javac import udf_jar
 from airflow_provider_eo.stack.hadoop import minicluster_classpath
 from airflow_provider_eo.stack.maven import hadoop_aws_jars, kafka_broker_jars, spark_kafka_jars
-kafka_broker_jars(KAFKA_VERSION)
 spark_kafka_jars()
-hadoop_aws_jars()  # staging on S3 (tests/integration/core/test_object_storage.py)
-minicluster_classpath()  # Spark on YARN, staging on HDFS (tests/integration/airflow/test_yarn.py)
 udf_jar()
+if os.environ["EO_PYTHON_ONLY"] != "1":
+    kafka_broker_jars(KAFKA_VERSION)
+    hadoop_aws_jars()  # staging on S3 (tests/integration/core/test_object_storage.py)
+    minicluster_classpath()  # Spark on YARN, staging on HDFS (tests/integration/airflow/test_yarn.py)
 PY
 say "ready in $(( $(date +%s) - t0 ))s"

@@ -5,7 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The tests also need a headless Chromium for the UI's browser test (the demo does not).
-EO_BOOTSTRAP_BROWSER=1 scripts/bootstrap.sh
+# First the virtualenv and the Spark connector (what the class archive below needs), then the
+# other jars while the archive is made.
+EO_BOOTSTRAP_BROWSER=1 scripts/bootstrap.sh --python-only
 # Every process the tests start inherits this mark; whatever still carries it when the run
 # ends (a worker stopped by a test's timeout skips its fixtures' teardown) is stopped here.
 export EO_TEST_RUN="$$-$(date +%s)"
@@ -28,11 +30,12 @@ sweep() {
   done
 }
 trap sweep EXIT
-# Every Spark driver the tests start maps pyspark's classes from one archive (made once, ~2 min,
-# a Spark job), made while the linters run.
+# Every Spark driver the tests start maps pyspark's classes from one archive (made once, ~30 s,
+# a Spark job), made while the rest of the set-up and the linters run.
 archive_log=$(mktemp)
 .venv/bin/python tests/eo_jvm_archive.py >"$archive_log" 2>&1 &
 archive_pid=$!
+scripts/bootstrap.sh
 echo "== ruff" >&2
 .venv/bin/ruff check airflow_provider_eo tests dags bench
 echo "== mypy" >&2
