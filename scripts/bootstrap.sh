@@ -60,9 +60,11 @@ if [ "$(cat .venv/.eo-installed 2>/dev/null || true)" != "$stamp" ]; then
   say "installing the package and its dependencies (${constraints}) into .venv (first run takes ~1 min)"
   # uv (a dev dependency, the version the constraints pin) installs the same set about twice
   # as fast as pip; pip >= 25.1 (PEP 735 dependency groups) when uv cannot be installed.
+  # --compile-bytecode as pip does: where PYTHONDONTWRITEBYTECODE is set, every process would
+  # otherwise compile Airflow, Spark's Python and the rest from source at each import.
   uv_pin=$(grep -m1 '^uv==' "$constraints" 2>/dev/null || echo uv)
   if .venv/bin/python -m pip install -q --disable-pip-version-check "$uv_pin"; then
-    .venv/bin/uv pip install -q --python .venv/bin/python "${constraint_args[@]}" -e . --group dev
+    .venv/bin/uv pip install -q --compile-bytecode --python .venv/bin/python "${constraint_args[@]}" -e . --group dev
   else
     .venv/bin/python -m pip install -q --upgrade pip
     .venv/bin/python -m pip install -q "${constraint_args[@]}" -e . --group dev
