@@ -33,7 +33,8 @@ has its own topics.
    500k-record passes), and every measured side reports the JIT seconds it still paid.
    Spark's query has no ``maxOffsetsPerTrigger``, so by default eo's
    ``max_records_per_checkpoint`` is the backlog too (one batch each); ``--max-records``
-   caps eo's checkpoints (a capped plan plans the next at once: core/stream.py catch-up).
+   caps eo's checkpoints (a capped plan plans the next at once: core/stream.py catch-up);
+   ``--spark-max-offsets`` caps Spark's micro-batches the same way.
    eo's bounded reads set ``kafka.fetch.max.wait.ms`` to 20 ms (spark/source.py);
    ``--spark-fetch-max-wait-ms 20`` gives Spark's query the same (default: Spark's 500).
 
@@ -66,7 +67,8 @@ sys.path.insert(0, str(ROOT))
 from airflow_provider_eo.pipeline import Pipeline  # noqa: E402
 
 TRANSFORM = "airflow_provider_eo.examples.transforms:upper"
-#: Extra ``kafka.*`` options of Spark's own query (``--spark-fetch-max-wait-ms``).
+#: Extra source options of Spark's own query (``--spark-fetch-max-wait-ms``,
+#: ``--spark-max-offsets``).
 SPARK_SOURCE_OPTIONS: dict[str, str] = {}
 PAD = "x" * 60
 
@@ -649,6 +651,13 @@ def main() -> int:
         help="kafka.fetch.max.wait.ms of Spark's query (default: Spark's, 500); eo's bounded "
         "reads use 20 (spark/source.py FETCH_MAX_WAIT_MS), this gives Spark the same",
     )
+    ap.add_argument(
+        "--spark-max-offsets",
+        type=int,
+        default=None,
+        help="maxOffsetsPerTrigger of Spark's query (default: none, one batch per backlog); "
+        "the same as --max-records caps Spark's batches as eo's checkpoints are capped",
+    )
     ap.add_argument("--skip-latency", action="store_true", help="only the max-throughput phase")
     ap.add_argument(
         "--cases",
@@ -661,6 +670,8 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the finally below still runs
     if args.spark_fetch_max_wait_ms is not None:
         SPARK_SOURCE_OPTIONS["kafka.fetch.max.wait.ms"] = str(args.spark_fetch_max_wait_ms)
+    if args.spark_max_offsets is not None:
+        SPARK_SOURCE_OPTIONS["maxOffsetsPerTrigger"] = str(args.spark_max_offsets)
 
     from airflow_provider_eo.kafka import admin
     from airflow_provider_eo.ledger import Ledger
