@@ -122,11 +122,11 @@ class ShardTransaction:
     def __init__(
         self,
         committable: ShardCommittable,
-        clients: KafkaClients | None = None,
+        clients: KafkaClients,
         pool: ProducerPool | None = None,
     ) -> None:
         self.committable = committable
-        self.clients = clients if clients is not None else RealKafka(committable.config)
+        self.clients = clients
         self.pool = pool
         self.failures = DeliveryFailures()
         self.producer: Any = None
