@@ -1,22 +1,26 @@
-"""Reading planned source ranges back, record by record, as a read_committed consumer sees
-them: what the auditor (:mod:`airflow_provider_eo.core.audit`) checks every published
-record against. Only Kafka here; which ranges to read is the ledger's business."""
+"""Reading planned source ranges, record by record, as a read_committed consumer sees them:
+what the auditor (:mod:`airflow_provider_eo.core.audit`) checks every published record
+against (:func:`read_source_ranges`), and a small checkpoint's records read by the driver
+(:func:`read_records`). Only Kafka here; which ranges to read is the ledger's business."""
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from airflow_provider_eo.kafka import admin
 from airflow_provider_eo.kafka.acls import is_authorization_error, reader_denied
-from airflow_provider_eo.kafka.client_config import CONSUME_WAIT_S, librdkafka_config
+from airflow_provider_eo.kafka.client_config import CONSUME_WAIT_S, cache_key, librdkafka_config
 
-__all__ = ["SourceRecords", "read_source_ranges"]
+__all__ = ["RECORD_COLUMNS", "SourceRecords", "read_records", "read_source_ranges"]
 
 
 @dataclass
@@ -93,3 +97,124 @@ def read_source_ranges(
     finally:
         consumer.close()
     return out
+
+
+#: The columns of :func:`read_records`'s table, as Spark's Kafka source names them (its
+#: batch read without headers): key, value, topic, partition, offset, timestamp (epoch ms,
+#: UTC) and timestampType (Kafka's id: 0 create time, 1 log-append time).
+RECORD_COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp", "timestampType")
+
+#: How long a driver read may take before the caller reads with Spark instead.
+DRIVER_READ_TIMEOUT_S = 10.0
+#: How long each ``consume()`` of a driver read waits when the broker has nothing yet: short,
+#: since a planned range exists in full and the read ends when its last offset arrives.
+_DRIVER_CONSUME_WAIT_S = 0.005
+
+_READERS: dict[tuple[tuple[str, str], ...], list[Consumer]] = {}
+_READERS_LOCK = threading.Lock()
+
+
+@contextmanager
+def _reader(conf: Mapping[str, Any]) -> Iterator[Consumer]:
+    """A consumer of ``conf`` no other thread uses meanwhile, kept for the next read of the
+    same config (a stream reads every interval: connecting a new consumer each time cost as
+    much as the read; closing one right after creating it, while its coordinator lookup is
+    in flight, crashed librdkafka 2.16 here). Unassigned when handed back."""
+    key = cache_key(conf)
+    with _READERS_LOCK:
+        idle = _READERS.setdefault(key, [])
+        consumer = idle.pop() if idle else None
+    if consumer is None:
+        consumer = Consumer(dict(conf))
+    try:
+        yield consumer
+    finally:
+        try:
+            consumer.unassign()
+        except Exception:  # closed, or broken: not handed out again
+            return
+        with _READERS_LOCK:
+            _READERS.setdefault(key, []).append(consumer)
+
+
+def read_records(
+    config: Mapping[str, Any],
+    spans: Iterable[tuple[str, int, int, int]],
+    *,
+    group: str,
+    timeout_s: float = DRIVER_READ_TIMEOUT_S,
+) -> pa.Table | None:
+    """Every committed record in ``[start, end)`` of each ``(topic, partition, start, end)``
+    span, read by this process (``read_committed``, as the prepare's Spark read), as one
+    Arrow table of :data:`RECORD_COLUMNS`, in span order and offset order within a span.
+
+    ``group`` is the consumer's ``group.id`` (assign only: never joined, never committed;
+    a refused coordinator look-up of it is ignored, the read does not need the group).
+
+    ``None`` when the read meets anything but records: a refused READ, a start below the
+    partition's log start (deleted by retention), any other error, or no end within
+    ``timeout_s``. The caller then reads with Spark's Kafka source, whose failures are the
+    ones the prepare explains (access denied, data loss); nothing read here is kept.
+    """
+    wanted = [(t, p, s, e) for t, p, s, e in spans if e > s]
+    conf = {
+        **{k: v for k, v in librdkafka_config(config).items() if not k.startswith(("linger", "queue."))},
+        "group.id": group,
+        "isolation.level": "read_committed",
+        "enable.auto.commit": False,
+        "enable.partition.eof": True,
+        "auto.offset.reset": "error",  # a start retention deleted is an error, never skipped
+        "fetch.wait.max.ms": 20,  # a planned range exists in full: no fetch waits for more
+    }
+    ends = {(t, p): e for t, p, _, e in wanted}
+    if len(ends) != len(wanted):
+        return None  # two spans of one partition: Spark's read takes them
+    columns: dict[str, list[Any]] = {name: [] for name in RECORD_COLUMNS}
+    rows: dict[tuple[str, int], list[int]] = {tp: [] for tp in ends}  # row indexes per partition
+    todo = set(ends)
+    deadline = time.monotonic() + timeout_s
+    with _reader(conf) as consumer:
+        if todo:
+            consumer.assign([TopicPartition(t, p, s) for t, p, s, _ in wanted])
+        while todo:
+            if time.monotonic() >= deadline:
+                return None
+            for msg in consumer.consume(100_000, _DRIVER_CONSUME_WAIT_S):
+                tp = (str(msg.topic()), int(msg.partition() or 0))
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF and tp in todo:
+                        if consumer.position([TopicPartition(tp[0], tp[1])])[0].offset >= ends[tp]:
+                            todo.discard(tp)
+                        continue
+                    if str(err.name()) == "GROUP_AUTHORIZATION_FAILED":
+                        continue  # the group is never used: only its coordinator was looked up
+                    return None
+                if tp not in todo:
+                    continue
+                offset = int(msg.offset() or 0)
+                if offset < ends[tp]:
+                    kind, stamp = msg.timestamp()
+                    rows[tp].append(len(columns["offset"]))
+                    columns["key"].append(msg.key())
+                    columns["value"].append(msg.value())
+                    columns["topic"].append(tp[0])
+                    columns["partition"].append(tp[1])
+                    columns["offset"].append(offset)
+                    columns["timestamp"].append(stamp)
+                    columns["timestampType"].append(kind - 1)  # librdkafka counts from 1
+                if offset + 1 >= ends[tp]:
+                    todo.discard(tp)
+    order = [i for t, p, _, _ in wanted for i in rows[(t, p)]]
+    table = pa.table(
+        {
+            "key": pa.array(columns["key"], pa.binary()),
+            "value": pa.array(columns["value"], pa.binary()),
+            "topic": pa.array(columns["topic"], pa.string()),
+            "partition": pa.array(columns["partition"], pa.int32()),
+            "offset": pa.array(columns["offset"], pa.int64()),
+            "timestamp": pa.array(columns["timestamp"], pa.int64()).cast(pa.timestamp("ms", tz="UTC")),
+            "timestampType": pa.array(columns["timestampType"], pa.int32()),
+        }
+    )
+    return table.take(pa.array(order, pa.int64())) if order != sorted(order) else table

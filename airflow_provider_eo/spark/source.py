@@ -3,6 +3,11 @@
 The read is bounded (``startingOffsets``/``endingOffsets`` per partition), ``read_committed``
 and loud about vanished offsets. Per-range counts and min/max record timestamps are observed
 during the job that writes the output, so the source is never read twice.
+
+A small checkpoint (at most :data:`DRIVER_READ_MAX_RECORDS` offsets, staged by the driver) is
+read by the driver instead, the same records in the same columns handed to Spark as a local
+relation (:func:`driver_source`): a batch read of Kafka creates an admin client and plans
+a scan for every query, which cost more than reading a thousand records.
 """
 
 from __future__ import annotations
@@ -28,6 +33,13 @@ if TYPE_CHECKING:
 #: --fetch-max-wait-ms 500`` and without the flag (500k records, 4 partitions, local[2],
 #: medians of 3 warm runs): the read 2.06 s -> 1.17 s, the whole prepare 3.04 s -> 2.21 s.
 FETCH_MAX_WAIT_MS = 20
+
+#: The most offsets a checkpoint's ranges may span for the driver to read them itself
+#: (:func:`driver_source`). Measured (``bench/profile_prepare.py``-like loop, 4 partitions,
+#: local[2], warm, medians of 20): 1,000 records read, planned and collected 181-215 ms with
+#: Spark's Kafka source, 69-95 ms read by the driver; 25,000 records 222-308 ms against
+#: 236-285 ms; 125,000 records 388-473 ms against 773-792 ms (the driver's consume loop).
+DRIVER_READ_MAX_RECORDS = 10_000
 
 #: The executors' consumer group id of a pipeline's reads (``kafka.group.id``), the same for
 #: every checkpoint. Spark pools its executors' Kafka consumers by group id and partition, and
@@ -111,8 +123,28 @@ def quiet_group_id_warning(spark: SparkSession) -> None:
     per_jvm(_QUIETED, "kafka-source-provider", quiet)
 
 
-def empty_source(spark: SparkSession) -> DataFrame:
-    """An empty DataFrame with the Kafka source's schema (a checkpoint with nothing to read)."""
+def driver_source(spark: SparkSession, pipeline: Pipeline, live: list[RangeSpec]) -> DataFrame | None:
+    """The records of ``live`` (ranges that hold offsets) read by the driver, as a DataFrame
+    with the columns and values Spark's Kafka source gives; ``None`` when the ranges span
+    more than :data:`DRIVER_READ_MAX_RECORDS` offsets, the checkpoint is staged on the
+    executors (``spark_commit_min_records``), or the driver's read met anything but records
+    (:func:`~airflow_provider_eo.kafka.source_read.read_records`): Spark's Kafka source
+    reads them then, and explains a refusal or a lost range as it always does."""
+    from airflow_provider_eo.kafka.source_read import read_records
+    from airflow_provider_eo.spark.driver_stage import driver_stages
+
+    bound = sum(r.end - r.start for r in live)
+    if bound > DRIVER_READ_MAX_RECORDS or not driver_stages(bound, pipeline.spark_commit_min_records):
+        return None
+    spans = [(r.topic, r.partition, r.start, r.end) for r in live]
+    table = read_records(pipeline.kafka, spans, group=READER_GROUP_PREFIX + pipeline.name)
+    if table is None:
+        return None
+    return spark.createDataFrame(table, schema=_kafka_schema(headers=False))
+
+
+def _kafka_schema(*, headers: bool) -> Any:
+    """The Kafka source's schema (with its ``headers`` column or without)."""
     from pyspark.sql.types import (
         ArrayType,
         BinaryType,
@@ -124,22 +156,24 @@ def empty_source(spark: SparkSession) -> DataFrame:
         TimestampType,
     )
 
-    schema = StructType(
-        [
-            StructField("key", BinaryType()),
-            StructField("value", BinaryType()),
-            StructField("topic", StringType()),
-            StructField("partition", IntegerType()),
-            StructField("offset", LongType()),
-            StructField("timestamp", TimestampType()),
-            StructField("timestampType", IntegerType()),
-            StructField(
-                "headers",
-                ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())])),
-            ),
-        ]
-    )
-    return spark.createDataFrame([], schema)
+    fields = [
+        StructField("key", BinaryType()),
+        StructField("value", BinaryType()),
+        StructField("topic", StringType()),
+        StructField("partition", IntegerType()),
+        StructField("offset", LongType()),
+        StructField("timestamp", TimestampType()),
+        StructField("timestampType", IntegerType()),
+    ]
+    if headers:
+        header = StructType([StructField("key", StringType()), StructField("value", BinaryType())])
+        fields.append(StructField("headers", ArrayType(header)))
+    return StructType(fields)
+
+
+def empty_source(spark: SparkSession) -> DataFrame:
+    """An empty DataFrame with the Kafka source's schema (a checkpoint with nothing to read)."""
+    return spark.createDataFrame([], _kafka_schema(headers=True))
 
 
 def read_ranges(
@@ -155,7 +189,12 @@ def read_ranges(
     Kafka timestamp is in ``[start_ms, end_ms)``. Applied before anything observes the
     frame, so the counts and min/max timestamps recorded at prepare are the filtered ones.
     """
-    frame = kafka_source(spark, pipeline, ranges) if live_ranges(ranges) else empty_source(spark)
+    live = live_ranges(ranges)
+    if not live:
+        frame = empty_source(spark)
+    else:
+        read = driver_source(spark, pipeline, live)
+        frame = read if read is not None else kafka_source(spark, pipeline, ranges)
     if time_filter is None:
         return frame
     from pyspark.sql import functions as F

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from typing import Any
 
 from airflow_provider_eo.core.prepare import RangeRead, StageResult
 from airflow_provider_eo.ledger import RangeSpec
@@ -95,3 +97,39 @@ def test_every_read_of_a_pipeline_uses_its_own_stable_reader_group() -> None:
     assert first != _pipeline().group_id
     own = source.reader_options(_pipeline(**{"java.group.id": "mine"}), [RangeSpec("a", 0, 0, 10)])
     assert own["kafka.group.id"] == "mine"
+
+
+def test_only_a_small_driver_staged_checkpoint_is_read_by_the_driver(monkeypatch: Any) -> None:
+    """Above DRIVER_READ_MAX_RECORDS offsets, or when the pipeline stages every checkpoint on
+    the executors (spark_commit_min_records=0), Spark's Kafka source reads: the driver never
+    starts reading."""
+    from airflow_provider_eo.kafka import source_read
+
+    def no_read(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the driver read a checkpoint it should leave to Spark")
+
+    monkeypatch.setattr(source_read, "read_records", no_read)
+    big = [
+        RangeSpec("a", 0, 0, source.DRIVER_READ_MAX_RECORDS // 2),
+        RangeSpec("a", 1, 5, 6 + source.DRIVER_READ_MAX_RECORDS // 2),
+    ]
+    assert source.driver_source(None, _pipeline(), big) is None  # type: ignore[arg-type]
+    small = [RangeSpec("a", 0, 0, 10)]
+    executors = dataclasses.replace(_pipeline(), spark_commit_min_records=0)
+    assert source.driver_source(None, executors, small) is None  # type: ignore[arg-type]
+
+
+def test_a_driver_read_that_met_anything_but_records_leaves_the_read_to_spark(monkeypatch: Any) -> None:
+    """read_records answers None (a refusal, a lost range, a time-out): no DataFrame is built
+    from it, the caller reads with Spark's Kafka source."""
+    from airflow_provider_eo.kafka import source_read
+
+    asked: list[Any] = []
+
+    def refused(config: Any, spans: Any, *, group: str) -> None:
+        asked.append((list(spans), group))
+        return None
+
+    monkeypatch.setattr(source_read, "read_records", refused)
+    assert source.driver_source(None, _pipeline(), [RangeSpec("a", 0, 3, 10)]) is None  # type: ignore[arg-type]
+    assert asked == [([("a", 0, 3, 10)], source.READER_GROUP_PREFIX + "p")]
