@@ -4,8 +4,8 @@ The read is bounded (``startingOffsets``/``endingOffsets`` per partition), ``rea
 and loud about vanished offsets. Per-range counts and min/max record timestamps are observed
 during the job that writes the output, so the source is never read twice.
 
-A small checkpoint (at most :data:`DRIVER_READ_MAX_RECORDS` offsets, staged by the driver) is
-read by the driver instead, the same records in the same columns handed to Spark as a local
+A small checkpoint (at most :data:`DRIVER_READ_MAX_RECORDS` offsets, staged by the driver) may
+be read by the driver instead, the same records in the same columns handed to Spark as a local
 relation (:func:`driver_source`): a batch read of Kafka creates an admin client and plans
 a scan for every query, which cost more than reading a thousand records.
 """
@@ -126,15 +126,12 @@ def quiet_group_id_warning(spark: SparkSession) -> None:
 def driver_source(spark: SparkSession, pipeline: Pipeline, live: list[RangeSpec]) -> DataFrame | None:
     """The records of ``live`` (ranges that hold offsets) read by the driver, as a DataFrame
     with the columns and values Spark's Kafka source gives; ``None`` when the ranges span
-    more than :data:`DRIVER_READ_MAX_RECORDS` offsets, the checkpoint is staged on the
-    executors (``spark_commit_min_records``), or the driver's read met anything but records
-    (:func:`~airflow_provider_eo.kafka.source_read.read_records`): Spark's Kafka source
-    reads them then, and explains a refusal or a lost range as it always does."""
+    more than :data:`DRIVER_READ_MAX_RECORDS` offsets or the driver's read met anything but
+    records (:func:`~airflow_provider_eo.kafka.source_read.read_records`): Spark's Kafka
+    source reads them then, and explains a refusal or a lost range as it always does."""
     from airflow_provider_eo.kafka.source_read import read_records
-    from airflow_provider_eo.spark.driver_stage import driver_stages
 
-    bound = sum(r.end - r.start for r in live)
-    if bound > DRIVER_READ_MAX_RECORDS or not driver_stages(bound, pipeline.spark_commit_min_records):
+    if sum(r.end - r.start for r in live) > DRIVER_READ_MAX_RECORDS:
         return None
     spans = [(r.topic, r.partition, r.start, r.end) for r in live]
     table = read_records(pipeline.kafka, spans, group=READER_GROUP_PREFIX + pipeline.name)
@@ -182,8 +179,11 @@ def read_ranges(
     ranges: list[RangeSpec],
     *,
     time_filter: tuple[int, int] | None = None,
+    driver_read: bool = False,
 ) -> DataFrame:
-    """The planned ranges (or an empty frame when none holds an offset).
+    """The planned ranges (or an empty frame when none holds an offset); ``driver_read``:
+    read by the driver when they are small enough (:func:`driver_source`; the caller's
+    choice: a checkpoint staged by the driver, whose rows come here anyway).
 
     ``time_filter`` (a backfill checkpoint's ``(start_ms, end_ms)``): only the records whose
     Kafka timestamp is in ``[start_ms, end_ms)``. Applied before anything observes the
@@ -193,7 +193,7 @@ def read_ranges(
     if not live:
         frame = empty_source(spark)
     else:
-        read = driver_source(spark, pipeline, live)
+        read = driver_source(spark, pipeline, live) if driver_read else None
         frame = read if read is not None else kafka_source(spark, pipeline, ranges)
     if time_filter is None:
         return frame

@@ -172,9 +172,14 @@ class SparkStager:
         ranges = list(request.ranges)
         live = source.live_ranges(ranges)
 
-        # 1. Bounded read of exactly the planned ranges; per-range counts and timestamps are
-        #    observed during the write (no second read), dead letters included.
-        frame = source.read_ranges(spark, pipeline, ranges, time_filter=request.time_filter)
+        # 1. Bounded read of exactly the planned ranges (a checkpoint staged by the driver may
+        #    be read by it too); per-range counts and timestamps are observed during the
+        #    write (no second read), dead letters included.
+        bound = sum(r.end - r.start for r in live)  # offsets, not records: an upper bound
+        small = driver_stage.driver_stages(bound, pipeline.spark_commit_min_records)
+        frame = source.read_ranges(
+            spark, pipeline, ranges, time_filter=request.time_filter, driver_read=small
+        )
         observation = Observation(name)
         metrics = source.range_metrics(live)
         if metrics:
@@ -197,8 +202,7 @@ class SparkStager:
         #    Arrow by this one job), else by the executors.
         collected = None
         try:
-            bound = sum(r.end - r.start for r in live)  # offsets, not records: an upper bound
-            if driver_stage.driver_stages(bound, pipeline.spark_commit_min_records):
+            if small:
                 collected = driver_stage.collect_staged(staged)
             if collected is not None:
                 driver_stage.write_staged(collected, f"{path}/data", request.store)

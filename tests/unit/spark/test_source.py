@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from typing import Any
 
@@ -99,10 +98,10 @@ def test_every_read_of_a_pipeline_uses_its_own_stable_reader_group() -> None:
     assert own["kafka.group.id"] == "mine"
 
 
-def test_only_a_small_driver_staged_checkpoint_is_read_by_the_driver(monkeypatch: Any) -> None:
-    """Above DRIVER_READ_MAX_RECORDS offsets, or when the pipeline stages every checkpoint on
-    the executors (spark_commit_min_records=0), Spark's Kafka source reads: the driver never
-    starts reading."""
+def test_only_a_small_checkpoint_is_read_by_the_driver(monkeypatch: Any) -> None:
+    """Above DRIVER_READ_MAX_RECORDS offsets, or when the caller does not ask for a driver
+    read (a checkpoint staged on the executors), Spark's Kafka source reads: the driver
+    never starts reading."""
     from airflow_provider_eo.kafka import source_read
 
     def no_read(*args: Any, **kwargs: Any) -> None:
@@ -114,9 +113,8 @@ def test_only_a_small_driver_staged_checkpoint_is_read_by_the_driver(monkeypatch
         RangeSpec("a", 1, 5, 6 + source.DRIVER_READ_MAX_RECORDS // 2),
     ]
     assert source.driver_source(None, _pipeline(), big) is None  # type: ignore[arg-type]
-    small = [RangeSpec("a", 0, 0, 10)]
-    executors = dataclasses.replace(_pipeline(), spark_commit_min_records=0)
-    assert source.driver_source(None, executors, small) is None  # type: ignore[arg-type]
+    monkeypatch.setattr(source, "kafka_source", lambda spark, pipeline, ranges: "spark's read")
+    assert source.read_ranges(None, _pipeline(), [RangeSpec("a", 0, 0, 10)]) == "spark's read"  # type: ignore[arg-type,comparison-overlap]
 
 
 def test_a_driver_read_that_met_anything_but_records_leaves_the_read_to_spark(monkeypatch: Any) -> None:
