@@ -202,7 +202,8 @@ def role_acls(
                 "topic",
                 topic,
                 "READ",
-                "Spark's Java consumer reads the planned ranges (Fetch, ListOffsets)",
+                "Spark's Java consumer reads the planned ranges (Fetch, ListOffsets); the driver a small "
+                "checkpoint's (Fetch)",
             )
         add(
             "prepare",
