@@ -110,7 +110,10 @@ DRIVER_READ_TIMEOUT_S = 10.0
 #: since a planned range exists in full and the read ends when its last offset arrives.
 _DRIVER_CONSUME_WAIT_S = 0.005
 
-_READERS: dict[tuple[tuple[str, str], ...], list[Consumer]] = {}
+#: A kept reader unused this long is closed at the next read (of any config).
+READER_IDLE_S = 300.0
+
+_READERS: dict[tuple[tuple[str, str], ...], list[tuple[float, Consumer]]] = {}
 _READERS_LOCK = threading.Lock()
 
 
@@ -119,11 +122,22 @@ def _reader(conf: Mapping[str, Any]) -> Iterator[Consumer]:
     """A consumer of ``conf`` no other thread uses meanwhile, kept for the next read of the
     same config (a stream reads every interval: connecting a new consumer each time cost as
     much as the read; closing one right after creating it, while its coordinator lookup is
-    in flight, crashed librdkafka 2.16 here). Unassigned when handed back."""
+    in flight, crashed librdkafka 2.16 here). Unassigned when handed back; closed once
+    unused for :data:`READER_IDLE_S`."""
     key = cache_key(conf)
+    now = time.monotonic()
+    retired: list[Consumer] = []
     with _READERS_LOCK:
+        for k, kept in list(_READERS.items()):
+            retired += [c for used, c in kept if now - used > READER_IDLE_S]
+            _READERS[k] = [(used, c) for used, c in kept if now - used <= READER_IDLE_S]
         idle = _READERS.setdefault(key, [])
-        consumer = idle.pop() if idle else None
+        consumer = idle.pop()[1] if idle else None
+    for old in retired:
+        try:
+            old.close()
+        except Exception:  # already closed, or the broker is gone: nothing more to do
+            pass
     if consumer is None:
         consumer = Consumer(dict(conf))
     try:
@@ -134,7 +148,7 @@ def _reader(conf: Mapping[str, Any]) -> Iterator[Consumer]:
         except Exception:  # closed, or broken: not handed out again
             return
         with _READERS_LOCK:
-            _READERS.setdefault(key, []).append(consumer)
+            _READERS.setdefault(key, []).append((time.monotonic(), consumer))
 
 
 def read_records(
@@ -149,7 +163,8 @@ def read_records(
     Arrow table of :data:`RECORD_COLUMNS`, in span order and offset order within a span.
 
     ``group`` is the consumer's ``group.id`` (assign only: never joined, never committed;
-    a refused coordinator look-up of it is ignored, the read does not need the group).
+    a refused coordinator look-up of it is ignored, the read does not need the group). One
+    consumer per config and group is kept between reads.
 
     ``None`` when the read meets anything but records: a refused READ, a start below the
     partition's log start (deleted by retention), any other error, or no end within

@@ -41,6 +41,11 @@ FETCH_MAX_WAIT_MS = 20
 #: 236-285 ms; 125,000 records 388-473 ms against 773-792 ms (the driver's consume loop).
 DRIVER_READ_MAX_RECORDS = 10_000
 
+#: The consumer group id of the driver's reads (:func:`driver_source`), one for every pipeline
+#: of a cluster: its consumer is kept between reads, one per client config, whatever the
+#: pipeline (never joined, never committed, like the executors' group below).
+DRIVER_READER_GROUP = "eo-read.driver"
+
 #: The executors' consumer group id of a pipeline's reads (``kafka.group.id``), the same for
 #: every checkpoint. Spark pools its executors' Kafka consumers by group id and partition, and
 #: a bounded read otherwise gets a new random group id per query: every checkpoint then
@@ -134,7 +139,7 @@ def driver_source(spark: SparkSession, pipeline: Pipeline, live: list[RangeSpec]
     if sum(r.end - r.start for r in live) > DRIVER_READ_MAX_RECORDS:
         return None
     spans = [(r.topic, r.partition, r.start, r.end) for r in live]
-    table = read_records(pipeline.kafka, spans, group=READER_GROUP_PREFIX + pipeline.name)
+    table = read_records(pipeline.kafka, spans, group=DRIVER_READER_GROUP)
     if table is None:
         return None
     return spark.createDataFrame(table, schema=_kafka_schema(headers=False))

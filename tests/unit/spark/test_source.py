@@ -130,4 +130,4 @@ def test_a_driver_read_that_met_anything_but_records_leaves_the_read_to_spark(mo
 
     monkeypatch.setattr(source_read, "read_records", refused)
     assert source.driver_source(None, _pipeline(), [RangeSpec("a", 0, 3, 10)]) is None  # type: ignore[arg-type]
-    assert asked == [([("a", 0, 3, 10)], source.READER_GROUP_PREFIX + "p")]
+    assert asked == [([("a", 0, 3, 10)], source.DRIVER_READER_GROUP)]
