@@ -5,6 +5,7 @@ against (:func:`read_source_ranges`), and a small checkpoint's records read by t
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -98,6 +99,8 @@ def read_source_ranges(
         consumer.close()
     return out
 
+
+_LOG = logging.getLogger(__name__)
 
 #: The columns of :func:`read_records`'s table, as Spark's Kafka source names them (its
 #: batch read without headers): key, value, topic, partition, offset, timestamp (epoch ms,
@@ -193,17 +196,21 @@ def read_records(
             consumer.assign([TopicPartition(t, p, s) for t, p, s, _ in wanted])
         while todo:
             if time.monotonic() >= deadline:
+                _LOG.debug(
+                    "driver read of %s not done in %.0f s: Spark's Kafka source reads it", todo, timeout_s
+                )
                 return None
             for msg in consumer.consume(100_000, _DRIVER_CONSUME_WAIT_S):
                 tp = (str(msg.topic()), int(msg.partition() or 0))
                 err = msg.error()
                 if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF and tp in todo:
-                        if consumer.position([TopicPartition(tp[0], tp[1])])[0].offset >= ends[tp]:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        if tp in todo and consumer.position([TopicPartition(*tp)])[0].offset >= ends[tp]:
                             todo.discard(tp)
                         continue
                     if str(err.name()) == "GROUP_AUTHORIZATION_FAILED":
                         continue  # the group is never used: only its coordinator was looked up
+                    _LOG.debug("driver read of %s stopped by %s: Spark's Kafka source reads it", tp, err)
                     return None
                 if tp not in todo:
                     continue

@@ -118,3 +118,20 @@ def test_small_checkpoints_never_touch_sparks_kafka_source(
     h.produce(45, start=210, txn="commit")
     assert len(h.drain()) == 1
     assert_sink_is_source_exactly_once(h.config, h.pipeline, source_records=225)
+
+
+def test_ranges_ending_at_the_log_end_are_read_by_the_driver(
+    kafka_config: dict[str, Any], make_topic: Callable[..., str]
+) -> None:
+    """A stream's ranges end at the log end: a partition read to its end reports that end
+    (partition EOF) while the others are still being read, which is no reason to leave the
+    read to Spark."""
+    topic = make_topic("dend", partitions=4)
+    producer = Producer(kafka_config)
+    for i in range(400):
+        producer.produce(topic, value=f"v{i}".encode(), partition=i % 4)
+    assert producer.flush(30) == 0
+    spans = [(topic, p, 0, 100) for p in range(4)]
+    for _ in range(10):
+        table = read_records(kafka_config, spans, group=source.DRIVER_READER_GROUP)
+        assert table is not None and table.num_rows == 400
