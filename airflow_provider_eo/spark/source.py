@@ -13,6 +13,7 @@ a scan for every query, which cost more than reading a thousand records.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Collection, Hashable
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +25,8 @@ from airflow_provider_eo.spark.expressions import per_jvm
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
+
+_LOG = logging.getLogger(__name__)
 
 #: ``kafka.fetch.max.wait.ms`` of the bounded read unless the pipeline sets
 #: ``java.fetch.max.wait.ms``. A planned range always exists in full, so the read never needs
@@ -40,6 +43,10 @@ FETCH_MAX_WAIT_MS = 20
 #: Spark's Kafka source, 69-95 ms read by the driver; 25,000 records 222-308 ms against
 #: 236-285 ms; 125,000 records 388-473 ms against 773-792 ms (the driver's consume loop).
 DRIVER_READ_MAX_RECORDS = 10_000
+
+#: The py4j gateways (one per driver JVM) whose JVM refused a DataFrame built from Arrow data
+#: (:func:`driver_source` then leaves every read to Spark's Kafka source).
+_ARROW_REFUSED: set[int] = set()
 
 #: The consumer group id of the driver's reads (:func:`driver_source`), one for every pipeline
 #: of a cluster: its consumer is kept between reads, one per client config, whatever the
@@ -134,15 +141,33 @@ def driver_source(spark: SparkSession, pipeline: Pipeline, live: list[RangeSpec]
     more than :data:`DRIVER_READ_MAX_RECORDS` offsets or the driver's read met anything but
     records (:func:`~airflow_provider_eo.kafka.source_read.read_records`): Spark's Kafka
     source reads them then, and explains a refusal or a lost range as it always does."""
+    from pyspark import SparkContext
+
     from airflow_provider_eo.kafka.source_read import read_records
 
     if sum(r.end - r.start for r in live) > DRIVER_READ_MAX_RECORDS:
+        return None
+    jvm = id(SparkContext._gateway)
+    if jvm in _ARROW_REFUSED:
         return None
     spans = [(r.topic, r.partition, r.start, r.end) for r in live]
     table = read_records(pipeline.kafka, spans, group=DRIVER_READER_GROUP)
     if table is None:
         return None
-    return spark.createDataFrame(table, schema=_kafka_schema(headers=False))
+    try:
+        return spark.createDataFrame(table, schema=_kafka_schema(headers=False))
+    except Exception as exc:  # the driver JVM cannot take Arrow data: read with Spark from now on
+        _ARROW_REFUSED.add(jvm)
+        _LOG.warning(
+            "pipeline %r: this Spark driver cannot build a DataFrame from Arrow data (%s); its "
+            "small checkpoints are read with Spark's Kafka source. A driver JVM started without "
+            "Spark's Java module options (a standalone cluster's driver in cluster deploy mode) "
+            "needs --add-opens=java.base/java.nio=ALL-UNNAMED and "
+            "-Dio.netty.tryReflectionSetAccessible=true in spark.driver.extraJavaOptions.",
+            pipeline.name,
+            str(exc).splitlines()[0][:300],
+        )
+        return None
 
 
 def _kafka_schema(*, headers: bool) -> Any:

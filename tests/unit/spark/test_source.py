@@ -131,3 +131,29 @@ def test_a_driver_read_that_met_anything_but_records_leaves_the_read_to_spark(mo
     monkeypatch.setattr(source_read, "read_records", refused)
     assert source.driver_source(None, _pipeline(), [RangeSpec("a", 0, 3, 10)]) is None  # type: ignore[arg-type]
     assert asked == [([("a", 0, 3, 10)], source.DRIVER_READER_GROUP)]
+
+
+def test_a_driver_jvm_that_refuses_arrow_data_leaves_every_read_to_spark(monkeypatch: Any) -> None:
+    """A standalone cluster's driver in cluster deploy mode runs without Spark's Java module
+    options, and its JVM refuses a DataFrame built from Arrow data: that read and every later
+    one of the same JVM go to Spark's Kafka source (the driver stops reading)."""
+    import pyarrow as pa
+
+    from airflow_provider_eo.kafka import source_read
+
+    reads: list[int] = []
+
+    def read(config: Any, spans: Any, *, group: str) -> pa.Table:
+        reads.append(1)
+        return pa.table({"offset": [1]})
+
+    class RefusingSession:
+        def createDataFrame(self, *args: Any, **kwargs: Any) -> None:
+            raise RuntimeError("sun.misc.Unsafe or java.nio.DirectByteBuffer.<init>(long, int) not available")
+
+    monkeypatch.setattr(source_read, "read_records", read)
+    monkeypatch.setattr(source, "_ARROW_REFUSED", set())
+    small = [RangeSpec("a", 0, 0, 10)]
+    assert source.driver_source(RefusingSession(), _pipeline(), small) is None  # type: ignore[arg-type]
+    assert source.driver_source(RefusingSession(), _pipeline(), small) is None  # type: ignore[arg-type]
+    assert reads == [1]
