@@ -10,6 +10,7 @@ the demo's ``enrich``): a transform that filters or explodes needs its own count
 
 from __future__ import annotations
 
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -122,3 +123,41 @@ def sink_records_per_checkpoint(config: dict[str, Any], sink_topic: str, pipelin
         if parsed is not None:
             counts[parsed[0]] += 1
     return counts
+
+
+def transactional_range(
+    config: dict[str, Any], topic: str, partitions: int, per_batch: int, *, keyless_every: int = 0
+) -> tuple[dict[tuple[str, int], int], dict[tuple[str, int], int]]:
+    """Write five transactions of ``per_batch`` records (``<tag>-<i>`` on partition ``i %
+    partitions``; every ``keyless_every``-th keyless, the rest keyed ``k<i>``, none keyed
+    when 0): ``before``, then ``in``, ``aborted`` (aborted), ``in2``, then ``after``. Returns
+    the settled (start, end) offsets per partition around ``in`` .. ``in2``: a range whose
+    committed records are the ``in`` and ``in2`` ones, an aborted transaction in its middle
+    and records past its end."""
+    from confluent_kafka import Producer
+
+    producer = Producer({**config, "transactional.id": f"t-{uuid.uuid4().hex}"})
+    producer.init_transactions(30)
+
+    def batch(tag: str, commit: bool) -> None:
+        producer.begin_transaction()
+        for i in range(per_batch):
+            key = None if not keyless_every or i % keyless_every == 0 else f"k{i}".encode()
+            producer.produce(topic, value=f"{tag}-{i}".encode(), key=key, partition=i % partitions)
+        if commit:
+            producer.commit_transaction(30)
+        else:
+            producer.flush(30)
+            producer.abort_transaction(30)
+
+    batch("before", True)
+    parts = [(topic, p) for p in range(partitions)]
+    start = settled_ends(config, parts)
+    batch("in", True)
+    batch("aborted", False)  # in the middle of the range
+    batch("in2", True)
+    # commit_transaction returns before the commit markers are written: wait for the last
+    # stable offset to settle before taking it as the range's end
+    end = settled_ends(config, parts)
+    batch("after", True)  # past the range: never read
+    return start, end

@@ -13,9 +13,8 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
-from eo_source_sink import assert_sink_is_source_exactly_once
+from eo_source_sink import assert_sink_is_source_exactly_once, transactional_range
 
-from airflow_provider_eo.kafka.audit import settled_ends
 from airflow_provider_eo.kafka.source_read import read_records
 from airflow_provider_eo.ledger import RangeSpec
 from airflow_provider_eo.pipeline import Pipeline
@@ -32,28 +31,7 @@ def test_the_driver_reads_what_sparks_kafka_source_reads(
     spark: Any, kafka_config: dict[str, Any], make_topic: Callable[..., str]
 ) -> None:
     topic = make_topic("dread", partitions=3)
-    producer = Producer({**kafka_config, "transactional.id": f"t-{uuid.uuid4().hex}"})
-    producer.init_transactions(30)
-
-    def batch(tag: str, commit: bool) -> None:
-        producer.begin_transaction()
-        for i in range(9):
-            key = None if i % 4 == 0 else f"k{i}".encode()
-            producer.produce(topic, value=f"{tag}-{i}".encode(), key=key, partition=i % 3)
-        if commit:
-            producer.commit_transaction(30)
-        else:
-            producer.flush(30)
-            producer.abort_transaction(30)
-
-    batch("before", True)
-    parts = [(topic, p) for p in range(3)]
-    start = settled_ends(kafka_config, parts)
-    batch("in", True)
-    batch("aborted", False)  # in the middle of the range
-    batch("in2", True)
-    end = settled_ends(kafka_config, parts)
-    batch("after", True)  # past the range: never read
+    start, end = transactional_range(kafka_config, topic, 3, 9, keyless_every=4)
 
     pipeline = Pipeline(
         name=f"dread-{uuid.uuid4().hex[:6]}",

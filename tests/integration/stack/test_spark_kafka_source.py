@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from confluent_kafka import Producer
-
-from airflow_provider_eo.kafka.audit import settled_ends
+from eo_source_sink import transactional_range
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
@@ -19,29 +16,8 @@ def test_bounded_read_committed_range(
     spark: Any, kafka_config: dict[str, Any], make_topic: Callable[..., str]
 ) -> None:
     topic = make_topic("range", partitions=2)
-    producer = Producer({**kafka_config, "transactional.id": f"t-{uuid.uuid4().hex}"})
-    producer.init_transactions(30)
-
-    def batch(tag: str, commit: bool) -> None:
-        producer.begin_transaction()
-        for i in range(6):
-            producer.produce(topic, value=f"{tag}-{i}".encode(), partition=i % 2)
-        if commit:
-            producer.commit_transaction(30)
-        else:
-            producer.flush(30)
-            producer.abort_transaction(30)
-
-    batch("before", True)
+    start, end = transactional_range(kafka_config, topic, 2, 6)
     parts = [(topic, 0), (topic, 1)]
-    start = settled_ends(kafka_config, parts)
-    batch("in", True)
-    batch("aborted", False)  # in the middle of the range
-    batch("in2", True)
-    # commit_transaction returns before the commit markers are written: wait for the
-    # last stable offset to settle before taking it as the range's end
-    end = settled_ends(kafka_config, parts)
-    batch("after", True)  # past the range: must not be read
 
     df = (
         spark.read.format("kafka")
