@@ -9,7 +9,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,36 +68,58 @@ def read_source_ranges(
             "enable.partition.eof": True,
         }
     )
-    deadline = time.monotonic() + timeout_s
+    ends = {tp: wanted[tp][1] for tp in todo}
+
+    def refused(tp: tuple[str, int], err: KafkaError) -> None:
+        if is_authorization_error(err):
+            raise reader_denied(err, f"reading source {tp[0]}", tp[0], "eo-audit-", config)
+
     try:
         consumer.assign([TopicPartition(t, p, max(wanted[(t, p)][0], starts[(t, p)])) for t, p in todo])
-        while todo:
-            if time.monotonic() >= deadline:
-                raise TimeoutError(
-                    f"audit: could not read source partitions {sorted(todo)} to the planned ends"
-                )
-            for msg in consumer.consume(10_000, CONSUME_WAIT_S):
-                tp = (str(msg.topic()), int(msg.partition() or 0))
-                if tp not in todo:
-                    continue
-                end = wanted[tp][1]
-                err = msg.error()
-                if err is not None:
-                    if is_authorization_error(err):
-                        raise reader_denied(err, f"reading source {tp[0]}", tp[0], "eo-audit-", config)
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        pos = consumer.position([TopicPartition(tp[0], tp[1])])[0].offset
-                        if pos >= end:
-                            todo.discard(tp)
-                    continue
-                offset = int(msg.offset() or 0)
-                if offset < end:
-                    out[tp].records.append((offset, int(msg.timestamp()[1])))
-                if offset + 1 >= end:
-                    todo.discard(tp)
+        for tp, msg in _range_records(consumer, ends, time.monotonic() + timeout_s, refused):
+            out[tp].records.append((int(msg.offset() or 0), int(msg.timestamp()[1])))
+    except TimeoutError as exc:
+        raise TimeoutError(f"audit: could not read source partitions {exc} to the planned ends") from None
     finally:
         consumer.close()
     return out
+
+
+def _range_records(
+    consumer: Consumer,
+    ends: Mapping[tuple[str, int], int],
+    deadline: float,
+    on_error: Callable[[tuple[str, int], KafkaError], None],
+    wait_s: float = CONSUME_WAIT_S,
+) -> Iterator[tuple[tuple[str, int], Any]]:
+    """The records below ``ends`` (partition -> end offset) of the partitions ``consumer`` was
+    assigned at their starts, as ``(partition, message)`` until each partition reached its end
+    (a record at or past it, or its end reported there: a transactional source has offset
+    gaps). ``on_error(partition, error)`` sees every other error of a partition still being
+    read; it raises to stop, else the error is passed over.
+
+    :raises TimeoutError: (naming the partitions left) not every end reached by ``deadline``.
+    """
+    todo = set(ends)
+    while todo:
+        if time.monotonic() >= deadline:
+            raise TimeoutError(str(sorted(todo)))
+        for msg in consumer.consume(100_000, wait_s):
+            tp = (str(msg.topic()), int(msg.partition() or 0))
+            if tp not in todo:
+                continue
+            err = msg.error()
+            if err is not None:
+                if err.code() != KafkaError._PARTITION_EOF:
+                    on_error(tp, err)
+                elif consumer.position([TopicPartition(*tp)])[0].offset >= ends[tp]:
+                    todo.discard(tp)
+                continue
+            offset = int(msg.offset() or 0)
+            if offset < ends[tp]:
+                yield tp, msg
+            if offset + 1 >= ends[tp]:
+                todo.discard(tp)
 
 
 _LOG = logging.getLogger(__name__)
@@ -115,6 +137,11 @@ _DRIVER_CONSUME_WAIT_S = 0.005
 
 #: A kept reader unused this long is closed at the next read (of any config).
 READER_IDLE_S = 300.0
+
+
+class _NotRecords(Exception):
+    """A driver read met an error (not a record): the caller reads with Spark instead."""
+
 
 _READERS: dict[tuple[tuple[str, str], ...], list[tuple[float, Consumer]]] = {}
 _READERS_LOCK = threading.Lock()
@@ -163,7 +190,7 @@ def read_records(
 ) -> pa.Table | None:
     """Every committed record in ``[start, end)`` of each ``(topic, partition, start, end)``
     span, read by this process (``read_committed``, as the prepare's Spark read), as one
-    Arrow table of :data:`RECORD_COLUMNS`, in span order and offset order within a span.
+    Arrow table of :data:`RECORD_COLUMNS` (offset order within a partition).
 
     ``group`` is the consumer's ``group.id`` (assign only: never joined, never committed;
     a refused coordinator look-up of it is ignored, the read does not need the group). One
@@ -188,47 +215,29 @@ def read_records(
     if len(ends) != len(wanted):
         return None  # two spans of one partition: Spark's read takes them
     columns: dict[str, list[Any]] = {name: [] for name in RECORD_COLUMNS}
-    rows: dict[tuple[str, int], list[int]] = {tp: [] for tp in ends}  # row indexes per partition
-    todo = set(ends)
-    deadline = time.monotonic() + timeout_s
+
+    def not_records(tp: tuple[str, int], err: KafkaError) -> None:
+        if str(err.name()) != "GROUP_AUTHORIZATION_FAILED":  # the group is only looked up
+            raise _NotRecords(f"{tp} {err}")
+
     with _reader(conf) as consumer:
-        if todo:
+        if ends:
             consumer.assign([TopicPartition(t, p, s) for t, p, s, _ in wanted])
-        while todo:
-            if time.monotonic() >= deadline:
-                _LOG.debug(
-                    "driver read of %s not done in %.0f s: Spark's Kafka source reads it", todo, timeout_s
-                )
-                return None
-            for msg in consumer.consume(100_000, _DRIVER_CONSUME_WAIT_S):
-                tp = (str(msg.topic()), int(msg.partition() or 0))
-                err = msg.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        if tp in todo and consumer.position([TopicPartition(*tp)])[0].offset >= ends[tp]:
-                            todo.discard(tp)
-                        continue
-                    if str(err.name()) == "GROUP_AUTHORIZATION_FAILED":
-                        continue  # the group is never used: only its coordinator was looked up
-                    _LOG.debug("driver read of %s stopped by %s: Spark's Kafka source reads it", tp, err)
-                    return None
-                if tp not in todo:
-                    continue
-                offset = int(msg.offset() or 0)
-                if offset < ends[tp]:
-                    kind, stamp = msg.timestamp()
-                    rows[tp].append(len(columns["offset"]))
-                    columns["key"].append(msg.key())
-                    columns["value"].append(msg.value())
-                    columns["topic"].append(tp[0])
-                    columns["partition"].append(tp[1])
-                    columns["offset"].append(offset)
-                    columns["timestamp"].append(stamp)
-                    columns["timestampType"].append(kind - 1)  # librdkafka counts from 1
-                if offset + 1 >= ends[tp]:
-                    todo.discard(tp)
-    order = [i for t, p, _, _ in wanted for i in rows[(t, p)]]
-    table = pa.table(
+        try:
+            deadline = time.monotonic() + timeout_s
+            for tp, msg in _range_records(consumer, ends, deadline, not_records, _DRIVER_CONSUME_WAIT_S):
+                kind, stamp = msg.timestamp()
+                columns["key"].append(msg.key())
+                columns["value"].append(msg.value())
+                columns["topic"].append(tp[0])
+                columns["partition"].append(tp[1])
+                columns["offset"].append(int(msg.offset() or 0))
+                columns["timestamp"].append(stamp)
+                columns["timestampType"].append(kind - 1)  # librdkafka counts from 1
+        except (_NotRecords, TimeoutError) as exc:
+            _LOG.debug("driver read stopped (%s): Spark's Kafka source reads it", exc)
+            return None
+    return pa.table(
         {
             "key": pa.array(columns["key"], pa.binary()),
             "value": pa.array(columns["value"], pa.binary()),
@@ -239,4 +248,3 @@ def read_records(
             "timestampType": pa.array(columns["timestampType"], pa.int32()),
         }
     )
-    return table.take(pa.array(order, pa.int64())) if order != sorted(order) else table
