@@ -46,6 +46,9 @@ def _transient(err: KafkaError) -> bool:
 _CLIENTS: dict[tuple[tuple[str, str], ...], AdminClient] = {}
 _GROUP_CONSUMERS: dict[tuple[tuple[str, str], ...], Consumer] = {}
 _CLIENTS_LOCK = threading.Lock()
+# The refusal (GROUP_AUTHORIZATION_FAILED) each group consumer's coordinator look-up was
+# answered with, by key: librdkafka reports it once, as a consumer error event.
+_GROUP_REFUSALS: dict[tuple[tuple[str, str], ...], KafkaError] = {}
 # When each shared client (admin or group consumer, by key) was last handed out.
 _LAST_USED: dict[tuple[tuple[str, str], ...], float] = {}
 #: A shared client not handed out for this long is closed at the next fetch of any client:
@@ -80,6 +83,7 @@ def _retire_idle(now: float) -> list[Any]:
     retired: list[Any] = []
     for key in gone:
         _LAST_USED.pop(key, None)
+        _GROUP_REFUSALS.pop(key, None)
         retired += [c for c in (_CLIENTS.pop(key, None), _GROUP_CONSUMERS.pop(key, None)) if c is not None]
     return retired
 
@@ -361,10 +365,49 @@ def group_consumer(config: Mapping[str, Any], group: str, *, stable: bool = True
         _LAST_USED[key] = now
         retired = _retire_idle(now)
     _close_clients(retired)
-    # Serve queued librdkafka log lines (Python logging): never subscribed, so this
-    # polls no records and joins no group.
-    consumer.poll(0)
+    _serve_group_consumer(key, consumer)
     return consumer
+
+
+def _serve_group_consumer(key: tuple[tuple[str, str], ...], consumer: Consumer) -> None:
+    """Serve a group consumer's queue: librdkafka's log lines (Python logging) and its error
+    events, of which a refused coordinator look-up is kept for :func:`group_refusal`. Never
+    subscribed, so this polls no records and joins no group."""
+    for _ in range(64):
+        event = consumer.poll(0)
+        if event is None:
+            return
+        err = event.error()
+        if err is not None and is_authorization_error(err):
+            with _CLIENTS_LOCK:
+                _GROUP_REFUSALS[key] = err
+
+
+def group_refusal(consumer: Consumer) -> KafkaError | None:
+    """The refusal a :func:`group_consumer`'s coordinator look-up was answered with
+    (GROUP_AUTHORIZATION_FAILED: no DESCRIBE on the group), or None.
+
+    librdkafka retries a refused look-up silently and reports it once, as an error event
+    on the consumer's queue, never from ``committed()``. Asking the broker instead
+    (``describe_consumer_groups``) is an admin coordinator request, which librdkafka 2.16
+    aborts the process in when the group's coordinator node is down
+    (``rd_kafka_enq_once_del_source_return: Assertion 'eonce->refcnt > 0'``, seen here).
+    """
+    with _CLIENTS_LOCK:
+        key = next((k for k, c in _GROUP_CONSUMERS.items() if c is consumer), None)
+    if key is None:
+        return None
+    _serve_group_consumer(key, consumer)
+    with _CLIENTS_LOCK:
+        return _GROUP_REFUSALS.get(key)
+
+
+def _group_answered(consumer: Consumer) -> None:
+    """Forget a refusal once the group's offsets were read (its ACL granted since)."""
+    with _CLIENTS_LOCK:
+        for key, c in _GROUP_CONSUMERS.items():
+            if c is consumer:
+                _GROUP_REFUSALS.pop(key, None)
 
 
 def close_shared_clients() -> int:
@@ -380,6 +423,7 @@ def close_shared_clients() -> int:
         consumers = list(_GROUP_CONSUMERS.values())
         admins = list(_CLIENTS.values())
         _GROUP_CONSUMERS.clear()
+        _GROUP_REFUSALS.clear()
         _CLIENTS.clear()
         _LAST_USED.clear()
     _close_clients([*consumers, *admins])
@@ -397,9 +441,9 @@ def committed_group_offsets(
     return {tp: offset for tp, (offset, _meta) in marks.items()}
 
 
-#: Seconds :func:`committed_group_marks` waits for a group's offsets before it asks the broker
-#: whether the principal may describe the group (a refusal then fails at once, not at the
-#: read's time-out); a read still waiting goes on until the time-out.
+#: Seconds :func:`committed_group_marks` waits for a group's offsets before it looks for the
+#: group's refusal (:func:`group_refusal`: a refusal then fails at once, not at the read's
+#: time-out); a read still waiting goes on until the time-out.
 ACCESS_CHECK_AFTER_S = 2.0
 
 
@@ -435,9 +479,9 @@ def committed_group_marks(
     while True:
         remaining = deadline - time.monotonic()
         try:
-            # Until the group's access was asked, a short wait: a refused coordinator look-up
-            # (DESCRIBE on the group) is not reported by committed(), which librdkafka retries
-            # until the time-out.
+            # Until the group's refusal was looked for, a short wait: a refused coordinator
+            # look-up (DESCRIBE on the group) is not reported by committed(), which librdkafka
+            # retries until the time-out.
             found = consumer.committed(
                 tps, timeout=max(1.0, remaining if asked else min(remaining, ACCESS_CHECK_AFTER_S))
             )
@@ -445,9 +489,9 @@ def committed_group_marks(
         except KafkaException as exc:
             err = exc.args[0]
             _raise_if_denied(err, config, group, tps)
-            if not asked:  # once: ask the broker whether the group is refused
+            if not asked:  # once: was the group's coordinator look-up refused?
                 asked = True
-                _raise_if_denied(_group_access(config, group), config, group, tps)
+                _raise_if_denied(group_refusal(consumer), config, group, tps)
             waited_out = err.code() == KafkaError._TIMED_OUT
             if not (_transient(err) or waited_out) or time.monotonic() >= deadline:
                 raise KafkaAdminError(f"reading offsets of group {group!r} failed: {exc}") from exc
@@ -456,22 +500,12 @@ def committed_group_marks(
     for tp in found:
         if tp.error is not None:
             _raise_if_denied(tp.error, config, group, [tp])
+    _group_answered(consumer)
     return {
         (tp.topic, tp.partition): (int(tp.offset), tp.metadata or "")
         for tp in found
         if tp.offset is not None and tp.offset >= 0
     }
-
-
-def _group_access(config: Mapping[str, Any], group: str) -> KafkaError | None:
-    """The error describing ``group`` gives (GROUP_AUTHORIZATION_FAILED when refused), or None."""
-    try:
-        admin_client(config).describe_consumer_groups([group], request_timeout=10)[group].result(timeout=15)
-    except KafkaException as exc:
-        return exc.args[0] if isinstance(exc.args[0], KafkaError) else None
-    except Exception:  # no answer: nothing more to say than the caller's error
-        return None
-    return None
 
 
 def _raise_if_denied(
