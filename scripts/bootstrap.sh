@@ -65,6 +65,11 @@ if [ "$(cat .venv/.eo-installed 2>/dev/null || true)" != "$stamp" ]; then
   uv_pin=$(grep -m1 '^uv==' "$constraints" 2>/dev/null || echo uv)
   if .venv/bin/python -m pip install -q --disable-pip-version-check "$uv_pin"; then
     .venv/bin/uv pip install -q --compile-bytecode --python .venv/bin/python "${constraint_args[@]}" -e . --group dev
+    # pyspark comes only as a source distribution: uv builds it and keeps the build (~1.4 GB
+    # with its unpacked source) in its cache; where the sdist's download is revalidated, each
+    # install adds a new copy and the old ones stay. Drop what no cache entry points to (not
+    # waiting long for another uv process that holds the cache).
+    timeout 60 .venv/bin/uv cache prune -q 2>/dev/null || true
   else
     .venv/bin/python -m pip install -q --upgrade pip
     .venv/bin/python -m pip install -q "${constraint_args[@]}" -e . --group dev

@@ -29,7 +29,11 @@ sweep() {
     kill -KILL "${pids[@]}" 2>/dev/null || true
   done
 }
-trap sweep EXIT
+# Spark's scratch folders (each driver's spark-<uuid>: its copies of the jars, ~10 MB) go to
+# one folder of this run, removed at its end: a JVM a test kills leaves its own behind.
+SPARK_LOCAL_DIRS=$(mktemp -d "${TMPDIR:-/tmp}/eo-test-spark.XXXXXX")
+export SPARK_LOCAL_DIRS
+trap 'sweep; rm -rf "$SPARK_LOCAL_DIRS"' EXIT
 # Every Spark driver the tests start maps pyspark's classes from one archive (made once, ~30 s,
 # a Spark job), made while the rest of the set-up and the linters run.
 archive_log=$(mktemp)
