@@ -658,6 +658,13 @@ def main() -> int:
         help="maxOffsetsPerTrigger of Spark's query (default: none, one batch per backlog); "
         "the same as --max-records caps Spark's batches as eo's checkpoints are capped",
     )
+    ap.add_argument(
+        "--driver-read-max-records",
+        type=int,
+        default=None,
+        help="eo: the largest checkpoint (offsets) the driver reads itself (default: "
+        "spark/source.py's DRIVER_READ_MAX_RECORDS; 0: Spark's Kafka source reads every one)",
+    )
     ap.add_argument("--skip-latency", action="store_true", help="only the max-throughput phase")
     ap.add_argument(
         "--cases",
@@ -675,6 +682,10 @@ def main() -> int:
 
     from airflow_provider_eo.kafka import admin
     from airflow_provider_eo.ledger import Ledger
+    from airflow_provider_eo.spark import source as spark_source
+
+    if args.driver_read_max_records is not None:
+        spark_source.DRIVER_READ_MAX_RECORDS = args.driver_read_max_records
     from airflow_provider_eo.spark.session import get_spark
     from airflow_provider_eo.stack.kafka import LocalKafka
 
