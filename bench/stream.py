@@ -683,11 +683,11 @@ def main() -> int:
     from airflow_provider_eo.kafka import admin
     from airflow_provider_eo.ledger import Ledger
     from airflow_provider_eo.spark import source as spark_source
+    from airflow_provider_eo.spark.session import get_spark
+    from airflow_provider_eo.stack.kafka import LocalKafka
 
     if args.driver_read_max_records is not None:
         spark_source.DRIVER_READ_MAX_RECORDS = args.driver_read_max_records
-    from airflow_provider_eo.spark.session import get_spark
-    from airflow_provider_eo.stack.kafka import LocalKafka
 
     work = ROOT / ".eo" / "bench" / f"stream-{uuid.uuid4().hex[:8]}"
     work.mkdir(parents=True)

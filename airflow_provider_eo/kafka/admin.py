@@ -47,8 +47,8 @@ _CLIENTS: dict[tuple[tuple[str, str], ...], AdminClient] = {}
 _GROUP_CONSUMERS: dict[tuple[tuple[str, str], ...], Consumer] = {}
 _CLIENTS_LOCK = threading.Lock()
 # The refusal (GROUP_AUTHORIZATION_FAILED) each group consumer's coordinator look-up was
-# answered with, by key: librdkafka reports it once, as a consumer error event.
-_GROUP_REFUSALS: dict[tuple[tuple[str, str], ...], KafkaError] = {}
+# answered with: librdkafka reports it once, as a consumer error event.
+_GROUP_REFUSALS: dict[Consumer, KafkaError] = {}
 # When each shared client (admin or group consumer, by key) was last handed out.
 _LAST_USED: dict[tuple[tuple[str, str], ...], float] = {}
 #: A shared client not handed out for this long is closed at the next fetch of any client:
@@ -83,8 +83,10 @@ def _retire_idle(now: float) -> list[Any]:
     retired: list[Any] = []
     for key in gone:
         _LAST_USED.pop(key, None)
-        _GROUP_REFUSALS.pop(key, None)
-        retired += [c for c in (_CLIENTS.pop(key, None), _GROUP_CONSUMERS.pop(key, None)) if c is not None]
+        consumer = _GROUP_CONSUMERS.pop(key, None)
+        if consumer is not None:
+            _GROUP_REFUSALS.pop(consumer, None)
+        retired += [c for c in (_CLIENTS.pop(key, None), consumer) if c is not None]
     return retired
 
 
@@ -365,11 +367,11 @@ def group_consumer(config: Mapping[str, Any], group: str, *, stable: bool = True
         _LAST_USED[key] = now
         retired = _retire_idle(now)
     _close_clients(retired)
-    _serve_group_consumer(key, consumer)
+    _serve_group_consumer(consumer)
     return consumer
 
 
-def _serve_group_consumer(key: tuple[tuple[str, str], ...], consumer: Consumer) -> None:
+def _serve_group_consumer(consumer: Consumer) -> None:
     """Serve a group consumer's queue: librdkafka's log lines (Python logging) and its error
     events, of which a refused coordinator look-up is kept for :func:`group_refusal`. Never
     subscribed, so this polls no records and joins no group."""
@@ -380,7 +382,7 @@ def _serve_group_consumer(key: tuple[tuple[str, str], ...], consumer: Consumer) 
         err = event.error()
         if err is not None and is_authorization_error(err):
             with _CLIENTS_LOCK:
-                _GROUP_REFUSALS[key] = err
+                _GROUP_REFUSALS[consumer] = err
 
 
 def group_refusal(consumer: Consumer) -> KafkaError | None:
@@ -393,21 +395,9 @@ def group_refusal(consumer: Consumer) -> KafkaError | None:
     aborts the process in when the group's coordinator node is down
     (``rd_kafka_enq_once_del_source_return: Assertion 'eonce->refcnt > 0'``, seen here).
     """
+    _serve_group_consumer(consumer)
     with _CLIENTS_LOCK:
-        key = next((k for k, c in _GROUP_CONSUMERS.items() if c is consumer), None)
-    if key is None:
-        return None
-    _serve_group_consumer(key, consumer)
-    with _CLIENTS_LOCK:
-        return _GROUP_REFUSALS.get(key)
-
-
-def _group_answered(consumer: Consumer) -> None:
-    """Forget a refusal once the group's offsets were read (its ACL granted since)."""
-    with _CLIENTS_LOCK:
-        for key, c in _GROUP_CONSUMERS.items():
-            if c is consumer:
-                _GROUP_REFUSALS.pop(key, None)
+        return _GROUP_REFUSALS.get(consumer)
 
 
 def close_shared_clients() -> int:
@@ -500,7 +490,8 @@ def committed_group_marks(
     for tp in found:
         if tp.error is not None:
             _raise_if_denied(tp.error, config, group, [tp])
-    _group_answered(consumer)
+    with _CLIENTS_LOCK:  # read: a refusal kept from before is over (its ACL granted since)
+        _GROUP_REFUSALS.pop(consumer, None)
     return {
         (tp.topic, tp.partition): (int(tp.offset), tp.metadata or "")
         for tp in found
