@@ -696,6 +696,13 @@ def main() -> int:
         help="eo: the largest checkpoint (offsets) the driver reads itself (default: "
         "spark/source.py's DRIVER_READ_MAX_RECORDS; 0: Spark's Kafka source reads every one)",
     )
+    ap.add_argument(
+        "--spark-commit-min-records",
+        type=int,
+        default=None,
+        help="eo: spark_commit_min_records (default: the pipeline's, 1,000,000); a checkpoint "
+        "below it is staged by the driver, 0: every checkpoint staged by the executors",
+    )
     ap.add_argument("--skip-latency", action="store_true", help="only the max-throughput phase")
     ap.add_argument(
         "--cases",
@@ -747,6 +754,11 @@ def main() -> int:
             staging_dir=str(work / "staging"),
             max_records_per_checkpoint=args.max_records or max(args.backlog, 100_000),
             max_pending=args.max_pending,
+            **(
+                {}
+                if args.spark_commit_min_records is None
+                else {"spark_commit_min_records": args.spark_commit_min_records}
+            ),
         )
 
         # One pass of phase 3: (pass number, label, order of the sides) -> records/s per side.

@@ -161,7 +161,7 @@ def driver_source(spark: SparkSession, pipeline: Pipeline, live: list[RangeSpec]
         _LOG.warning(
             "pipeline %r: this Spark driver cannot build a DataFrame from Arrow data (%s); its "
             "small checkpoints are read with Spark's Kafka source. A driver JVM started without "
-            "Spark's Java module options (a standalone cluster's driver in cluster deploy mode) "
+            "Spark's Java module options (which spark-submit's launcher adds) "
             "needs --add-opens=java.base/java.nio=ALL-UNNAMED and "
             "-Dio.netty.tryReflectionSetAccessible=true in spark.driver.extraJavaOptions.",
             pipeline.name,

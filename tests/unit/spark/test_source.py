@@ -134,9 +134,10 @@ def test_a_driver_read_that_met_anything_but_records_leaves_the_read_to_spark(mo
 
 
 def test_a_driver_jvm_that_refuses_arrow_data_leaves_every_read_to_spark(monkeypatch: Any) -> None:
-    """A standalone cluster's driver in cluster deploy mode runs without Spark's Java module
-    options, and its JVM refuses a DataFrame built from Arrow data: that read and every later
-    one of the same JVM go to Spark's Kafka source (the driver stops reading)."""
+    """A driver JVM started without Spark's Java module options (not by spark-submit's
+    launcher: the tests' standalone cluster-mode Python driver) refuses a DataFrame built from
+    Arrow data: that read and every later one of the same JVM go to Spark's Kafka source (the
+    driver stops reading)."""
     import pyarrow as pa
 
     from airflow_provider_eo.kafka import source_read
