@@ -766,9 +766,9 @@ def main() -> int:
         # Warm-up, unmeasured: small checkpoints first, then phase 3's passes. The first
         # small checkpoints in a JVM load and compile code of their own (eo's driver-side
         # read and staging), and the large checkpoint's compiled code is then compiled
-        # again: without them here, that recompilation was billed to the first case's
-        # measured rounds (eo's 500k-record checkpoint 4.1 s against 2.7 s, JIT 1.1 s
-        # against 0.3 s in the next case's), and to eo most, whose pass goes first.
+        # again: without them here, that recompilation falls in the first case's measured
+        # rounds (eo's 500k-record checkpoint 4.1 s against 2.7 s, JIT 1.1 s against 0.3 s
+        # in the next case's), and on eo most, whose pass goes first.
         if args.warm_small_seconds > 0:
             log(f"warm-up: {args.warm_small_seconds:g}s of small checkpoints per side, interval 1s")
             small = argparse.Namespace(
