@@ -310,6 +310,18 @@ def jvm_gc_s(spark: Any) -> float:
     return sum(max(0, b.getCollectionTime()) for b in beans) / 1000.0
 
 
+def pass_counters(spark: Any) -> tuple[float, float, float, float]:
+    """(wall clock, machine CPU, JIT, GC) seconds so far: a measured pass's start, and with
+    the differences at its end what the pass took."""
+    return time.monotonic(), machine_cpu_s(), jit_compile_s(spark), jvm_gc_s(spark)
+
+
+def pass_took(spark: Any, start: tuple[float, float, float, float]) -> tuple[float, float, float, float]:
+    """What a pass that began at ``start`` (:func:`pass_counters`) took so far, in each."""
+    wall, cpu, jit, gc = pass_counters(spark)
+    return wall - start[0], cpu - start[1], jit - start[2], gc - start[3]
+
+
 def jvm_state(spark: Any) -> str:
     """The Spark JVM's heap in use and live threads, and this process's Python threads: what
     a phase may leave behind for the next."""
@@ -496,7 +508,7 @@ def throughput_round(
         settle_t0 = time.monotonic()
         settle()
         log(f"  before {side}: settled in {time.monotonic() - settle_t0:.1f}s, {jvm_state(spark)}")
-        t0, cpu0, jit0, gc0 = time.monotonic(), machine_cpu_s(), jit_compile_s(spark), jvm_gc_s(spark)
+        start = pass_counters(spark)
         if side == "eo":
             log(f"(a) {label}: eo stream over the backlog")
             eo = EoStream(backlog_pipeline(base), ledger, spark, args.interval)
@@ -504,8 +516,7 @@ def throughput_round(
             eo.start()
             while eo.records < args.backlog and eo.thread.is_alive():
                 time.sleep(0.05)
-            seconds, cpu, jit = time.monotonic() - t0, machine_cpu_s() - cpu0, jit_compile_s(spark) - jit0
-            gc = jvm_gc_s(spark) - gc0
+            seconds, cpu, jit, gc = pass_took(spark, start)
             eo.end()
             running.remove(eo)
             detail = f"; {eo.phases()}"
@@ -517,14 +528,13 @@ def throughput_round(
             sink = f"bl-spark-sink-{n}"
             q = spark_query(spark, bootstrap, "bl-spark", sink, work / "spark-bl-ckpt", args.interval)
             running.append(q)
-            last_log = t0
+            last_log = start[0]
             while (hw := high_watermarks(bootstrap, sink, args.partitions)) < args.backlog:
                 if time.monotonic() - last_log > 5:
                     last_log = time.monotonic()
                     log(f"  spark: {hw:,} records written")
                 time.sleep(0.05)
-            seconds, cpu, jit = time.monotonic() - t0, machine_cpu_s() - cpu0, jit_compile_s(spark) - jit0
-            gc = jvm_gc_s(spark) - gc0
+            seconds, cpu, jit, gc = pass_took(spark, start)
             stop_when_idle(q)
             running.remove(q)
             written = high_watermarks(bootstrap, sink, args.partitions)
@@ -754,12 +764,9 @@ def main() -> int:
             staging_dir=str(work / "staging"),
             max_records_per_checkpoint=args.max_records or max(args.backlog, 100_000),
             max_pending=args.max_pending,
-            **(
-                {}
-                if args.spark_commit_min_records is None
-                else {"spark_commit_min_records": args.spark_commit_min_records}
-            ),
         )
+        if args.spark_commit_min_records is not None:
+            base = replace(base, spark_commit_min_records=args.spark_commit_min_records)
 
         # One pass of phase 3: (pass number, label, order of the sides) -> records/s per side.
         phase3 = functools.partial(throughput_round, spark, ledger, base, bootstrap, work, args, running)
